@@ -1,0 +1,34 @@
+# The README's two commands are `make serve` and `make test`; both install what they need first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt
+
+.PHONY: install serve test examples image clean
+
+install: $(VENV)/.installed
+
+# One install command, shared with the Dockerfile: torch is pinned to the CPU build in pyproject.toml.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+examples: $(EXAMPLES)
+
+$(EXAMPLES) &: examples/build_models.py $(VENV)/.installed
+	$(BIN)/python examples/build_models.py
+
+serve: install examples
+	PATH="$(CURDIR)/$(BIN):$$PATH" SERVE_MODEL_ROOT="$${SERVE_MODEL_ROOT:-$(CURDIR)/examples/models}" \
+		SERVE_LOAD_MODELS="$${SERVE_LOAD_MODELS:-*}" ./serve
+
+test: install examples
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+image:
+	../shared/tools/build-image --run
+
+clean:
+	rm -rf $(VENV) $(EXAMPLES)

@@ -1,0 +1,1 @@
+"""Protocol front-ends: bytes ↔ InferRequest/InferResponse, core errors ↔ statuses. No torch here."""

@@ -1,0 +1,129 @@
+"""SageMaker's container contract: `/ping`, `/invocations`, and the multi-model `/models` API."""
+
+import base64
+import binascii
+import logging
+
+import orjson
+from flask import Blueprint, Flask, Response, request
+
+from container import content
+from container.api import invoke_codec
+from container.errors import InvalidRequest, Unavailable
+from container.inference import InferRequest
+from container.models.registry import Registry
+from container.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+SINGLE_MODEL_NAME = "model"
+DEFAULT_PAGE_SIZE = 100
+
+
+def json_response(value, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status, mimetype=content.JSON)
+
+
+def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Settings) -> None:
+    api = Blueprint("sagemaker", __name__)
+
+    @api.get("/ping")
+    def ping():
+        if not settings.multi_model and not registry.ready():
+            raise Unavailable("the model is not loaded yet (or failed to load: see the server log)")
+        return Response(b"", 200)
+
+    @api.post("/models")
+    def load_model():
+        name, url = _load_body(request.get_data())
+        model = registry.load(name, url)
+        return json_response(_describe(model))
+
+    @api.get("/models")
+    def list_models():
+        models = registry.ready()
+        limit = _page_size(request.args.get("limit"))
+        token = request.args.get("next_page_token")
+        if token:
+            start = _decode_token(token)
+            models = [m for m in models if m.name >= start]
+        page = {"models": [_describe(m) for m in models[:limit]]}
+        if len(models) > limit:
+            page["nextPageToken"] = base64.urlsafe_b64encode(models[limit].name.encode()).decode()
+        return json_response(page)
+
+    @api.get("/models/<name>")
+    def get_model(name):
+        return json_response(_describe(registry.get(name)))
+
+    @api.delete("/models/<name>")
+    def unload_model(name):
+        registry.unload(name)
+        return json_response({"status": f"model '{name}' unloaded"})
+
+    @api.post("/models/<name>/invoke")
+    def invoke_model(name):
+        return _invoke(registry, name)
+
+    @api.post("/invocations")
+    def invocations():
+        if not settings.multi_model:
+            return _invoke(registry, SINGLE_MODEL_NAME)
+        target = request.headers.get(TARGET_MODEL)
+        if not target:
+            raise InvalidRequest(f"the {TARGET_MODEL} header must name the model to invoke (a path under the model root)")
+        registry.ensure_loaded(target, target)
+        return _invoke(registry, target)
+
+    app.register_blueprint(api)
+
+
+def _invoke(registry: Registry, name: str) -> Response:
+    headers = request.headers
+    if TARGET_MODEL in headers or CUSTOM_ATTRIBUTES in headers:
+        log.info("invoke '%s' target=%s attributes=%s", name, headers.get(TARGET_MODEL), headers.get(CUSTOM_ATTRIBUTES))
+    model = registry.get(name)
+    media_type = content.media_type(headers.get("Content-Type"))
+    accept = headers.get("Accept")
+    if model.signature is None:
+        body, response_type = registry.transform(name, request.get_data(), media_type, accept)
+        return Response(body, 200, content_type=response_type)
+    response_type = content.negotiate(accept)  # a 406 before any work is done
+    inputs, envelope = invoke_codec.decode(request.get_data(), media_type, model.signature)
+    response = registry.infer(InferRequest(name, inputs))
+    return Response(invoke_codec.encode(response.outputs, response_type, envelope), 200, content_type=response_type)
+
+
+def _describe(model) -> dict:
+    return {"modelName": model.name, "modelUrl": model.url}
+
+
+def _load_body(body: bytes) -> tuple[str, str]:
+    document = content.parse_json(body)
+    if not isinstance(document, dict):
+        raise InvalidRequest('the body must be a JSON object: {"model_name": "...", "url": "..."}')
+    name, url = document.get("model_name"), document.get("url")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRequest("'model_name' must be a non-empty string")
+    if "/" in name or "\\" in name or ".." in name or any(ord(c) < 32 for c in name):
+        raise InvalidRequest(f"model_name {name!r} may not hold '/', '\\', '..' or control characters")
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidRequest("'url' must be a non-empty string naming a directory or archive under the model root")
+    return name, url
+
+
+def _page_size(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_PAGE_SIZE
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidRequest(f"limit={text!r}: expected a positive whole number")
+    return int(text)
+
+
+def _decode_token(token: str) -> str:
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidRequest(f"next_page_token {token!r} was not issued by this server") from None

@@ -1,0 +1,44 @@
+"""create_app(settings): the Flask app with the core wired in. Nothing runs at import."""
+
+import logging
+
+from flask import Flask
+
+from container import resources
+from container.api.errors import register_error_handler
+from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints
+from container.backends import load_backends
+from container.backends.pytorch import configure_threads, gpu_count, release_memory
+from container.models.cache import MemoryCache
+from container.models.registry import Registry, Runtime
+from container.models.source import repository_entries
+from container.scheduling import scheduler_for
+from container.settings import Settings
+
+
+def create_app(settings: Settings) -> Flask:
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_threads(resources.cpu_quota())
+    registry = Registry(settings.model_root, memory_cache(settings), Runtime(load_backends, release_memory, scheduler_for))
+    app = Flask("container")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
+    app.extensions["registry"] = registry
+    register_error_handler(app)
+    register_sagemaker_endpoints(app, registry, settings)
+    return app
+
+
+def memory_cache(settings: Settings) -> MemoryCache:
+    budgets = {"cpu": settings.memory_limit}
+    for index, total in enumerate(resources.gpu_totals()[: gpu_count()]):
+        budgets[f"cuda:{index}"] = settings.gpu_budget(total)
+    return MemoryCache(budgets, evict=settings.eviction == "lru")
+
+
+def startup_models(settings: Settings) -> list[tuple[str, str]]:
+    """(name, url) of the models to load at start: the one model, or those SERVE_LOAD_MODELS names."""
+    if not settings.multi_model:
+        return [(SINGLE_MODEL_NAME, ".")]
+    if settings.load_models == ("*",):
+        return repository_entries(settings.model_root)
+    return [(name, name) for name in settings.load_models]

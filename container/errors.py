@@ -1,0 +1,86 @@
+"""The one exception hierarchy. Every class owns its HTTP status; front-ends render `{"error": str(exc)}`.
+
+ServeError (500)
+├── InvalidRequest (400)                a client mistake: body, shape, dtype, name, url
+│   ├── InvalidInput (400)              an input tensor that does not match the model
+│   └── InvalidModel (400)              model files or config that cannot be served
+├── ModelNotFound (404)                 no such model is loaded (or no such version)
+├── SourceNotFound (404)                the url to load from does not exist
+├── ModelConflict (409)                 the name is already loaded or loading
+├── PayloadTooLarge (413)
+├── UnsupportedMediaType (415)
+├── NotAcceptable (406)
+├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
+├── InsufficientMemory (507)            the model does not fit, even after eviction
+│   └── DeviceOutOfMemory (507)         CUDA out of memory; the registry evicts and retries once
+└── ModelError (500)                    user code (model_fn, predict_fn, forward) raised
+"""
+
+
+class ServeError(Exception):
+    status = 500
+    headers: dict[str, str] = {}
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidRequest(ServeError):
+    status = 400
+
+
+class InvalidInput(InvalidRequest):
+    pass
+
+
+class InvalidModel(InvalidRequest):
+    pass
+
+
+class ModelNotFound(ServeError):
+    status = 404
+
+
+class SourceNotFound(ServeError):
+    status = 404
+
+
+class ModelConflict(ServeError):
+    status = 409
+
+
+class NotAcceptable(ServeError):
+    status = 406
+
+
+class PayloadTooLarge(ServeError):
+    status = 413
+
+
+class UnsupportedMediaType(ServeError):
+    status = 415
+
+
+class Unavailable(ServeError):
+    status = 503
+    headers = {"Retry-After": "1"}
+
+
+class InsufficientMemory(ServeError):
+    status = 507
+
+
+class ModelError(ServeError):
+    status = 500
+
+
+class DeviceOutOfMemory(InsufficientMemory):
+    """A device ran out of memory during a load or an execution; the registry frees room and retries once."""
+
+    def __init__(self, message: str, device: str):
+        super().__init__(message)
+        self.device = device

@@ -1,0 +1,83 @@
+"""Memory accounting and the eviction policy. Pure bookkeeping: the registry does the loading and freeing.
+
+Each model holds bytes on one or more devices (`cpu`, `cuda:0`, …); each device has a budget. A new
+model reserves its estimate before it loads; if that does not fit, the least-recently-used idle models
+are chosen as victims — all at once or none, so a model that cannot fit evicts nothing.
+"""
+
+from collections import OrderedDict
+from typing import Callable
+
+from container.errors import InsufficientMemory
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class MemoryCache:
+    def __init__(self, budgets: dict[str, int], evict: bool):
+        self.budgets = dict(budgets)
+        self.evict = evict
+        self._sizes: OrderedDict[str, dict[str, int]] = OrderedDict()  # least recently used first
+
+    def used(self, device: str) -> int:
+        return sum(sizes.get(device, 0) for sizes in self._sizes.values())
+
+    def size_of(self, name: str) -> dict[str, int]:
+        return dict(self._sizes.get(name, {}))
+
+    def touch(self, name: str) -> None:
+        if name in self._sizes:
+            self._sizes.move_to_end(name)
+
+    def reserve(self, name: str, sizes: dict[str, int], idle: Callable[[str], bool]) -> list[str]:
+        """Account `sizes` for `name` (replacing an earlier estimate); return the models to evict first.
+        Raises InsufficientMemory, changing nothing, when even evicting every idle model would not do."""
+        victims = self._victims(name, sizes, idle)
+        for victim in victims:
+            del self._sizes[victim]
+        self._sizes[name] = dict(sizes)
+        self._sizes.move_to_end(name)
+        return victims
+
+    def release(self, name: str) -> None:
+        self._sizes.pop(name, None)
+
+    def idle_on(self, device: str, idle: Callable[[str], bool], keep: str | None = None) -> list[str]:
+        """Idle models holding memory on `device`, least recently used first (for out-of-memory recovery)."""
+        return [n for n, s in self._sizes.items() if n != keep and s.get(device) and idle(n)]
+
+    def _victims(self, name: str, sizes: dict[str, int], idle: Callable[[str], bool]) -> list[str]:
+        short = {}
+        for device, need in sizes.items():
+            budget = self.budgets.get(device)
+            if budget is None:
+                continue
+            if need > budget:
+                raise InsufficientMemory(
+                    f"model '{name}' needs {_mib(need)} on {device}, more than the whole budget of {_mib(budget)}"
+                )
+            over = self.used(device) - self._sizes.get(name, {}).get(device, 0) + need - budget
+            if over > 0:
+                short[device] = over
+        if not short:
+            return []
+        if not self.evict:
+            raise InsufficientMemory(self._no_room(name, short, "eviction is off (SERVE_EVICTION=none)"))
+        victims = []
+        for candidate, held in self._sizes.items():
+            if candidate == name or not idle(candidate) or not any(held.get(d) for d in short):
+                continue
+            victims.append(candidate)
+            for device in list(short):
+                short[device] -= held.get(device, 0)
+                if short[device] <= 0:
+                    del short[device]
+            if not short:
+                return victims
+        raise InsufficientMemory(self._no_room(name, short, "the other models are busy"))
+
+    def _no_room(self, name: str, short: dict[str, int], why: str) -> str:
+        lacking = ", ".join(f"{_mib(n)} on {d}" for d, n in short.items())
+        return f"no room for model '{name}': {lacking} more is needed and {why}"

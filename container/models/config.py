@@ -1,0 +1,93 @@
+"""Triton `ModelConfig` from `config.pbtxt` or `config.json`, parsed with Triton's published schema."""
+
+from pathlib import Path
+
+import orjson
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from container.errors import InvalidModel
+
+PYTORCH_PLATFORMS = ("pytorch_libtorch",)
+PYTORCH_BACKENDS = ("pytorch",)
+DEFAULT_MODEL_FILENAME = "model.pt"
+
+
+def read_config(directory: Path) -> tuple[pb.ModelConfig, dict[str, int]]:
+    """The model's config and its version labels (our `config.json` extension `version_labels`)."""
+    labels: dict[str, int] = {}
+    if (directory / "config.pbtxt").is_file():
+        config = _parse_pbtxt((directory / "config.pbtxt").read_text())
+    elif (directory / "config.json").is_file():
+        config, labels = parse_json_config((directory / "config.json").read_bytes())
+    else:
+        raise InvalidModel(f"{directory.name}: no config.pbtxt or config.json")
+    check_config(config)
+    return config, labels
+
+
+def parse_json_config(text: bytes) -> tuple[pb.ModelConfig, dict[str, int]]:
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidModel(f"config.json is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidModel("config.json must hold a JSON object")
+    labels = document.pop("version_labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, int) and v > 0 for v in labels.values()):
+        raise InvalidModel('version_labels must map label names to version numbers, e.g. {"stable": 1}')
+    try:
+        return json_format.ParseDict(document, pb.ModelConfig()), labels
+    except json_format.ParseError as exc:
+        raise InvalidModel(f"config.json does not match Triton's ModelConfig: {exc}") from None
+
+
+def _parse_pbtxt(text: str) -> pb.ModelConfig:
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as exc:
+        raise InvalidModel(f"config.pbtxt does not match Triton's ModelConfig: {exc}") from None
+
+
+def check_config(config: pb.ModelConfig) -> None:
+    """What the schema cannot say: a backend we run, named tensors with types and sane dims."""
+    if config.platform and config.platform not in PYTORCH_PLATFORMS:
+        raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch'")
+    if config.backend and config.backend not in PYTORCH_BACKENDS:
+        raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch'")
+    if config.max_batch_size < 0:
+        raise InvalidModel("max_batch_size must be 0 (no batching) or positive")
+    if not config.input:
+        raise InvalidModel("the config declares no inputs")
+    if not config.output:
+        raise InvalidModel("the config declares no outputs")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        names = [t.name for t in tensors]
+        if len(set(names)) != len(names):
+            raise InvalidModel(f"duplicate {kind} names in {names}")
+        for tensor in tensors:
+            if not tensor.name:
+                raise InvalidModel(f"an {kind} has no name")
+            if tensor.data_type == pb.TYPE_INVALID:
+                raise InvalidModel(f"{kind} '{tensor.name}' has no data_type")
+            if any(d < -1 or d == 0 for d in tensor.dims):
+                raise InvalidModel(f"{kind} '{tensor.name}': dims must be positive or -1, got {list(tensor.dims)}")
+
+
+def selected_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
+    """Versions to serve under the config's version_policy (default: the latest one)."""
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        chosen = sorted(available)
+    elif choice == "specific":
+        missing = sorted(set(policy.specific.versions) - set(available))
+        if missing:
+            raise InvalidModel(f"version_policy names versions {missing} that have no model file")
+        chosen = sorted(policy.specific.versions)
+    else:
+        count = policy.latest.num_versions if choice == "latest" else 1
+        chosen = sorted(available)[-max(count, 1):]
+    if not chosen:
+        raise InvalidModel(f"no version directory holds a model file (looked for <version>/{DEFAULT_MODEL_FILENAME})")
+    return chosen

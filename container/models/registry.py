@@ -1,0 +1,258 @@
+"""Which models exist and in what state; loading, unloading, eviction and the requests in flight.
+
+All state changes happen on the event loop (greenlets), without yielding between a check and its
+update, so no lock is needed; the blocking parts (extraction, loading, freeing) run on a thread pool.
+"""
+
+import enum
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gevent.event import AsyncResult, Event
+from gevent.threadpool import ThreadPool
+
+from container.errors import (
+    DeviceOutOfMemory,
+    InsufficientMemory,
+    InvalidModel,
+    ModelConflict,
+    ModelNotFound,
+    ServeError,
+)
+from container.inference import InferRequest, InferResponse
+from container.models.cache import MemoryCache
+from container.models.signature import Signature
+from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+
+
+_CONFLICT = {State.LOADING: "still loading", State.READY: "already loaded", State.UNLOADING: "being unloaded"}
+
+
+@dataclass(eq=False)
+class Model:
+    name: str
+    url: str
+    state: State = State.LOADING
+    source: ModelSource | None = None
+    versions: dict = field(default_factory=dict)  # version → backend object
+    signature: Signature | None = None  # None for SageMaker handler models (bytes in, bytes out)
+    scheduler: object = None
+    in_flight: int = 0
+    idle: Event = field(default_factory=Event)
+    loaded: AsyncResult = field(default_factory=AsyncResult)
+
+    def backend(self, version: int | None = None):
+        if version is None:
+            return self.versions[max(self.versions)]
+        if version not in self.versions:
+            raise ModelNotFound(f"model '{self.name}' has no version {version}; it serves {sorted(self.versions)}")
+        return self.versions[version]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The framework pieces the registry drives, injected so `models/` imports no backend or scheduler."""
+
+    load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
+    release_memory: Callable[[], None]
+    scheduler_for: Callable[[str, object], object]  # (name, config or None) → scheduler with run()/close()
+
+
+class Registry:
+    def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, load_threads: int = 4):
+        self.model_root = model_root
+        self.cache = cache
+        self.runtime = runtime
+        self.models: dict[str, Model] = {}
+        self._measured: dict[str, dict[str, int]] = {}  # url → sizes of its last load: the best estimate
+        self._pool = ThreadPool(load_threads)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def load(self, name: str, url: str) -> Model:
+        """Load `url` as `name`; 409 if the name is loaded or loading. Returns when ready to serve."""
+        path = resolve_url(self.model_root, url)
+        if name in self.models:
+            raise ModelConflict(f"model '{name}' is {_CONFLICT[self.models[name].state]}; DELETE /models/{name} first to replace it")
+        model = self.models[name] = Model(name, url)
+        try:
+            self._load(model, path)
+        except BaseException as exc:
+            self._discard(model)
+            model.loaded.set_exception(exc)
+            raise
+        model.state = State.READY
+        model.loaded.set(model)
+        log.info("loaded model '%s' from %s (%s)", name, url, _describe(self.cache.size_of(name)))
+        return model
+
+    def ensure_loaded(self, name: str, url: str) -> Model:
+        """The model under `name`, loading it on first use; concurrent first uses share one load."""
+        model = self.models.get(name)
+        if model is None:
+            return self.load(name, url)
+        return model.loaded.get()
+
+    def unload(self, name: str) -> None:
+        """Refuse new requests, let the ones in flight finish, then free the memory before returning."""
+        model = self.models.get(name)
+        if model is None or model.state is not State.READY:
+            raise ModelNotFound(f"model '{name}' is not loaded")
+        model.state = State.UNLOADING
+        while model.in_flight:
+            model.idle.wait()
+        self._discard(model)
+        log.info("unloaded model '%s'", name)
+
+    def load_all(self, entries: list[tuple[str, str]]) -> None:
+        """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
+        for name, url in entries:
+            try:
+                self.load(name, url)
+            except ServeError as exc:
+                log.error("model '%s' did not load: %s", name, exc)
+
+    def ready(self) -> list[Model]:
+        return sorted((m for m in self.models.values() if m.state is State.READY), key=lambda m: m.name)
+
+    def get(self, name: str) -> Model:
+        model = self.models.get(name)
+        if model is None or model.state is not State.READY:
+            raise ModelNotFound(f"model '{name}' is not loaded")
+        return model
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def lease(self, name: str):
+        """Hold the model for one request: it is neither evicted nor unloaded until the request ends."""
+        model = self.get(name)
+        model.in_flight += 1
+        model.idle.clear()
+        self.cache.touch(name)
+        try:
+            yield model
+        finally:
+            model.in_flight -= 1
+            if not model.in_flight:
+                model.idle.set()
+
+    def infer(self, request: InferRequest) -> InferResponse:
+        with self.lease(request.model_name) as model:
+            if model.signature is None:
+                raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
+            backend = model.backend(request.model_version)
+            model.signature.check_inputs(request.inputs)
+            if request.outputs:
+                model.signature.check_outputs(request.outputs)
+            outputs = self._execute(model, backend.execute, request.inputs, request.outputs)
+            version = request.model_version or max(model.versions)
+            return InferResponse(model.name, version, outputs)
+
+    def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
+        """A request body through a SageMaker handler model; returns the response body and media type."""
+        with self.lease(name) as model:
+            return self._execute(model, model.backend().transform, body, content_type, accept)
+
+    def _execute(self, model: Model, fn, *args):
+        try:
+            return model.scheduler.run(fn, *args)
+        except DeviceOutOfMemory as exc:
+            log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
+            self._recover(exc.device, keep=model.name)
+            return model.scheduler.run(fn, *args)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _load(self, model: Model, path: Path) -> None:
+        model.source = source = self._pool.apply(open_source, (path,))
+        device = self._device_for(source)
+        self._make_room(model.name, self._measured.get(str(path)) or {device: source.estimated_bytes()})
+        try:
+            backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
+        except DeviceOutOfMemory:
+            self._recover(device, keep=model.name)
+            backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
+        model.versions = backends
+        measured = _total(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
+        self._make_room(model.name, measured)
+        self._measured[str(path)] = measured
+        config = source.layout.config if isinstance(source.layout, TritonLayout) else None
+        model.signature = Signature.from_config(config) if config else None
+        model.scheduler = self.runtime.scheduler_for(model.name, config)
+
+    def _make_room(self, name: str, sizes: dict[str, int]) -> None:
+        victims = self.cache.reserve(name, sizes, idle=self._is_idle)
+        for victim in victims:
+            log.info("evicting idle model '%s' to make room for '%s'", victim, name)
+            model = self.models[victim]
+            model.state = State.UNLOADING
+            self._discard(model)
+
+    def _recover(self, device: str, keep: str) -> None:
+        """After an out-of-memory error: evict every idle model on the device and drop cached blocks."""
+        for victim in self.cache.idle_on(device, self._is_idle, keep=keep):
+            log.info("evicting idle model '%s' after %s ran out of memory", victim, device)
+            self.models[victim].state = State.UNLOADING
+            self._discard(self.models[victim])
+        self._pool.apply(self.runtime.release_memory)
+
+    def _discard(self, model: Model) -> None:
+        """Forget the model and free what it holds; safe on a half-loaded model."""
+        if self.models.get(model.name) is model:
+            del self.models[model.name]
+        self.cache.release(model.name)
+        backends, model.versions = list(model.versions.values()), {}
+        scheduler, model.scheduler = model.scheduler, None
+        if scheduler is not None:
+            scheduler.close()
+        self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
+
+    def _is_idle(self, name: str) -> bool:
+        model = self.models.get(name)
+        return model is not None and model.state is State.READY and not model.in_flight
+
+    def _device_for(self, source: ModelSource) -> str:
+        gpus = [d for d in self.cache.budgets if d.startswith("cuda")]
+        kinds = set()
+        if isinstance(source.layout, TritonLayout):
+            kinds = {group.kind for group in source.layout.config.instance_group}
+        if kinds == {2}:  # KIND_CPU
+            return "cpu"
+        if not gpus:
+            if 1 in kinds:  # KIND_GPU
+                raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
+            return "cpu"
+        return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
+
+
+def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:
+    for backend in backends:
+        backend.close()
+    del backends[:]
+    if source is not None:
+        source.remove_scratch()
+    release_memory()
+
+
+def _total(sizes_list) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for sizes in sizes_list:
+        for device, n in sizes.items():
+            total[device] = total.get(device, 0) + n
+    return total
+
+
+def _describe(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{n / (1 << 20):.1f} MiB on {d}" for d, n in sizes.items()) or "no tensors"

@@ -1,0 +1,81 @@
+"""A model's tensors as clients see them, and the check every request passes before it runs."""
+
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as pb
+
+from container.errors import InvalidInput
+from container.tensors import datatype_of, from_config
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # with a leading -1 when the model batches
+
+    def describe(self) -> str:
+        return f"{self.datatype}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int = 0
+
+    @classmethod
+    def from_config(cls, config) -> "Signature":
+        lead = (-1,) if config.max_batch_size > 0 else ()
+
+        def spec(t):
+            return TensorSpec(t.name, from_config(pb.DataType.Name(t.data_type)), lead + tuple(t.dims))
+
+        return cls(tuple(spec(t) for t in config.input), tuple(spec(t) for t in config.output), config.max_batch_size)
+
+    def input(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise InvalidInput(f"unknown input '{name}'; the model takes {self._names(self.inputs)}")
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        """Names, datatypes, shapes and batch size, with a message that says what to send instead."""
+        missing = [s.name for s in self.inputs if s.name not in inputs]
+        if missing:
+            raise InvalidInput(f"missing input(s) {missing}; the model takes {self._names(self.inputs)}")
+        if len(inputs) != len(self.inputs):
+            extra = sorted(set(inputs) - {s.name for s in self.inputs})
+            raise InvalidInput(f"unexpected input(s) {extra}; the model takes {self._names(self.inputs)}")
+        batch = None
+        for spec in self.inputs:
+            array = inputs[spec.name]
+            if datatype_of(array) != _wire_type(spec.datatype):
+                raise InvalidInput(f"input '{spec.name}' must be {spec.datatype}, got {datatype_of(array)}")
+            if not _shape_matches(array.shape, spec.shape):
+                raise InvalidInput(f"input '{spec.name}' must have shape {list(spec.shape)}, got {list(array.shape)}")
+            if self.max_batch_size:
+                if batch is not None and array.shape[0] != batch:
+                    raise InvalidInput(f"inputs disagree on the batch size: {batch} and {array.shape[0]} ('{spec.name}')")
+                batch = array.shape[0]
+        if batch is not None and not 1 <= batch <= self.max_batch_size:
+            raise InvalidInput(f"batch size {batch} is outside 1..{self.max_batch_size} (max_batch_size)")
+
+    def check_outputs(self, names) -> None:
+        known = {s.name for s in self.outputs}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise InvalidInput(f"unknown output(s) {unknown}; the model produces {self._names(self.outputs)}")
+
+    @staticmethod
+    def _names(specs) -> str:
+        return ", ".join(f"'{s.name}' {s.describe()}" for s in specs)
+
+
+def _shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    return len(shape) == len(expected) and all(e == -1 or e == s for s, e in zip(shape, expected))
+
+
+def _wire_type(datatype: str) -> str:
+    return "FP32" if datatype == "BF16" else datatype

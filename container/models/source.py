@@ -1,0 +1,133 @@
+"""Where a model's files are: a url checked against the model root, an archive extracted safely, the
+layout recognised, and the size estimated from the files before anything is loaded."""
+
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from container.errors import InvalidModel, InvalidRequest, SourceNotFound
+from container.models.config import DEFAULT_MODEL_FILENAME, read_config, selected_versions
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+SAGEMAKER_MODEL_FILES = ("model.pt", "model.pth")
+HANDLER_FILE = Path("code") / "inference.py"
+
+
+@dataclass
+class TritonLayout:
+    config: object  # model_config_pb2.ModelConfig
+    labels: dict[str, int]
+    versions: dict[int, Path]  # version → model file
+
+
+@dataclass
+class SageMakerLayout:
+    model_file: Path | None
+    handler_file: Path | None
+
+
+@dataclass
+class ModelSource:
+    directory: Path
+    layout: TritonLayout | SageMakerLayout
+    scratch: Path | None = None  # an extraction directory of ours, removed on unload
+
+    def estimated_bytes(self) -> int:
+        if isinstance(self.layout, TritonLayout):
+            files = list(self.layout.versions.values())
+        else:
+            files = [self.layout.model_file] if self.layout.model_file else []
+        return sum(f.stat().st_size for f in files)
+
+    def remove_scratch(self) -> None:
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def resolve_url(root: str, url: str) -> Path:
+    """The url as a path inside the model root (symlinks followed), or a 400/404 that says why."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidRequest("'url' must be a non-empty string naming a directory or archive under the model root")
+    base = Path(root).resolve()
+    path = (base / url).resolve()  # an absolute url replaces the base
+    if path != base and base not in path.parents:
+        raise InvalidRequest(f"url {url!r} resolves outside the model root {str(base)!r}")
+    if not path.exists():
+        raise SourceNotFound(f"url {url!r} does not exist")
+    return path
+
+
+def repository_entries(root: str) -> list[tuple[str, str]]:
+    """(name, url) of every model directory or archive directly under the root."""
+    entries = []
+    for path in sorted(Path(root).iterdir()):
+        if path.is_dir() or path.name.endswith(ARCHIVE_SUFFIXES):
+            name = next((path.name.removesuffix(s) for s in ARCHIVE_SUFFIXES if path.name.endswith(s)), path.name)
+            entries.append((name, path.name))
+    return entries
+
+
+def open_source(path: Path) -> ModelSource:
+    """Blocking: extract an archive if need be and recognise the layout. Run it off the event loop."""
+    scratch = None
+    if path.is_dir():
+        archives = [p for p in path.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
+        if len(archives) == 1 and not _has_model_files(path):
+            path = archives[0]  # SageMaker copies model.tar.gz into the model's directory
+    if path.is_file():
+        scratch = Path(tempfile.mkdtemp(prefix="model-"))
+        try:
+            directory = _extract(path, scratch)
+            return ModelSource(directory, read_layout(directory), scratch)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    return ModelSource(path, read_layout(path))
+
+
+def read_layout(directory: Path) -> TritonLayout | SageMakerLayout:
+    if (directory / "config.pbtxt").is_file() or (directory / "config.json").is_file():
+        return _triton_layout(directory)
+    model_file = next((directory / f for f in SAGEMAKER_MODEL_FILES if (directory / f).is_file()), None)
+    handler = directory / HANDLER_FILE
+    if model_file or handler.is_file():
+        return SageMakerLayout(model_file, handler if handler.is_file() else None)
+    raise InvalidModel(
+        f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt "
+        f"(Triton layout), or model.pt/model.pth with optional code/inference.py (SageMaker layout)"
+    )
+
+
+def _triton_layout(directory: Path) -> TritonLayout:
+    config, labels = read_config(directory)
+    filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
+    available = {
+        int(p.name): p / filename for p in directory.iterdir() if p.name.isdigit() and (p / filename).is_file()
+    }
+    versions = {v: available[v] for v in selected_versions(config, sorted(available))}
+    unknown = {k: v for k, v in labels.items() if v not in versions}
+    if unknown:
+        raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
+    return TritonLayout(config, labels, versions)
+
+
+def _has_model_files(path: Path) -> bool:
+    names = ("config.pbtxt", "config.json", *SAGEMAKER_MODEL_FILES, "code")
+    return any((path / n).exists() for n in names)
+
+
+def _extract(archive: Path, into: Path) -> Path:
+    """Extract with tarfile's `data` filter: no absolute paths, no `..`, no links or devices that escape."""
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+    except tarfile.FilterError as exc:
+        raise InvalidModel(f"archive {archive.name!r} refused: {exc}") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise InvalidModel(f"archive {archive.name!r} cannot be read: {exc}") from None
+    entries = list(into.iterdir())
+    if len(entries) == 1 and entries[0].is_dir() and not _has_model_files(into):
+        return entries[0]  # an archive of one top-level folder
+    return into

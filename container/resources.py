@@ -1,0 +1,48 @@
+"""What this container may use: CPU quota and memory limit from cgroups, GPUs from NVML."""
+
+import os
+from pathlib import Path
+
+import psutil
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_quota() -> int:
+    """Cores this process may use: the cgroup CPU quota, else the CPU affinity mask."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (_CGROUP / "cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def memory_limit() -> int:
+    """Bytes of RAM this container may use: the cgroup limit when set, else the machine's RAM."""
+    total = psutil.virtual_memory().total
+    for name in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            text = (_CGROUP / name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(total, int(text))
+    return total
+
+
+def gpu_totals() -> list[int]:
+    """Total memory of each visible GPU in bytes; empty when there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver or no library: a CPU machine
+        return []
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        return [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,119 @@
+"""Every environment variable the server reads, typed, with its default, in one frozen object."""
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+from container import resources
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the server cannot use; raised at start-up."""
+
+
+def parse_size(text: str, total: int) -> int:
+    """Bytes from `1073741824`, `512MiB`, `1.5GiB` or `75%` (of `total`)."""
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent <= 100:
+            raise SettingsError(f"{text!r}: a percentage must be in (0, 100]")
+        return int(total * percent / 100)
+    match = _SIZE.match(text)
+    if not match:
+        raise SettingsError(f"{text!r}: expected bytes with an optional KiB/MiB/GiB/TiB suffix, or a percentage")
+    return int(float(match[1]) * _UNITS[match[2]])
+
+
+def _env(name: str, default: str, doc: str):
+    return field(metadata={"env": name, "default": default, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int = _env("SAGEMAKER_BIND_TO_PORT", "8080", "TCP port the server listens on (all interfaces).")
+    multi_model: bool = _env(
+        "SAGEMAKER_MULTI_MODEL", "true", "`true`: serve many models loaded through `/models`; `false`: serve the one model under the model root."
+    )
+    model_root: str = _env(
+        "SERVE_MODEL_ROOT", "/opt/ml/models", "Directory that load urls must resolve into (`/opt/ml/model` when single-model)."
+    )
+    memory_limit: int = _env(
+        "SERVE_MEMORY_LIMIT", "70%", "Host RAM budget for loaded models: bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM."
+    )
+    gpu_memory_limit: str = _env(
+        "SERVE_GPU_MEMORY_LIMIT", "90%", "Budget for loaded models on each GPU, same syntax; a percentage is of that GPU's memory."
+    )
+    eviction: str = _env(
+        "SERVE_EVICTION", "lru", "`lru`: evict least-recently-used idle models to make room; `none`: answer 507 and let SageMaker evict."
+    )
+    max_payload_mb: float = _env("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6", "Largest request body in MiB; larger bodies get 413.")
+    load_models: tuple[str, ...] = _env(
+        "SERVE_LOAD_MODELS", "", "Comma-separated model names under the model root to load at start; `*` loads every one."
+    )
+    log_level: str = _env("SERVE_LOG_LEVEL", "info", "Log level: debug, info, warning, error.")
+    model_server_timeout: int = _env(
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "Settings":
+        raw = {f.name: environ.get(f.metadata["env"], "").strip() or f.metadata["default"] for f in fields(cls)}
+        multi_model = _boolean("SAGEMAKER_MULTI_MODEL", raw["multi_model"])
+        if "SERVE_MODEL_ROOT" not in environ and not multi_model:
+            raw["model_root"] = "/opt/ml/model"
+        eviction = raw["eviction"].lower()
+        if eviction not in ("lru", "none"):
+            raise SettingsError(f"SERVE_EVICTION={raw['eviction']!r}: expected 'lru' or 'none'")
+        parse_size(raw["gpu_memory_limit"], 1)  # fail at start-up, not at the first GPU load
+        return cls(
+            port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
+            multi_model=multi_model,
+            model_root=raw["model_root"],
+            memory_limit=parse_size(raw["memory_limit"], resources.memory_limit()),
+            gpu_memory_limit=raw["gpu_memory_limit"],
+            eviction=eviction,
+            max_payload_mb=_number("SAGEMAKER_MAX_PAYLOAD_IN_MB", raw["max_payload_mb"]),
+            load_models=tuple(n.strip() for n in raw["load_models"].split(",") if n.strip()),
+            log_level=raw["log_level"].upper(),
+            model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
+        )
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return int(self.max_payload_mb * (1 << 20))
+
+    def gpu_budget(self, total: int) -> int:
+        return parse_size(self.gpu_memory_limit, total)
+
+
+def _boolean(name: str, text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise SettingsError(f"{name}={text!r}: expected true or false")
+
+
+def _integer(name: str, text: str) -> int:
+    if not text.isdigit():
+        raise SettingsError(f"{name}={text!r}: expected a whole number")
+    return int(text)
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise SettingsError(f"{name}={text!r}: expected a positive number")
+    return value

@@ -1,0 +1,78 @@
+"""Triton datatypes: wire name (`FP32`) ↔ config enum (`TYPE_FP32`) ↔ numpy dtype.
+
+BYTES tensors are numpy object arrays of `bytes`. BF16 has no numpy dtype; it travels as float32 and
+the backend narrows it.
+"""
+
+import numpy as np
+
+from container.errors import InvalidInput
+
+_TABLE = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(np.float32),
+    "BYTES": np.dtype(object),
+}
+_BY_NUMPY = {dtype: name for name, dtype in _TABLE.items() if name != "BF16"}
+DATATYPES = tuple(_TABLE)
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    return _TABLE[datatype]
+
+
+def from_config(enum_name: str) -> str:
+    """`TYPE_FP32` → `FP32`; Triton's config calls BYTES `TYPE_STRING`."""
+    name = enum_name.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    return _BY_NUMPY[array.dtype]
+
+
+def as_datatype(name: str, value, datatype: str) -> np.ndarray:
+    """Decoded request data (lists, scalars or an array) → an array of `datatype`, refusing lossy casts."""
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # ragged nesting
+        raise InvalidInput(f"input '{name}': {exc}") from None
+    kind = array.dtype.kind
+    if datatype == "BYTES":
+        if kind not in "OSU":
+            raise InvalidInput(f"input '{name}' is BYTES: send strings, got {array.dtype} values")
+        return to_bytes_array(array)
+    target = _TABLE[datatype]
+    if kind in "OSU":
+        raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got strings")
+    if kind == "f" and target.kind in "iub":
+        raise InvalidInput(f"input '{name}' is {datatype}: got floating-point values")
+    if kind in "iu" and target.kind == "b":
+        if not np.isin(array, (0, 1)).all():
+            raise InvalidInput(f"input '{name}' is BOOL: send true/false (or 0/1)")
+    if target.kind in "iu" and array.size and kind in "iu":
+        info = np.iinfo(target)
+        if array.min() < info.min or array.max() > info.max:
+            raise InvalidInput(f"input '{name}' is {datatype}: values outside [{info.min}, {info.max}]")
+    return array.astype(target, copy=False)
+
+
+def to_bytes_array(array: np.ndarray) -> np.ndarray:
+    """Any string-ish array → an object array of `bytes` (str is UTF-8 encoded)."""
+    flat = [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1).tolist()]
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(array.shape)

@@ -1,0 +1,47 @@
+"""Writes the TorchScript files of the example repository (`make examples`): configs are committed,
+weights are built, so the repository holds no binaries."""
+
+import sys
+from pathlib import Path
+from typing import List
+
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.layers(INPUT0), dim=-1)
+
+
+class Lengths(torch.nn.Module):
+    def forward(self, TEXT: List[str]) -> torch.Tensor:
+        return torch.tensor([len(t) for t in TEXT], dtype=torch.int64).reshape(-1, 1)
+
+
+class Sentiment(torch.nn.Module):
+    """A linear scorer over 8 features: what a SageMaker PyTorch user would ship as model.pt."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.linear(x), dim=-1)
+
+
+def main(root: Path) -> None:
+    torch.manual_seed(0)
+    builds = {"mlp/1/model.pt": MLP(), "lengths/1/model.pt": Lengths(), "sentiment/model.pt": Sentiment()}
+    for relative, module in builds.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.jit.script(module).save(str(path))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "models"))

@@ -1,0 +1,134 @@
+"""Real models for the tests, built with torch: Triton layout, SageMaker layout, archives, and gates that
+hold model code at a known point so concurrency is tested by order of events, never by timing."""
+
+import os
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+from typing import List
+
+import orjson
+import torch
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+MIB = 1 << 20
+
+
+class AddSub(torch.nn.Module):
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor):
+        return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, factor: float = 2.0):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class Sized(torch.nn.Module):
+    """Holds `mib` MiB of float32 weights, so the cache accounts a known size."""
+
+    def __init__(self, mib: float):
+        super().__init__()
+        self.register_buffer("weights", torch.ones(int(mib * MIB) // 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weights[0]
+
+
+class Upper(torch.nn.Module):
+    def forward(self, TEXT: List[str]) -> List[str]:
+        return [t.upper() for t in TEXT]
+
+
+def tensor(name: str, data_type: str, dims) -> dict:
+    return {"name": name, "data_type": data_type, "dims": list(dims)}
+
+
+def triton_model(root: Path, name: str, module: torch.nn.Module, inputs, outputs, max_batch_size=0,
+                 versions=(1,), config_format="json", **config) -> Path:
+    directory = root / name
+    directory.mkdir(parents=True)
+    document = {"name": name, "platform": "pytorch_libtorch", "max_batch_size": max_batch_size,
+                "input": inputs, "output": outputs, **config}
+    if config_format == "json":
+        (directory / "config.json").write_bytes(orjson.dumps(document))
+    else:
+        (directory / "config.pbtxt").write_text(_pbtxt(document))
+    scripted = torch.jit.script(module)
+    for version in versions:
+        (directory / str(version)).mkdir()
+        scripted.save(str(directory / str(version) / "model.pt"))
+    return directory
+
+
+def fp32_model(root: Path, name: str, module=None, dims=(4,), max_batch_size=8, **kwargs) -> Path:
+    """One FP32 input `x`, one FP32 output `y` of the same shape."""
+    return triton_model(root, name, module or Scale(), [tensor("x", "TYPE_FP32", dims)],
+                        [tensor("y", "TYPE_FP32", dims)], max_batch_size, **kwargs)
+
+
+def sized_model(root: Path, name: str, mib: float) -> Path:
+    return fp32_model(root, name, Sized(mib))
+
+
+def handler_model(root: Path, name: str, inference_py: str | None = None, module=None) -> Path:
+    """SageMaker layout: model.pt (TorchScript) at the top and optional code/inference.py."""
+    directory = root / name
+    directory.mkdir(parents=True)
+    if module is not None:
+        torch.jit.script(module).save(str(directory / "model.pt"))
+    if inference_py is not None:
+        (directory / "code").mkdir()
+        (directory / "code" / "inference.py").write_text(textwrap.dedent(inference_py))
+    return directory
+
+
+def archive(directory: Path, path: Path, top_folder: bool = False) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for item in sorted(directory.rglob("*")):
+            relative = item.relative_to(directory)
+            tar.add(item, arcname=str(Path(directory.name) / relative if top_folder else relative), recursive=False)
+    return path
+
+
+class Gate:
+    """A FIFO that model code blocks on: `entered` appears when the code reaches it; `release()` lets
+    every waiter through. Lives outside the model root so it is never taken for a model."""
+
+    def __init__(self, directory: Path, name: str):
+        self.fifo = directory / f"{name}.fifo"
+        self.marker = directory / f"{name}.entered"
+        os.mkfifo(self.fifo)
+
+    def code(self) -> str:
+        """Python statements for model code: mark arrival, then block until released."""
+        return f"open({str(self.marker)!r}, 'w').close(); open({str(self.fifo)!r}).read()"
+
+    def wait_entered(self, timeout: float = 30) -> None:
+        wait_for(self.marker.exists, timeout, f"model code never reached gate {self.fifo.name}")
+
+    def release(self) -> None:
+        fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO here means nobody waits: a test bug
+        os.close(fd)
+
+
+def wait_for(predicate, timeout: float = 30, message: str = "condition not met"):
+    """Poll with a deadline (the one sanctioned wait in tests)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} within {timeout} s")
+        time.sleep(0.02)
+
+
+def _pbtxt(document: dict) -> str:
+    return text_format.MessageToString(json_format.ParseDict(document, pb.ModelConfig()))

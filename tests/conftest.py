@@ -1,0 +1,93 @@
+"""A real server for integration tests: `./serve` (gunicorn, one gevent worker) on a free port."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.builders import wait_for
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+class Server:
+    def __init__(self, model_root: Path, **env):
+        self.model_root = model_root
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        environment = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "SERVE_MODEL_ROOT": str(model_root),
+            "SERVE_LOG_LEVEL": "warning",
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.log = model_root.parent / f"server-{self.port}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(self._answers, 60, f"server did not answer /ping (log: {self.log})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+        try:
+            return requests.get(self.url + "/ping", timeout=1).status_code in (200, 503)
+        except requests.RequestException:  # the worker is still booting
+            return False
+
+    def request(self, method: str, path: str, **kwargs) -> requests.Response:
+        kwargs.setdefault("timeout", 60)
+        return requests.request(method, self.url + path, **kwargs)
+
+    def load(self, name: str, url: str | None = None) -> requests.Response:
+        return self.request("POST", "/models", json={"model_name": name, "url": url or name})
+
+    def invoke(self, name: str, payload, **kwargs) -> requests.Response:
+        return self.request("POST", f"/models/{name}/invoke", json=payload, **kwargs)
+
+    def loaded(self) -> list[str]:
+        return [m["modelName"] for m in self.request("GET", "/models?limit=1000").json()["models"]]
+
+    def worker_pid(self) -> int:
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory):
+    """Start servers for a test module (`start_server(root, **env)`); all are stopped at its end."""
+    servers = []
+
+    def start(model_root: Path, **env) -> Server:
+        servers.append(Server(model_root, **env))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
