@@ -1,0 +1,104 @@
+"""Concurrency in the contract: /ping during slow loads and long inferences, unload during in-flight
+requests, concurrent first use through /invocations. Model code waits on gates, so order is certain."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.builders import Gate, Scale, fp32_model, handler_model, wait_for
+
+SLOW_LOAD = """
+import torch
+def model_fn(model_dir):
+    {gate}
+    return torch.jit.load(model_dir + "/model.pt")
+"""
+
+SLOW_PREDICT = """
+import torch
+def predict_fn(data, model):
+    {gate}
+    return model(data)
+"""
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gates")
+    return {name: Gate(directory, name) for name in ("load", "predict", "unload", "target")}
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory, gates):
+    root = tmp_path_factory.mktemp("models")
+    handler_model(root, "slowload", SLOW_LOAD.format(gate=gates["load"].code()), Scale())
+    handler_model(root, "slowpredict", SLOW_PREDICT.format(gate=gates["predict"].code()), Scale())
+    handler_model(root, "inflight", SLOW_PREDICT.format(gate=gates["unload"].code()), Scale())
+    handler_model(root, "target", SLOW_LOAD.format(gate=gates["target"].code()), Scale())
+    fp32_model(root, "fast")
+    return start_server(root)
+
+
+def ping_ms(server) -> float:
+    start = time.perf_counter()
+    assert server.request("GET", "/ping", timeout=5).status_code == 200
+    return (time.perf_counter() - start) * 1000
+
+
+def test_ping_and_other_models_answer_during_a_slow_load(server, gates):
+    with ThreadPoolExecutor(2) as pool:
+        loading = pool.submit(server.load, "slowload")
+        gates["load"].wait_entered()
+        assert ping_ms(server) < 1000  # the event loop is free; a blocked hub would time out at 5 s
+        assert server.load("fast").status_code == 200
+        assert server.invoke("fast", [[1, 2, 3, 4]]).status_code == 200
+        assert "slowload" not in server.loaded()
+        duplicate = server.load("slowload")
+        assert duplicate.status_code == 409 and "still loading" in duplicate.json()["error"]
+        assert server.request("GET", "/models/slowload").status_code == 404
+        assert not loading.done()
+        gates["load"].release()
+        assert loading.result().status_code == 200
+    assert server.invoke("slowload", [[1.0, 2.0]]).json() == [[2.0, 4.0]]
+
+
+def test_ping_answers_during_a_long_inference(server, gates):
+    assert server.load("slowpredict").status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        inference = pool.submit(server.invoke, "slowpredict", [[1.0]])
+        gates["predict"].wait_entered()
+        assert ping_ms(server) < 1000
+        assert server.invoke("fast", [[1, 2, 3, 4]]).status_code == 200
+        gates["predict"].release()
+        assert inference.result().json() == [[2.0]]
+
+
+def test_unload_waits_for_requests_in_flight_then_refuses_new_ones(server, gates):
+    assert server.load("inflight").status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        inference = pool.submit(server.invoke, "inflight", [[3.0]])
+        gates["unload"].wait_entered()
+        unloading = pool.submit(server.request, "DELETE", "/models/inflight")
+        wait_for(lambda: server.request("GET", "/models/inflight").status_code == 404, message="DELETE never began")
+        late = server.invoke("inflight", [[1.0]])
+        assert late.status_code == 404  # refused while the unload waits
+        assert not unloading.done() and not inference.done()
+        gates["unload"].release()
+        assert inference.result().json() == [[6.0]]  # the in-flight request finished normally
+        assert unloading.result().status_code == 200
+    assert "inflight" not in server.loaded()
+
+
+def test_concurrent_first_use_through_invocations_loads_once(server, gates):
+    headers = {"X-Amzn-SageMaker-Target-Model": "target", "Content-Type": "application/json"}
+
+    def invoke(_):
+        return server.request("POST", "/invocations", data=b"[[1.0]]", headers=headers)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(invoke, i) for i in range(6)]
+        gates["target"].wait_entered()
+        gates["target"].release()
+        assert [a.result().json() for a in answers] == [[[2.0]]] * 6
+    assert server.loaded().count("target") == 1

@@ -1,0 +1,142 @@
+"""The memory-aware cache on a real server: LRU eviction of idle models, 507s, SERVE_EVICTION=none,
+memory really returned on unload, and out-of-memory recovery."""
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.builders import MIB, Gate, Scale, Sized, fp32_model, handler_model, sized_model
+
+BUSY = """
+def predict_fn(data, model):
+    {gate}
+    return model(data)
+"""
+
+OOM_ONCE = """
+import torch
+calls = []
+def predict_fn(data, model):
+    calls.append(1)
+    if len(calls) == 1:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    return model(data)
+"""
+
+OOM_ALWAYS = """
+import torch
+def predict_fn(data, model):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+OOM_LOAD = """
+import torch
+def model_fn(model_dir):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+"""
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for name in "abcd":
+        sized_model(root, name, 8)
+    sized_model(root, "huge", 30)
+    return root
+
+
+@pytest.fixture(scope="module")
+def lru(start_server, root):
+    return start_server(root, SERVE_MEMORY_LIMIT="20MiB")
+
+
+def invoke_ok(server, name) -> bool:
+    return server.invoke(name, [[1, 1, 1, 1]]).status_code == 200
+
+
+def test_least_recently_used_idle_model_is_evicted(lru):
+    assert lru.load("a").status_code == 200 and lru.load("b").status_code == 200
+    assert invoke_ok(lru, "a")  # b is now the least recently used
+    assert lru.load("c").status_code == 200
+    assert lru.loaded() == ["a", "c"]
+    assert lru.load("d").status_code == 200  # a was used before c was loaded
+    assert lru.loaded() == ["c", "d"]
+    assert lru.invoke("a", [[1, 1, 1, 1]]).status_code == 404  # evicted models are unloaded for real
+
+
+def test_model_larger_than_the_budget_is_507_and_evicts_nothing(lru):
+    before = lru.loaded()
+    answer = lru.load("huge")
+    assert answer.status_code == 507 and "more than the whole budget" in answer.json()["error"]
+    assert lru.loaded() == before and all(invoke_ok(lru, n) for n in before)
+
+
+def test_models_with_requests_in_flight_are_never_evicted(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("busy")
+    gates = [Gate(tmp_path_factory.mktemp("gates"), f"g{i}") for i in range(2)]
+    for i, gate in enumerate(gates):
+        handler_model(root, f"busy{i}", BUSY.format(gate=gate.code()), Sized(8))
+    sized_model(root, "newcomer", 8)
+    server = start_server(root, SERVE_MEMORY_LIMIT="20MiB")
+    assert server.load("busy0").status_code == 200 and server.load("busy1").status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        inflight = [pool.submit(server.invoke, f"busy{i}", [[1.0]]) for i in range(2)]
+        for gate in gates:
+            gate.wait_entered()
+        answer = server.load("newcomer")
+        assert answer.status_code == 507 and "busy" in answer.json()["error"]
+        for gate in gates:
+            gate.release()
+        assert [f.result().status_code for f in inflight] == [200, 200]
+    assert server.load("newcomer").status_code == 200  # now an idle model makes room
+    assert server.loaded() == ["busy1", "newcomer"]
+
+
+def test_eviction_off_answers_507_so_sagemaker_evicts(start_server, root):
+    server = start_server(root, SERVE_MEMORY_LIMIT="20MiB", SERVE_EVICTION="none")
+    assert server.load("a").status_code == 200 and server.load("b").status_code == 200
+    answer = server.load("c")
+    assert answer.status_code == 507 and "SERVE_EVICTION=none" in answer.json()["error"]
+    assert server.loaded() == ["a", "b"]
+    assert server.request("DELETE", "/models/a").status_code == 200  # what the platform does next
+    assert server.load("c").status_code == 200
+
+
+def test_unload_returns_the_memory(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("big")
+    sized_model(root, "big", 256)
+    server = start_server(root)
+    pid = server.worker_pid()
+    before = rss(pid)
+    assert server.load("big").status_code == 200 and invoke_ok(server, "big")
+    loaded = rss(pid)
+    assert loaded - before > 200 * MIB
+    assert server.request("DELETE", "/models/big").status_code == 200
+    assert rss(pid) - before < 64 * MIB  # freed before the DELETE answered
+
+
+def test_out_of_memory_frees_idle_models_and_retries_once(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("oom")
+    fp32_model(root, "idle")
+    handler_model(root, "oomonce", OOM_ONCE, Scale())
+    handler_model(root, "oomalways", OOM_ALWAYS, Scale())
+    handler_model(root, "oomload", OOM_LOAD)
+    server = start_server(root)
+    for name in ("idle", "oomonce"):
+        assert server.load(name).status_code == 200
+    assert server.invoke("oomonce", [[1.0]]).json() == [[2.0]]  # retried after recovery
+    assert "idle" not in server.loaded()  # recovery evicted the idle model on that device
+    assert server.load("oomalways").status_code == 200
+    answer = server.invoke("oomalways", [[1.0]])
+    assert answer.status_code == 507 and "ran out of memory" in answer.json()["error"]
+    answer = server.load("oomload")
+    assert answer.status_code == 507 and "oomload" not in server.loaded()
+    assert server.load("idle").status_code == 200 and invoke_ok(server, "idle")
