@@ -73,12 +73,12 @@ class Settings:
         eviction = raw["eviction"].lower()
         if eviction not in ("lru", "none"):
             raise SettingsError(f"SERVE_EVICTION={raw['eviction']!r}: expected 'lru' or 'none'")
-        parse_size(raw["gpu_memory_limit"], 1)  # fail at start-up, not at the first GPU load
+        _size("SERVE_GPU_MEMORY_LIMIT", raw["gpu_memory_limit"], 1)  # fail at start-up, not at the first GPU load
         return cls(
             port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
             model_root=raw["model_root"],
-            memory_limit=parse_size(raw["memory_limit"], resources.memory_limit()),
+            memory_limit=_size("SERVE_MEMORY_LIMIT", raw["memory_limit"], resources.memory_limit()),
             gpu_memory_limit=raw["gpu_memory_limit"],
             eviction=eviction,
             max_payload_mb=_number("SAGEMAKER_MAX_PAYLOAD_IN_MB", raw["max_payload_mb"]),
@@ -93,6 +93,13 @@ class Settings:
 
     def gpu_budget(self, total: int) -> int:
         return parse_size(self.gpu_memory_limit, total)
+
+
+def _size(name: str, text: str, total: int) -> int:
+    try:
+        return parse_size(text, total)
+    except SettingsError as exc:
+        raise SettingsError(f"{name}={exc}") from None
 
 
 def _boolean(name: str, text: str) -> bool:

@@ -1,0 +1,83 @@
+"""Start-up and shutdown: single-model mode, models loaded at start, bad settings, SIGTERM."""
+
+import os
+import signal
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.builders import Gate, Scale, archive, fp32_model, handler_model, wait_for
+from tests.conftest import PROJECT, Server
+
+SLOW = """
+import torch
+def model_fn(model_dir):
+    {gate}
+    return torch.jit.load(model_dir + "/model.pt")
+"""
+
+GATED_PREDICT = """
+def predict_fn(data, model):
+    {gate}
+    return model(data)
+"""
+
+
+def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory):
+    gate = Gate(tmp_path_factory.mktemp("gate"), "load")
+    root = handler_model(tmp_path_factory.mktemp("single"), "model", SLOW.format(gate=gate.code()), Scale())
+    server = start_server(root, SAGEMAKER_MULTI_MODEL="false")
+    gate.wait_entered()
+    answer = server.request("GET", "/ping")
+    assert answer.status_code == 503 and "not loaded yet" in answer.json()["error"]
+    gate.release()
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, message="model never became ready")
+    answer = server.request("POST", "/invocations", json=[[1.0, 2.0]])
+    assert answer.status_code == 200 and answer.json() == [[2.0, 4.0]]
+
+
+def test_models_named_at_start_are_loaded(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("start")
+    fp32_model(root, "one")
+    fp32_model(root, "two")
+    archive(fp32_model(tmp_path_factory.mktemp("src"), "three"), root / "three.tar.gz")
+    (root / "broken").mkdir()  # logged and skipped; the rest still load
+    everything = start_server(root, SERVE_LOAD_MODELS="*")
+    wait_for(lambda: everything.loaded() == ["one", "three", "two"], message="models did not load at start")
+    some = start_server(root, SERVE_LOAD_MODELS="two")
+    wait_for(lambda: some.loaded() == ["two"], message="SERVE_LOAD_MODELS=two did not load")
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("SERVE_MEMORY_LIMIT", "lots"), ("SERVE_EVICTION", "sometimes"), ("SAGEMAKER_MULTI_MODEL", "maybe"),
+])
+def test_bad_settings_stop_the_server_with_a_clear_message(tmp_path, variable, value):
+    env = {**os.environ, "SERVE_MODEL_ROOT": str(tmp_path), variable: value, "SAGEMAKER_BIND_TO_PORT": "0"}
+    env["PATH"] = f"{PROJECT / '.venv' / 'bin'}:{env['PATH']}"
+    result = subprocess.run([str(PROJECT / "serve")], cwd=PROJECT, env=env, capture_output=True, timeout=60)
+    assert result.returncode != 0 and f"{variable}={value!r}".encode() in result.stderr
+
+
+def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(tmp_path_factory):
+    gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
+    root = tmp_path_factory.mktemp("term")
+    handler_model(root, "gated", GATED_PREDICT.format(gate=gate.code()), Scale())
+    server = Server(root)
+    try:
+        assert server.load("gated").status_code == 200
+        idle = socket.create_connection(("127.0.0.1", server.port))  # a keep-alive client between requests
+        idle.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert idle.recv(1024).startswith(b"HTTP/1.1 200")
+        with ThreadPoolExecutor(1) as pool:
+            inflight = pool.submit(server.invoke, "gated", [[4.0]])
+            gate.wait_entered()
+            os.killpg(server.process.pid, signal.SIGTERM)
+            assert idle.recv(1024) == b""  # the idle connection is closed, not waited for
+            gate.release()
+            assert inflight.result().json() == [[8.0]]  # the request in flight finished
+        assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
+        idle.close()
+    finally:
+        server.stop()
