@@ -1,0 +1,43 @@
+"""One-way imports: api → core; scheduling → models, backends; models and backends → neither api nor
+Flask; front-ends never import torch."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "container"
+
+FORBIDDEN = {
+    "models": ("container.api", "container.scheduling", "container.backends", "container.app", "flask", "torch"),
+    "backends": ("container.api", "container.scheduling", "container.app", "flask"),
+    "scheduling": ("container.api", "container.app", "flask"),
+    "api": ("torch", "container.backends", "container.app"),
+}
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_only_downwards(layer):
+    offences = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for name in imports(path)
+        if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[layer])
+    ]
+    assert offences == []
+
+
+def test_shared_leaf_modules_import_no_layer():
+    for leaf in ("errors.py", "tensors.py", "content.py", "inference.py", "settings.py", "resources.py"):
+        layers = [n for n in imports(PACKAGE / leaf) if n.split(".")[:2][-1] in FORBIDDEN]
+        assert layers == [], leaf

@@ -1,0 +1,65 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from container import resources
+from container.settings import Settings, SettingsError, parse_size
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults():
+    settings = Settings.from_env({})
+    assert settings.port == 8080 and settings.multi_model and settings.model_root == "/opt/ml/models"
+    assert settings.eviction == "lru" and settings.max_payload_bytes == 6 << 20 and settings.load_models == ()
+    assert settings.memory_limit == int(resources.memory_limit() * 0.7)
+
+
+def test_single_model_mode_defaults_to_opt_ml_model():
+    assert Settings.from_env({"SAGEMAKER_MULTI_MODEL": "false"}).model_root == "/opt/ml/model"
+    assert Settings.from_env({"SAGEMAKER_MULTI_MODEL": "false", "SERVE_MODEL_ROOT": "/m"}).model_root == "/m"
+
+
+def test_values_from_the_environment():
+    settings = Settings.from_env({
+        "SAGEMAKER_BIND_TO_PORT": "9000", "SERVE_MEMORY_LIMIT": "512MiB", "SERVE_EVICTION": "NONE",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB": "0.5", "SERVE_LOAD_MODELS": " a, b ,", "SERVE_LOG_LEVEL": "debug",
+    })
+    assert settings.port == 9000 and settings.memory_limit == 512 << 20 and settings.eviction == "none"
+    assert settings.max_payload_bytes == 1 << 19 and settings.load_models == ("a", "b") and settings.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1024", 1024), ("1.5KiB", 1536), ("2 MiB", 2 << 20), ("1GiB", 1 << 30), ("50%", 500), ("100%", 1000),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text, 1000) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "5MB", "-1", "0%", "101%", "abc%"])
+def test_parse_size_refuses(text):
+    with pytest.raises(SettingsError):
+        parse_size(text, 1000)
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"SERVE_MEMORY_LIMIT": "lots"}, "SERVE_MEMORY_LIMIT"),
+    ({"SERVE_GPU_MEMORY_LIMIT": "200%"}, "SERVE_GPU_MEMORY_LIMIT"),
+    ({"SERVE_EVICTION": "fifo"}, "SERVE_EVICTION"),
+    ({"SAGEMAKER_MULTI_MODEL": "2"}, "SAGEMAKER_MULTI_MODEL"),
+    ({"SAGEMAKER_BIND_TO_PORT": "http"}, "SAGEMAKER_BIND_TO_PORT"),
+    ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "0"}, "SAGEMAKER_MAX_PAYLOAD_IN_MB"),
+])
+def test_bad_values_name_the_variable(env, named):
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env(env)
+
+
+def test_readme_table_matches_the_settings_object():
+    from dataclasses import fields
+
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| `?([^`|]*?)`? \|", README.read_text(), re.MULTILINE))
+    rows = {name: "" if default == "—" else default for name, default in rows.items()}
+    declared = {f.metadata["env"]: f.metadata["default"] for f in fields(Settings)}
+    assert rows == declared

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from container.errors import InvalidInput
+from container.models.signature import Signature, TensorSpec
+from container.tensors import as_datatype
+
+SIGNATURE = Signature(
+    inputs=(TensorSpec("a", "FP32", (-1, 2)), TensorSpec("b", "INT64", (-1, -1))),
+    outputs=(TensorSpec("y", "FP32", (-1, 2)),),
+    max_batch_size=4,
+)
+
+
+def test_matching_inputs_pass():
+    SIGNATURE.check_inputs({"a": np.zeros((3, 2), np.float32), "b": np.zeros((3, 7), np.int64)})
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"a": np.zeros((1, 2), np.float32)}, r"missing input\(s\) \['b'\]"),
+    ({"a": np.zeros((1, 2), np.float32), "b": np.zeros((1, 1), np.int64), "c": np.zeros(1)}, r"unexpected input\(s\) \['c'\]"),
+    ({"a": np.zeros((1, 2), np.float64), "b": np.zeros((1, 1), np.int64)}, "input 'a' must be FP32, got FP64"),
+    ({"a": np.zeros((1, 3), np.float32), "b": np.zeros((1, 1), np.int64)}, r"input 'a' must have shape \[-1, 2\], got \[1, 3\]"),
+    ({"a": np.zeros((2,), np.float32), "b": np.zeros((1, 1), np.int64)}, r"must have shape \[-1, 2\]"),
+    ({"a": np.zeros((2, 2), np.float32), "b": np.zeros((3, 1), np.int64)}, "disagree on the batch size"),
+    ({"a": np.zeros((5, 2), np.float32), "b": np.zeros((5, 1), np.int64)}, r"batch size 5 is outside 1..4"),
+])
+def test_mismatches_name_the_input_and_what_was_expected(inputs, message):
+    with pytest.raises(InvalidInput, match=message):
+        SIGNATURE.check_inputs(inputs)
+
+
+def test_unknown_outputs():
+    with pytest.raises(InvalidInput, match=r"unknown output\(s\) \['z'\]"):
+        SIGNATURE.check_outputs(["y", "z"])
+
+
+@pytest.mark.parametrize("value, datatype, expected", [
+    ([[1, 2]], "FP32", np.float32), ([1, 0], "BOOL", np.bool_), ([True], "INT8", np.int8),
+    (["a", "b"], "BYTES", object), ([1.5], "FP16", np.float16), ([7], "UINT64", np.uint64),
+])
+def test_as_datatype(value, datatype, expected):
+    array = as_datatype("t", value, datatype)
+    assert array.dtype == np.dtype(expected)
+    if datatype == "BYTES":
+        assert array.tolist() == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("value, datatype, message", [
+    ([1.5], "INT32", "floating-point"), ([300], "UINT8", "outside"), ([-1], "UINT32", "outside"),
+    (["x"], "FP32", "send numbers"), ([1], "BYTES", "send strings"), ([2], "BOOL", "true/false"),
+    ([[1], [1, 2]], "FP32", "input 't'"),
+])
+def test_as_datatype_refuses_lossy_casts(value, datatype, message):
+    with pytest.raises(InvalidInput, match=message):
+        as_datatype("t", value, datatype)

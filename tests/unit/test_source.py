@@ -1,0 +1,92 @@
+import io
+import tarfile
+
+import pytest
+
+from container.errors import InvalidModel, InvalidRequest, SourceNotFound
+from container.models.source import SageMakerLayout, TritonLayout, open_source, repository_entries, resolve_url
+
+
+def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] = {}):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in symlinks.items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+def test_resolve_url(tmp_path):
+    (tmp_path / "m").mkdir()
+    assert resolve_url(str(tmp_path), "m") == tmp_path / "m"
+    assert resolve_url(str(tmp_path), str(tmp_path / "m")) == tmp_path / "m"
+    with pytest.raises(InvalidRequest, match="outside the model root"):
+        resolve_url(str(tmp_path), "../")
+    with pytest.raises(SourceNotFound):
+        resolve_url(str(tmp_path), "missing")
+
+
+@pytest.mark.parametrize("members, symlinks", [
+    ({"../escape.txt": b"x"}, {}),
+    ({}, {"link": "/etc/passwd"}),
+    ({}, {"link": "../../outside"}),
+])
+def test_archive_members_cannot_escape(tmp_path, members, symlinks):
+    archive = tar_with(tmp_path / "evil.tar.gz", {"model.pt": b"x", **members}, symlinks)
+    with pytest.raises(InvalidModel, match="refused"):
+        open_source(archive)
+    assert not (tmp_path.parent / "escape.txt").exists()
+
+
+def test_absolute_members_land_inside(tmp_path):
+    source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}))
+    assert source.layout.model_file == source.scratch / "model.pt"
+    source.remove_scratch()
+
+
+def test_corrupt_archive(tmp_path):
+    (tmp_path / "bad.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(InvalidModel, match="cannot be read"):
+        open_source(tmp_path / "bad.tar.gz")
+
+
+def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
+    archive = tar_with(tmp_path / "m.tar.gz", {"inner/model.pt": b"weights", "inner/code/inference.py": b""})
+    source = open_source(archive)
+    assert isinstance(source.layout, SageMakerLayout) and source.layout.handler_file
+    assert source.estimated_bytes() == len(b"weights")
+    source.remove_scratch()
+    assert not source.scratch.exists()
+
+
+def test_directory_holding_only_model_tar_gz(tmp_path):
+    (tmp_path / "m").mkdir()
+    tar_with(tmp_path / "m" / "model.tar.gz", {"model.pth": b"w"})
+    assert open_source(tmp_path / "m").layout.model_file.name == "model.pth"
+
+
+def test_triton_layout_versions(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], '
+                                           b'"output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}], '
+                                           b'"version_policy": {"all": {}}, "version_labels": {"stable": 9}}')
+    for version in ("1", "2"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "model.pt").write_bytes(b"12345")
+    (tmp_path / "3").mkdir()  # no model file: not a version
+    with pytest.raises(InvalidModel, match="version_labels"):
+        open_source(tmp_path)
+    (tmp_path / "config.json").write_bytes((tmp_path / "config.json").read_bytes().replace(b"9", b"2"))
+    source = open_source(tmp_path)
+    assert isinstance(source.layout, TritonLayout) and sorted(source.layout.versions) == [1, 2]
+    assert source.estimated_bytes() == 10
+
+
+def test_repository_entries(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b.tar.gz").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("")
+    assert repository_entries(str(tmp_path)) == [("a", "a"), ("b", "b.tar.gz")]
