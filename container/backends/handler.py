@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gevent.monkey import get_original
 
 from container import content
 from container.errors import (
@@ -28,6 +29,8 @@ HANDLER_FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transfo
 _ENVELOPES = {"instances": "predictions", "inputs": "outputs"}
 _module_ids = itertools.count()
 _IDENTIFIER = re.compile(r"\W")
+# A real lock: loads run on native threads, where gevent's patched locks must not be used.
+_import_lock = get_original("threading", "Lock")()
 
 
 class HandlerModel:
@@ -58,7 +61,7 @@ class HandlerModel:
 
     def transform(self, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
         """One request through the handler chain; returns the response body and its media type."""
-        data = body.decode() if content_type in content.TEXT_TYPES else body
+        data = _text(body) if content_type in content.TEXT_TYPES else body
         if "transform_fn" in self.functions:
             response_type = self._user_accept(accept)
             result = self._call("transform_fn", self.model, data, content_type, response_type)
@@ -79,19 +82,27 @@ class HandlerModel:
         return _default_output(prediction, response_type, envelope), response_type
 
     def _import_handlers(self, path: Path) -> dict:
-        """Import inference.py under a name of its own so two models' handlers never collide."""
+        """Import inference.py under a name of its own so two models' handlers never collide. Its
+        sibling modules (`import helper`) are importable while it loads, then dropped from
+        sys.modules so another model's `helper` is its own; one import at a time across loads."""
         self.module_name = f"_model_handler_{next(_module_ids)}_{_IDENTIFIER.sub('_', self.name)}"
         spec = importlib.util.spec_from_file_location(self.module_name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[self.module_name] = module
-        sys.path.insert(0, str(path.parent))  # lets inference.py import its sibling modules
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(self.module_name, None)
-            raise InvalidModel(f"code/inference.py failed to import: {type(exc).__name__}: {exc}") from None
-        finally:
-            sys.path.remove(str(path.parent))
+        code_dir = str(path.parent)
+        with _import_lock:
+            before = set(sys.modules)
+            sys.modules[self.module_name] = module
+            sys.path.insert(0, code_dir)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(self.module_name, None)
+                raise InvalidModel(f"code/inference.py failed to import: {type(exc).__name__}: {exc}") from None
+            finally:
+                sys.path.remove(code_dir)
+                for name in set(sys.modules) - before - {self.module_name}:
+                    if (getattr(sys.modules[name], "__file__", None) or "").startswith(code_dir + "/"):
+                        del sys.modules[name]
         functions = {n: getattr(module, n) for n in HANDLER_FUNCTIONS if callable(getattr(module, n, None))}
         for fn_name, fn in functions.items():
             _check_arity(fn_name, fn)
@@ -141,6 +152,13 @@ class HandlerModel:
             if is_out_of_memory(exc):
                 raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device)
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        raise InvalidRequest("the body is not UTF-8 text, as its Content-Type says") from None
 
 
 def _check_arity(fn_name: str, fn) -> None:

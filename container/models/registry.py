@@ -194,19 +194,21 @@ class Registry:
 
     def _make_room(self, name: str, sizes: dict[str, int]) -> None:
         victims = self.cache.reserve(name, sizes, idle=self._is_idle)
-        for victim in victims:
-            log.info("evicting idle model '%s' to make room for '%s'", victim, name)
-            model = self.models[victim]
-            model.state = State.UNLOADING
-            self._discard(model)
+        self._evict(victims, f"to make room for '{name}'")
 
     def _recover(self, device: str, keep: str) -> None:
         """After an out-of-memory error: evict every idle model on the device and drop cached blocks."""
-        for victim in self.cache.idle_on(device, self._is_idle, keep=keep):
-            log.info("evicting idle model '%s' after %s ran out of memory", victim, device)
-            self.models[victim].state = State.UNLOADING
-            self._discard(self.models[victim])
+        self._evict(self.cache.idle_on(device, self._is_idle, keep=keep), f"after {device} ran out of memory")
         self._pool.apply(self.runtime.release_memory)
+
+    def _evict(self, names: list[str], why: str) -> None:
+        # Mark every victim before the first yield: none may be leased while another is being freed.
+        victims = [self.models[name] for name in names]
+        for model in victims:
+            model.state = State.UNLOADING
+        for model in victims:
+            log.info("evicting idle model '%s' %s", model.name, why)
+            self._discard(model)
 
     def _discard(self, model: Model) -> None:
         """Forget the model and free what it holds; safe on a half-loaded model."""

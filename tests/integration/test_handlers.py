@@ -51,6 +51,13 @@ def input_fn(body, content_type):
     return torch.from_numpy(np.frombuffer(body, dtype=np.uint8).astype(np.float32))
 """
 
+SIBLING = """
+from helper import OFFSET
+
+def predict_fn(data, model):
+    return model(data) + OFFSET
+"""
+
 AMBIGUOUS = TRANSFORM + "\ndef input_fn(body, content_type):\n    return body\n"
 WRONG_ARITY = "def predict_fn(data):\n    return data\n"
 RAISES = "def predict_fn(data, model):\n    raise KeyError('feature_7')\n"
@@ -74,6 +81,9 @@ def server(start_server, tmp_path_factory):
     handler_model(root, "arity", WRONG_ARITY, Scale())
     handler_model(root, "nomodel", "def predict_fn(data, model):\n    return data\n")
     archive(handler_model(tmp_path_factory.mktemp("src"), "packed", SAME_NAME_A, Scale()), root / "packed.tar.gz")
+    for name, offset in (("sibling1", 1), ("sibling2", 2)):
+        model = handler_model(root, name, SIBLING, Scale())
+        (model / "code" / "helper.py").write_text(f"OFFSET = {offset}\n")
     server = start_server(root)
     for name in ("classifier", "plus", "minus", "defaults", "transform", "modelfn", "binary", "raises", "badreturn"):
         assert server.load(name).status_code == 200, name
@@ -95,6 +105,12 @@ def test_two_models_with_same_handler_module_name_do_not_collide(server):
     assert post(server, "plus", b"[1.0]").json() == [102.0]
     assert post(server, "minus", b"[1.0]").json() == [-98.0]
     assert post(server, "plus", b"[1.0]").json() == [102.0]
+
+
+def test_same_named_sibling_modules_stay_apart(server):
+    assert server.load("sibling1").status_code == 200 and server.load("sibling2").status_code == 200
+    assert post(server, "sibling1", b"[1.0]").json() == [3.0]
+    assert post(server, "sibling2", b"[1.0]").json() == [4.0]
 
 
 def test_default_handlers_like_the_sagemaker_toolkit(server):
@@ -132,6 +148,7 @@ def test_archive_of_handler_model(server):
     ("raises", b"[1]", "application/json", None, 500, "predict_fn of model 'raises' raised KeyError: 'feature_7'"),
     ("badreturn", b"[1]", "application/json", None, 500, "output_fn must return bytes or str"),
     ("defaults", b"[1", "application/json", None, 400, "malformed JSON"),
+    ("classifier", b"\xff\xfe", "application/json", None, 400, "not UTF-8"),
     ("defaults", b'[[1], [1, 2]]', "application/json", None, 400, "rectangular"),
     ("defaults", b'{"rows": [1]}', "application/json", None, 400, '"instances" or "inputs"'),
     ("defaults", b"abc", "image/png", None, 415, "image/png"),

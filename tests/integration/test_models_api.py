@@ -1,6 +1,8 @@
 """The SageMaker multi-model API: load, list (paginated), get, unload, and every error case."""
 
+import io
 import os
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,6 +26,10 @@ def server(start_server, tmp_path_factory):
     handler_model(root, "brokenhandler", "raise RuntimeError('handler import failed')\n")
     handler_model(root, "failingmodelfn", "def model_fn(model_dir):\n    raise ValueError('no weights here')\n")
     os.symlink("/etc", root / "escape")
+    with tarfile.open(root / "evil.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("../../evil.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
     return start_server(root)
 
 
@@ -84,6 +90,7 @@ def test_missing_url_is_404(server):
 
 @pytest.mark.parametrize("url, status, message", [
     ("empty", 400, "no model in"),
+    ("evil.tar.gz", 400, "refused"),
     ("corrupt", 400, "not a TorchScript model"),
     ("badconfig", 400, "config.pbtxt does not match"),
     ("onnx", 400, "onnxruntime_onnx"),
