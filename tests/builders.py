@@ -6,7 +6,7 @@ import tarfile
 import textwrap
 import time
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import orjson
 import torch
@@ -19,6 +19,18 @@ MIB = 1 << 20
 class AddSub(torch.nn.Module):
     def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor):
         return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+
+class Reordered(torch.nn.Module):
+    """forward() names its arguments after the config's inputs, in the other order."""
+
+    def forward(self, INPUT1: torch.Tensor, INPUT0: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return {"OUTPUT1": INPUT0 - INPUT1, "OUTPUT0": INPUT0 + INPUT1}
+
+
+class Positional(torch.nn.Module):
+    def forward(self, first: torch.Tensor, second: torch.Tensor):
+        return first * 10 + second
 
 
 class Scale(torch.nn.Module):

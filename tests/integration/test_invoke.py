@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from tests.builders import AddSub, Upper, archive, fp32_model, tensor, triton_model
+from tests.builders import AddSub, Positional, Reordered, Scale, Upper, archive, fp32_model, tensor, triton_model
 
 NPY = "application/x-npy"
 
@@ -19,8 +19,12 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("UPPER", "TYPE_STRING", [-1])])
     archive(fp32_model(tmp_path_factory.mktemp("src"), "ondemand"), root / "ondemand.tar.gz", top_folder=True)
     fp32_model(root, "versioned", versions=(1, 2, 3), version_policy={"latest": {"num_versions": 2}})
+    pair = [tensor("INPUT0", "TYPE_INT64", [2]), tensor("INPUT1", "TYPE_INT64", [2])]
+    triton_model(root, "reordered", Reordered(), pair, [tensor("OUTPUT0", "TYPE_INT64", [2]), tensor("OUTPUT1", "TYPE_INT64", [2])], 4)
+    triton_model(root, "positional", Positional(), pair, [tensor("OUT", "TYPE_INT64", [2])], 4)
+    triton_model(root, "arity", Scale(), pair, [tensor("OUT", "TYPE_INT64", [2])], 4)
     server = start_server(root, SAGEMAKER_MAX_PAYLOAD_IN_MB="1")
-    for name in ("double", "addsub", "upper", "versioned"):
+    for name in ("double", "addsub", "upper", "versioned", "reordered", "positional"):
         assert server.load(name).status_code == 200
     return server
 
@@ -52,6 +56,20 @@ def test_json_forms(server, body, expected):
 def test_multiple_inputs_and_outputs_by_name(server):
     answer = post(server, "addsub", b'{"inputs": {"INPUT0": [[5, 6]], "INPUT1": [[1, 2]]}}')
     assert answer.json() == {"outputs": {"OUTPUT0": [[6, 8]], "OUTPUT1": [[4, 4]]}}
+
+
+def test_inputs_bind_by_name_and_dict_outputs_by_name(server):
+    answer = post(server, "reordered", b'{"inputs": {"INPUT0": [[5, 6]], "INPUT1": [[1, 2]]}}')
+    assert answer.json() == {"outputs": {"OUTPUT0": [[6, 8]], "OUTPUT1": [[4, 4]]}}
+
+
+def test_inputs_bind_positionally_in_config_order(server):
+    assert post(server, "positional", b'{"inputs": {"INPUT1": [[1, 2]], "INPUT0": [[3, 4]]}}').json() == {"outputs": [[31, 42]]}
+
+
+def test_forward_arity_must_match_the_config(server):
+    answer = server.load("arity")
+    assert answer.status_code == 400 and "forward() takes 1" in answer.json()["error"]
 
 
 def test_strings_travel_as_list_of_str(server):
