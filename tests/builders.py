@@ -130,6 +130,25 @@ class Gate:
         os.close(fd)
 
 
+def gated_load(gate: Gate) -> str:
+    """inference.py whose model_fn waits at `gate`, then loads model.pt."""
+    return f"""
+import torch
+def model_fn(model_dir):
+    {gate.code()}
+    return torch.jit.load(model_dir + "/model.pt")
+"""
+
+
+def gated_predict(gate: Gate) -> str:
+    """inference.py whose predict_fn waits at `gate`, then runs the model."""
+    return f"""
+def predict_fn(data, model):
+    {gate.code()}
+    return model(data)
+"""
+
+
 def wait_for(predicate, timeout: float = 30, message: str = "condition not met"):
     """Poll with a deadline (the one sanctioned wait in tests)."""
     deadline = time.monotonic() + timeout

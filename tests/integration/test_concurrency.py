@@ -6,22 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.builders import Gate, Scale, fp32_model, handler_model, wait_for
-
-SLOW_LOAD = """
-import torch
-def model_fn(model_dir):
-    {gate}
-    return torch.jit.load(model_dir + "/model.pt")
-"""
-
-SLOW_PREDICT = """
-import torch
-def predict_fn(data, model):
-    {gate}
-    return model(data)
-"""
-
+from tests.builders import Gate, Scale, fp32_model, gated_load, gated_predict, handler_model, wait_for
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):
@@ -32,10 +17,10 @@ def gates(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(start_server, tmp_path_factory, gates):
     root = tmp_path_factory.mktemp("models")
-    handler_model(root, "slowload", SLOW_LOAD.format(gate=gates["load"].code()), Scale())
-    handler_model(root, "slowpredict", SLOW_PREDICT.format(gate=gates["predict"].code()), Scale())
-    handler_model(root, "inflight", SLOW_PREDICT.format(gate=gates["unload"].code()), Scale())
-    handler_model(root, "target", SLOW_LOAD.format(gate=gates["target"].code()), Scale())
+    handler_model(root, "slowload", gated_load(gates["load"]), Scale())
+    handler_model(root, "slowpredict", gated_predict(gates["predict"]), Scale())
+    handler_model(root, "inflight", gated_predict(gates["unload"]), Scale())
+    handler_model(root, "target", gated_load(gates["target"]), Scale())
     fp32_model(root, "fast")
     return start_server(root)
 

@@ -8,26 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.builders import Gate, Scale, archive, fp32_model, handler_model, wait_for
+from tests.builders import Gate, Scale, archive, fp32_model, gated_load, gated_predict, handler_model, wait_for
 from tests.conftest import PROJECT, Server
-
-SLOW = """
-import torch
-def model_fn(model_dir):
-    {gate}
-    return torch.jit.load(model_dir + "/model.pt")
-"""
-
-GATED_PREDICT = """
-def predict_fn(data, model):
-    {gate}
-    return model(data)
-"""
-
 
 def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory):
     gate = Gate(tmp_path_factory.mktemp("gate"), "load")
-    root = handler_model(tmp_path_factory.mktemp("single"), "model", SLOW.format(gate=gate.code()), Scale())
+    root = handler_model(tmp_path_factory.mktemp("single"), "model", gated_load(gate), Scale())
     server = start_server(root, SAGEMAKER_MULTI_MODEL="false")
     gate.wait_entered()
     answer = server.request("GET", "/ping")
@@ -63,7 +49,7 @@ def test_bad_settings_stop_the_server_with_a_clear_message(tmp_path, variable, v
 def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(tmp_path_factory):
     gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
     root = tmp_path_factory.mktemp("term")
-    handler_model(root, "gated", GATED_PREDICT.format(gate=gate.code()), Scale())
+    handler_model(root, "gated", gated_predict(gate), Scale())
     server = Server(root)
     try:
         assert server.load("gated").status_code == 200

@@ -6,13 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import MIB, Gate, Scale, Sized, fp32_model, handler_model, sized_model
-
-BUSY = """
-def predict_fn(data, model):
-    {gate}
-    return model(data)
-"""
+from tests.builders import MIB, Gate, Scale, Sized, fp32_model, gated_predict, handler_model, sized_model
 
 OOM_ONCE = """
 import torch
@@ -83,7 +77,7 @@ def test_models_with_requests_in_flight_are_never_evicted(start_server, tmp_path
     root = tmp_path_factory.mktemp("busy")
     gates = [Gate(tmp_path_factory.mktemp("gates"), f"g{i}") for i in range(2)]
     for i, gate in enumerate(gates):
-        handler_model(root, f"busy{i}", BUSY.format(gate=gate.code()), Sized(8))
+        handler_model(root, f"busy{i}", gated_predict(gate), Sized(8))
     sized_model(root, "newcomer", 8)
     server = start_server(root, SERVE_MEMORY_LIMIT="20MiB")
     assert server.load("busy0").status_code == 200 and server.load("busy1").status_code == 200
