@@ -1,0 +1,79 @@
+"""The TorchScript backend on its own: datatypes both ways, output shapes, errors of the model's own."""
+
+from typing import List
+
+import numpy as np
+import pytest
+import torch
+
+from container.backends.pytorch import TorchScriptModel, module_bytes
+from container.errors import InvalidInput, ModelError
+from container.models.signature import Signature, TensorSpec
+
+
+class Echo(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+class Lines(torch.nn.Module):
+    def forward(self, text: List[str]) -> List[str]:
+        return [t + "!" for t in text]
+
+
+class Fails(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.ones(3, 3)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4, bias=False)
+        self.b = self.a  # the same weights twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def backend(tmp_path, module, datatype, shape=(-1, 2)):
+    path = tmp_path / "model.pt"
+    torch.jit.script(module).save(str(path))
+    signature = Signature((TensorSpec("x", datatype, shape),), (TensorSpec("y", datatype, shape),), 4)
+    return TorchScriptModel("m", path, signature, "cpu")
+
+
+@pytest.mark.parametrize("datatype, array", [
+    ("FP16", np.array([[1.5, -2]], np.float16)),
+    ("BF16", np.array([[1.5, -2]], np.float32)),  # BF16 travels as float32 and is narrowed for torch
+    ("BOOL", np.array([[True, False]])),
+    ("UINT8", np.array([[255, 0]], np.uint8)),
+    ("INT8", np.array([[-128, 127]], np.int8)),
+    ("FP64", np.array([[1e300, 0]], np.float64)),
+])
+def test_datatypes_round_trip(tmp_path, datatype, array):
+    result = backend(tmp_path, Echo(), datatype).execute({"x": array})["y"]
+    assert result.dtype == array.dtype and np.array_equal(result, array)
+
+
+def test_read_only_inputs_are_accepted(tmp_path):
+    array = np.frombuffer(np.array([[1, 2]], np.float32).tobytes(), np.float32).reshape(1, 2)
+    assert backend(tmp_path, Echo(), "FP32").execute({"x": array})["y"].tolist() == [[1, 2]]
+
+
+def test_strings_keep_the_configured_shape(tmp_path):
+    model = backend(tmp_path, Lines(), "BYTES", shape=(-1, 2))
+    text = np.array([[b"a", b"b"], [b"c", b"d"]], dtype=object)
+    assert model.execute({"x": text})["y"].tolist() == [[b"a!", b"b!"], [b"c!", b"d!"]]
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        model.execute({"x": np.array([[b"\xff", b"a"]], dtype=object)})
+
+
+def test_model_errors_say_what_went_wrong_in_one_line(tmp_path):
+    with pytest.raises(ModelError, match="model 'm' failed: .*cannot be multiplied") as info:
+        backend(tmp_path, Fails(), "FP32").execute({"x": np.zeros((1, 2), np.float32)})
+    assert "\n" not in str(info.value)
+
+
+def test_tied_weights_are_counted_once():
+    assert module_bytes(torch.jit.script(Tied())) == {"cpu": 4 * 4 * 4}
