@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt
+EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
+	examples/models/half_plus_three/123/model.pt
 
 .PHONY: install serve test examples image clean
 

@@ -7,6 +7,7 @@ from flask import Flask
 from container import resources
 from container.api.errors import register_error_handler
 from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints
+from container.api.tfserving import register_tfserving_endpoints
 from container.backends import load_backends
 from container.backends.pytorch import configure_threads, gpu_count, release_memory
 from container.models.cache import MemoryCache
@@ -25,6 +26,7 @@ def create_app(settings: Settings) -> Flask:
     app.extensions["registry"] = registry
     register_error_handler(app)
     register_sagemaker_endpoints(app, registry, settings)
+    register_tfserving_endpoints(app, registry)
     return app
 
 

@@ -22,6 +22,13 @@ class Lengths(torch.nn.Module):
         return torch.tensor([len(t) for t in TEXT], dtype=torch.int64).reshape(-1, 1)
 
 
+class HalfPlusThree(torch.nn.Module):
+    """TF Serving's toy model, y = 0.5·x + 3, so its REST example session replays here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x + 3
+
+
 class Sentiment(torch.nn.Module):
     """A linear scorer over 8 features: what a SageMaker PyTorch user would ship as model.pt."""
 
@@ -35,7 +42,8 @@ class Sentiment(torch.nn.Module):
 
 def main(root: Path) -> None:
     torch.manual_seed(0)
-    builds = {"mlp/1/model.pt": MLP(), "lengths/1/model.pt": Lengths(), "sentiment/model.pt": Sentiment()}
+    builds = {"mlp/1/model.pt": MLP(), "lengths/1/model.pt": Lengths(), "sentiment/model.pt": Sentiment(),
+              "half_plus_three/123/model.pt": HalfPlusThree()}
     for relative, module in builds.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,8 @@ class Model:
     source: ModelSource | None = None
     versions: dict = field(default_factory=dict)  # version → backend object
     signature: Signature | None = None  # None for SageMaker handler models (bytes in, bytes out)
+    version_labels: dict[str, int] = field(default_factory=dict)  # from config.json's version_labels
+    output_labels: dict[str, list[str]] = field(default_factory=dict)  # output → class labels
     scheduler: object = None
     in_flight: int = 0
     idle: Event = field(default_factory=Event)
@@ -188,8 +190,12 @@ class Registry:
         measured = _total(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
         self._make_room(model.name, measured)
         self._measured[str(path)] = measured
-        config = source.layout.config if isinstance(source.layout, TritonLayout) else None
-        model.signature = Signature.from_config(config) if config else None
+        config = None
+        if isinstance(source.layout, TritonLayout):
+            config = source.layout.config
+            model.signature = Signature.from_config(config)
+            model.version_labels = source.layout.labels
+            model.output_labels = source.layout.output_labels
         model.scheduler = self.runtime.scheduler_for(model.name, config)
 
     def _make_room(self, name: str, sizes: dict[str, int]) -> None:

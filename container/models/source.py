@@ -18,8 +18,9 @@ HANDLER_FILE = Path("code") / "inference.py"
 @dataclass
 class TritonLayout:
     config: object  # model_config_pb2.ModelConfig
-    labels: dict[str, int]
+    labels: dict[str, int]  # version label → version
     versions: dict[int, Path]  # version → model file
+    output_labels: dict[str, list[str]]  # output → class labels from its label_filename
 
 
 @dataclass
@@ -110,7 +111,18 @@ def _triton_layout(directory: Path) -> TritonLayout:
     unknown = {k: v for k, v in labels.items() if v not in versions}
     if unknown:
         raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
-    return TritonLayout(config, labels, versions)
+    return TritonLayout(config, labels, versions, _output_labels(directory, config))
+
+
+def _output_labels(directory: Path, config) -> dict[str, list[str]]:
+    labels = {}
+    for output in config.output:
+        if output.label_filename:
+            path = (directory / output.label_filename).resolve()
+            if directory.resolve() not in path.parents or not path.is_file():
+                raise InvalidModel(f"output '{output.name}': label_filename {output.label_filename!r} is not a file in the model")
+            labels[output.name] = path.read_text().splitlines()
+    return labels
 
 
 def _has_model_files(path: Path) -> bool:

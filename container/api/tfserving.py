@@ -1,0 +1,253 @@
+"""TensorFlow Serving's REST API, `/v1/models/{m}[/versions/{v}|/labels/{l}][/metadata|:predict|
+:classify|:regress]`, over the same registry as the other front-ends. Signatures are derived from the
+model's Triton config: `serving_default` always; `regress` when the one output holds one value per
+example; `classify` when it holds a score per class."""
+
+import json
+import re
+
+import numpy as np
+from flask import Blueprint, Flask, Response, request
+
+from container.api import tfserving_json as tfjson
+from container.api.errors import register_error_handler
+from container.errors import InvalidInput, InvalidRequest, ModelNotFound
+from container.inference import InferRequest
+from container.models.registry import Model, Registry
+from container.models.signature import Signature, TensorSpec
+from container.tensors import as_datatype
+
+_PATH = re.compile(
+    r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+    r"(?P<verb>/metadata|:predict|:classify|:regress)?"
+)
+PREDICT, REGRESS, CLASSIFY = ("tensorflow/serving/predict", "tensorflow/serving/regress", "tensorflow/serving/classify")
+DEFAULT_SIGNATURE = {":predict": "serving_default", ":regress": REGRESS, ":classify": CLASSIFY}
+_TF_DTYPES = {
+    "BOOL": "DT_BOOL", "UINT8": "DT_UINT8", "UINT16": "DT_UINT16", "UINT32": "DT_UINT32", "UINT64": "DT_UINT64",
+    "INT8": "DT_INT8", "INT16": "DT_INT16", "INT32": "DT_INT32", "INT64": "DT_INT64", "FP16": "DT_HALF",
+    "FP32": "DT_FLOAT", "FP64": "DT_DOUBLE", "BF16": "DT_BFLOAT16", "BYTES": "DT_STRING",
+}
+
+
+def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
+    api = Blueprint("tfserving", __name__)
+    register_error_handler(api, tfjson.error)
+
+    @api.route("/v1/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    def dispatch(rest):
+        match = _PATH.fullmatch(request.path)
+        verb = match and match["verb"]
+        if not match or request.method != ("GET" if verb in (None, "/metadata") else "POST"):
+            raise InvalidRequest(f"Malformed request: {request.method} {request.path}")
+        model, version = _resolve(registry, match, status=verb is None)
+        if verb is None:
+            return _answer(tfjson.pretty(_status(model, version if match["version"] or match["label"] else None)))
+        if verb == "/metadata":
+            return _answer(tfjson.pretty(_metadata(model, version)))
+        document = _body()
+        _check_signature(model, document, verb)
+        if verb == ":predict":
+            return _answer(_predict(registry, model, version, document))
+        return _answer(_regress_or_classify(registry, model, version, document, verb))
+
+    app.register_blueprint(api)
+
+
+def _answer(body: bytes) -> Response:
+    return Response(body, 200, mimetype="application/json")
+
+
+def _resolve(registry: Registry, match, status: bool) -> tuple[Model, int]:
+    name, version_text, label = match["name"], match["version"], match["label"]
+    try:
+        model = registry.get(name)
+    except ModelNotFound:
+        raise ModelNotFound(f"Could not find any versions of model {name}" if status
+                            else f"Servable not found for request: Latest({name})") from None
+    if label is not None:
+        if label not in model.version_labels:
+            raise InvalidRequest(f"Unrecognized servable version label: {label}")
+        version = model.version_labels[label]
+    elif version_text is not None:
+        if not version_text.isdigit():
+            raise InvalidRequest(f"Failed to convert version: {version_text} to numeric.")
+        version = int(version_text)
+    else:
+        return model, max(model.versions)
+    if version not in model.versions:
+        raise ModelNotFound(f"Could not find version {version} of model {name}" if status
+                            else f"Servable not found for request: Specific({name}, {version})")
+    return model, version
+
+
+def _status(model: Model, version: int | None) -> dict:
+    versions = [version] if version is not None else sorted(model.versions, reverse=True)
+    available = {"state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    return {"model_version_status": [{"version": str(v), **available} for v in versions]}
+
+
+def _metadata(model: Model, version: int) -> dict:
+    signature = _tensor_signature(model)
+    definitions = {
+        name: {"inputs": _tensor_infos(signature.inputs), "outputs": _tensor_infos(signature.outputs), "method_name": method}
+        for name, method in signatures(signature).items()
+    }
+    return {
+        "model_spec": {"name": model.name, "signature_name": "", "version": str(version)},
+        "metadata": {"signature_def": {"signature_def": definitions}},
+    }
+
+
+def _tensor_infos(specs: tuple[TensorSpec, ...]) -> dict:
+    def info(spec):
+        dims = [{"size": str(d), "name": ""} for d in spec.shape]
+        return {"dtype": _TF_DTYPES[spec.datatype], "tensor_shape": {"dim": dims, "unknown_rank": False}, "name": spec.name}
+
+    return {spec.name: info(spec) for spec in specs}
+
+
+def signatures(signature: Signature) -> dict[str, str]:
+    """Signature name → method, as TF Serving would list them for this model."""
+    found = {"serving_default": PREDICT}
+    if len(signature.outputs) == 1 and signature.outputs[0].datatype.startswith(("FP", "BF")):
+        per_example = _per_example_shape(signature, signature.outputs[0])
+        if per_example in ((), (1,)):
+            found[REGRESS] = REGRESS
+        elif len(per_example) == 1:
+            found[CLASSIFY] = CLASSIFY
+    return found
+
+
+def _per_example_shape(signature: Signature, spec: TensorSpec) -> tuple[int, ...]:
+    """The shape of one example's slice: without the batch dimension, or the first one when not batching."""
+    return spec.shape[1:] if signature.max_batch_size or spec.shape[:1] == (-1,) else spec.shape
+
+
+def _tensor_signature(model: Model) -> Signature:
+    if model.signature is None:
+        raise InvalidRequest(f"model '{model.name}' is a SageMaker handler model; this API needs a model with a Triton config")
+    return model.signature
+
+
+def _body() -> dict:
+    document = tfjson.parse(request.get_data())
+    if not isinstance(document, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return document
+
+
+def _check_signature(model: Model, document: dict, verb: str) -> None:
+    name = document.get("signature_name") or DEFAULT_SIGNATURE[verb]
+    available = signatures(_tensor_signature(model))
+    if not isinstance(name, str) or name not in available:
+        raise InvalidRequest(f'Serving signature name: "{name}" not found in signature def')
+    wanted = {":regress": REGRESS, ":classify": CLASSIFY}.get(verb)
+    if wanted and available[name] != wanted:
+        raise InvalidRequest(f"Expected {verb[1:]} signature method_name to be {wanted}. Was: {available[name]}")
+
+
+def _predict(registry: Registry, model: Model, version: int, document: dict) -> bytes:
+    signature = model.signature
+    if "instances" in document and "inputs" in document:
+        raise InvalidRequest("Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist")
+    if "instances" in document:
+        inputs, key = _rows(document["instances"], signature), "predictions"
+    elif "inputs" in document:
+        inputs, key = _columns(document["inputs"], signature), "outputs"
+    else:
+        raise InvalidRequest("Missing 'inputs' or 'instances' key")
+    outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+    if len(outputs) == 1:
+        (name, array), = outputs.items()
+        return tfjson.document({key: tfjson.value(array, _binary(name))})
+    if key == "outputs":
+        return tfjson.document({key: _named(outputs)})
+    batch = {len(array) if array.ndim else None for array in outputs.values()}
+    if len(batch) != 1 or None in batch:
+        raise InvalidRequest("the outputs do not share a batch dimension; send the columnar 'inputs' format")
+    rows = [_named({n: a[i] for n, a in outputs.items()}) for i in range(batch.pop())]
+    return tfjson.document({key: "[" + ", ".join(rows) + "]"})
+
+
+def _named(outputs: dict) -> str:
+    return "{" + ", ".join(f"{json.dumps(n)}: {tfjson.value(a, _binary(n))}" for n, a in outputs.items()) + "}"
+
+
+def _binary(name: str) -> bool:
+    return name.endswith("_bytes")
+
+
+def _rows(instances, signature: Signature) -> dict[str, np.ndarray]:
+    if not isinstance(instances, list) or not instances:
+        raise InvalidRequest("'instances' must be a non-empty list, one entry per example")
+    if all(isinstance(row, dict) and set(row) != {"b64"} for row in instances):
+        names = [spec.name for spec in signature.inputs]
+        for index, row in enumerate(instances):
+            if sorted(row) != sorted(names):
+                raise InvalidInput(f"instance {index} names {sorted(row)}; every instance must name the inputs {names}")
+        columns = {name: [row[name] for row in instances] for name in names}
+    else:
+        columns = {_only_input(signature).name: instances}
+    return {name: _tensor(name, value, signature) for name, value in columns.items()}
+
+
+def _columns(inputs, signature: Signature) -> dict[str, np.ndarray]:
+    if isinstance(inputs, dict) and set(inputs) != {"b64"}:
+        return {name: _tensor(name, value, signature) for name, value in inputs.items()}
+    return {_only_input(signature).name: _tensor(_only_input(signature).name, inputs, signature)}
+
+
+def _only_input(signature: Signature) -> TensorSpec:
+    if len(signature.inputs) != 1:
+        names = [spec.name for spec in signature.inputs]
+        raise InvalidInput(f"the model takes {len(names)} inputs {names}: name each one")
+    return signature.inputs[0]
+
+
+def _tensor(name: str, value, signature: Signature) -> np.ndarray:
+    return as_datatype(name, tfjson.decode_b64(value, name), signature.input(name).datatype)
+
+
+def _regress_or_classify(registry: Registry, model: Model, version: int, document: dict, verb: str) -> bytes:
+    signature = model.signature
+    inputs = _examples(document, signature)
+    outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+    (name, array), = outputs.items()
+    count = len(document["examples"])
+    if verb == ":regress":
+        if array.size != count:
+            raise InvalidRequest(f"the model gave {array.size} values for {count} examples")
+        return tfjson.document({"results": tfjson.value(array.reshape(count))})
+    scores = array.reshape(count, -1)
+    labels = model.output_labels.get(name, [])
+    results = [[[labels[i] if i < len(labels) else "", score] for i, score in enumerate(row)] for row in scores]
+    return tfjson.document({"results": tfjson.value(results)})
+
+
+def _examples(document: dict, signature: Signature) -> dict[str, np.ndarray]:
+    """tf.Example-style `examples` (plus shared `context`) → one stacked tensor per input."""
+    examples, context = document.get("examples"), document.get("context", {})
+    if not isinstance(examples, list) or not examples or not all(isinstance(e, dict) for e in examples):
+        raise InvalidRequest("'examples' must be a non-empty list of objects, one per example")
+    if not isinstance(context, dict):
+        raise InvalidRequest("'context' must be an object of features shared by every example")
+    inputs = {}
+    for spec in signature.inputs:
+        values = []
+        for index, example in enumerate(examples):
+            if spec.name in example and spec.name in context:
+                raise InvalidRequest(f"feature '{spec.name}' is in both 'context' and example {index}")
+            if spec.name not in example and spec.name not in context:
+                raise InvalidInput(f"example {index} lacks feature '{spec.name}'")
+            values.append(example.get(spec.name, context.get(spec.name)))
+        array = _tensor(spec.name, values, signature)
+        inner = _per_example_shape(signature, spec)
+        if -1 not in inner and array.size == len(examples) * int(np.prod(inner)):
+            array = array.reshape((len(examples), *inner))  # a feature is a flat list per example
+        inputs[spec.name] = array
+    known = {spec.name for spec in signature.inputs}
+    unknown = sorted({k for e in examples for k in e} - known)
+    if unknown:
+        raise InvalidInput(f"unknown feature(s) {unknown}; the model takes {sorted(known)}")
+    return inputs
