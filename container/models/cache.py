@@ -3,10 +3,13 @@
 Each model holds bytes on one or more devices (`cpu`, `cuda:0`, …); each device has a budget. A new
 model reserves its estimate before it loads; if that does not fit, the least-recently-used idle models
 are chosen as victims — all at once or none, so a model that cannot fit evicts nothing.
+
+Entries are keyed by the registry's model objects (their `str()` names them in messages), so a model
+being reloaded and its replacement are accounted apart while both exist.
 """
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Hashable
 
 from container.errors import InsufficientMemory
 
@@ -19,19 +22,19 @@ class MemoryCache:
     def __init__(self, budgets: dict[str, int], evict: bool):
         self.budgets = dict(budgets)
         self.evict = evict
-        self._sizes: OrderedDict[str, dict[str, int]] = OrderedDict()  # least recently used first
+        self._sizes: OrderedDict[Hashable, dict[str, int]] = OrderedDict()  # least recently used first
 
     def used(self, device: str) -> int:
         return sum(sizes.get(device, 0) for sizes in self._sizes.values())
 
-    def size_of(self, name: str) -> dict[str, int]:
+    def size_of(self, name: Hashable) -> dict[str, int]:
         return dict(self._sizes.get(name, {}))
 
-    def touch(self, name: str) -> None:
+    def touch(self, name: Hashable) -> None:
         if name in self._sizes:
             self._sizes.move_to_end(name)
 
-    def reserve(self, name: str, sizes: dict[str, int], idle: Callable[[str], bool]) -> list[str]:
+    def reserve(self, name: Hashable, sizes: dict[str, int], idle: Callable[[Hashable], bool]) -> list:
         """Account `sizes` for `name` (replacing an earlier estimate); return the models to evict first.
         Raises InsufficientMemory, changing nothing, when even evicting every idle model would not do."""
         victims = self._victims(name, sizes, idle)
@@ -41,14 +44,14 @@ class MemoryCache:
         self._sizes.move_to_end(name)
         return victims
 
-    def release(self, name: str) -> None:
+    def release(self, name: Hashable) -> None:
         self._sizes.pop(name, None)
 
-    def idle_on(self, device: str, idle: Callable[[str], bool], keep: str | None = None) -> list[str]:
+    def idle_on(self, device: str, idle: Callable[[Hashable], bool], keep: Hashable = None) -> list:
         """Idle models holding memory on `device`, least recently used first (for out-of-memory recovery)."""
-        return [n for n, s in self._sizes.items() if n != keep and s.get(device) and idle(n)]
+        return [n for n, s in self._sizes.items() if n is not keep and s.get(device) and idle(n)]
 
-    def _victims(self, name: str, sizes: dict[str, int], idle: Callable[[str], bool]) -> list[str]:
+    def _victims(self, name: Hashable, sizes: dict[str, int], idle: Callable[[Hashable], bool]) -> list:
         short = {}
         for device, need in sizes.items():
             budget = self.budgets.get(device)
@@ -67,7 +70,7 @@ class MemoryCache:
             raise InsufficientMemory(self._no_room(name, short, "eviction is off (SERVE_EVICTION=none)"))
         victims = []
         for candidate, held in self._sizes.items():
-            if candidate == name or not idle(candidate) or not any(held.get(d) for d in short):
+            if candidate is name or not idle(candidate) or not any(held.get(d) for d in short):
                 continue
             victims.append(candidate)
             for device in list(short):
@@ -78,6 +81,6 @@ class MemoryCache:
                 return victims
         raise InsufficientMemory(self._no_room(name, short, "the other models are busy"))
 
-    def _no_room(self, name: str, short: dict[str, int], why: str) -> str:
+    def _no_room(self, name: Hashable, short: dict[str, int], why: str) -> str:
         lacking = ", ".join(f"{_mib(n)} on {d}" for d, n in short.items())
         return f"no room for model '{name}': {lacking} more is needed and {why}"

@@ -54,6 +54,9 @@ class Model:
     idle: Event = field(default_factory=Event)
     loaded: AsyncResult = field(default_factory=AsyncResult)
 
+    def __str__(self) -> str:
+        return self.name
+
     def backend(self, version: int | None = None):
         if version is None:
             return self.versions[max(self.versions)]
@@ -96,7 +99,7 @@ class Registry:
             raise
         model.state = State.READY
         model.loaded.set(model)
-        log.info("loaded model '%s' from %s (%s)", name, url, _describe(self.cache.size_of(name)))
+        log.info("loaded model '%s' from %s (%s)", name, url, _describe(self.cache.size_of(model)))
         return model
 
     def ensure_loaded(self, name: str, url: str) -> Model:
@@ -142,7 +145,7 @@ class Registry:
         model = self.get(name)
         model.in_flight += 1
         model.idle.clear()
-        self.cache.touch(name)
+        self.cache.touch(model)
         try:
             yield model
         finally:
@@ -172,7 +175,7 @@ class Registry:
             return model.scheduler.run(fn, *args)
         except DeviceOutOfMemory as exc:
             log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
-            self._recover(exc.device, keep=model.name)
+            self._recover(exc.device, keep=model)
             return model.scheduler.run(fn, *args)
 
     # -- internals ---------------------------------------------------------------------------------
@@ -180,15 +183,15 @@ class Registry:
     def _load(self, model: Model, path: Path) -> None:
         model.source = source = self._pool.apply(open_source, (path,))
         device = self._device_for(source)
-        self._make_room(model.name, self._measured.get(str(path)) or {device: source.estimated_bytes()})
+        self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
         try:
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
         except DeviceOutOfMemory:
-            self._recover(device, keep=model.name)
+            self._recover(device, keep=model)
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
         model.versions = backends
         measured = _total(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
-        self._make_room(model.name, measured)
+        self._make_room(model, measured)
         self._measured[str(path)] = measured
         config = None
         if isinstance(source.layout, TritonLayout):
@@ -198,18 +201,17 @@ class Registry:
             model.output_labels = source.layout.output_labels
         model.scheduler = self.runtime.scheduler_for(model.name, config)
 
-    def _make_room(self, name: str, sizes: dict[str, int]) -> None:
-        victims = self.cache.reserve(name, sizes, idle=self._is_idle)
-        self._evict(victims, f"to make room for '{name}'")
+    def _make_room(self, model: Model, sizes: dict[str, int]) -> None:
+        victims = self.cache.reserve(model, sizes, idle=_is_idle)
+        self._evict(victims, f"to make room for '{model.name}'")
 
-    def _recover(self, device: str, keep: str) -> None:
+    def _recover(self, device: str, keep: Model) -> None:
         """After an out-of-memory error: evict every idle model on the device and drop cached blocks."""
-        self._evict(self.cache.idle_on(device, self._is_idle, keep=keep), f"after {device} ran out of memory")
+        self._evict(self.cache.idle_on(device, _is_idle, keep=keep), f"after {device} ran out of memory")
         self._pool.apply(self.runtime.release_memory)
 
-    def _evict(self, names: list[str], why: str) -> None:
+    def _evict(self, victims: list[Model], why: str) -> None:
         # Mark every victim before the first yield: none may be leased while another is being freed.
-        victims = [self.models[name] for name in names]
         for model in victims:
             model.state = State.UNLOADING
         for model in victims:
@@ -220,16 +222,12 @@ class Registry:
         """Forget the model and free what it holds; safe on a half-loaded model."""
         if self.models.get(model.name) is model:
             del self.models[model.name]
-        self.cache.release(model.name)
+        self.cache.release(model)
         backends, model.versions = list(model.versions.values()), {}
         scheduler, model.scheduler = model.scheduler, None
         if scheduler is not None:
             scheduler.close()
         self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
-
-    def _is_idle(self, name: str) -> bool:
-        model = self.models.get(name)
-        return model is not None and model.state is State.READY and not model.in_flight
 
     def _device_for(self, source: ModelSource) -> str:
         gpus = [d for d in self.cache.budgets if d.startswith("cuda")]
@@ -243,6 +241,10 @@ class Registry:
                 raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
             return "cpu"
         return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
+
+
+def _is_idle(model: Model) -> bool:
+    return model.state is State.READY and not model.in_flight
 
 
 def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:
