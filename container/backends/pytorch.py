@@ -2,6 +2,7 @@
 
 import ctypes
 import gc
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from container.errors import DeviceOutOfMemory, InvalidInput, InvalidModel, ModelError
 from container.models.signature import Signature, TensorSpec
+from container.models.statistics import Phases
 
 _BF16 = "BF16"
 
@@ -87,8 +89,11 @@ class TorchScriptModel:
     def close(self) -> None:
         self.module = None
 
-    def execute(self, inputs: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
+        """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings."""
+        start = time.perf_counter_ns()
         args = [_to_torch(self.signature.input(n), inputs[n], self.device) for n in self._order]
+        converted = time.perf_counter_ns()
         try:
             with torch.inference_mode():
                 result = self.module(*args)
@@ -96,8 +101,11 @@ class TorchScriptModel:
             if is_out_of_memory(exc):
                 raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device)
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
+        inferred = time.perf_counter_ns()
         produced = self._name_outputs(result)
         wanted = outputs or [s.name for s in self.signature.outputs]
+        phases.input_ns, phases.infer_ns = converted - start, inferred - converted
+        phases.output_ns = time.perf_counter_ns() - inferred
         return {n: produced[n] for n in wanted}
 
     def _name_outputs(self, result) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""Which models exist and in what state; loading, unloading, eviction and the requests in flight.
+"""Which models exist and in what state; loading, reloading, unloading, eviction and the requests in
+flight, with their statistics.
 
 All state changes happen on the event loop (greenlets), without yielding between a check and its
 update, so no lock is needed; the blocking parts (extraction, loading, freeing) run on a thread pool.
@@ -6,6 +7,7 @@ update, so no lock is needed; the blocking parts (extraction, loading, freeing) 
 
 import enum
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,18 +16,12 @@ from typing import Callable
 from gevent.event import AsyncResult, Event
 from gevent.threadpool import ThreadPool
 
-from container.errors import (
-    DeviceOutOfMemory,
-    InsufficientMemory,
-    InvalidModel,
-    ModelConflict,
-    ModelNotFound,
-    ServeError,
-)
+from container.errors import DeviceOutOfMemory, InvalidModel, ModelConflict, ModelNotFound, ServeError
 from container.inference import InferRequest, InferResponse
 from container.models.cache import MemoryCache
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
+from container.models.statistics import Phases, Statistics
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +42,11 @@ class Model:
     state: State = State.LOADING
     source: ModelSource | None = None
     versions: dict = field(default_factory=dict)  # version → backend object
+    config: object = None  # the Triton ModelConfig; None for SageMaker handler models
     signature: Signature | None = None  # None for SageMaker handler models (bytes in, bytes out)
     version_labels: dict[str, int] = field(default_factory=dict)  # from config.json's version_labels
     output_labels: dict[str, list[str]] = field(default_factory=dict)  # output → class labels
+    statistics: dict[int, Statistics] = field(default_factory=dict)  # version → its statistics
     scheduler: object = None
     in_flight: int = 0
     idle: Event = field(default_factory=Event)
@@ -57,12 +55,13 @@ class Model:
     def __str__(self) -> str:
         return self.name
 
-    def backend(self, version: int | None = None):
+    def version(self, version: int | None = None) -> int:
+        """The version a request names, or the latest served one."""
         if version is None:
-            return self.versions[max(self.versions)]
+            return max(self.versions)
         if version not in self.versions:
             raise ModelNotFound(f"model '{self.name}' has no version {version}; it serves {sorted(self.versions)}")
-        return self.versions[version]
+        return version
 
 
 @dataclass(frozen=True)
@@ -80,26 +79,44 @@ class Registry:
         self.cache = cache
         self.runtime = runtime
         self.models: dict[str, Model] = {}
-        self._measured: dict[str, dict[str, int]] = {}  # url → sizes of its last load: the best estimate
+        self.failures: dict[str, str] = {}  # name → why its last load failed
+        self._reloading: set[str] = set()
+        self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
         self._pool = ThreadPool(load_threads)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def load(self, name: str, url: str) -> Model:
-        """Load `url` as `name`; 409 if the name is loaded or loading. Returns when ready to serve."""
-        path = resolve_url(self.model_root, url)
-        if name in self.models:
-            raise ModelConflict(f"model '{name}' is {_CONFLICT[self.models[name].state]}; DELETE /models/{name} first to replace it")
-        model = self.models[name] = Model(name, url)
+    def load(self, name: str, url: str, *, reload: bool = False, directory: Path | None = None) -> Model:
+        """Load `url` (or `directory`, which then belongs to the registry) as `name`; returns when ready.
+        A loaded name is a 409 unless `reload`: then the old model serves until the new one is ready,
+        and a failed reload leaves it serving."""
+        path = directory or resolve_url(self.model_root, url)
+        current = self.models.get(name)
+        if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
+            state = "still loading" if name in self._reloading else _CONFLICT[current.state]
+            raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
+        model = Model(name, url)
+        if current is None:
+            self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
+        self._reloading.add(name)
         try:
-            self._load(model, path)
+            self._load(model, path, owned=directory is not None)
+            if current is not None and self.models.get(name) is not current:
+                raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
         except BaseException as exc:
+            self.failures[name] = str(exc)
             self._discard(model)
             model.loaded.set_exception(exc)
             raise
+        finally:
+            self._reloading.discard(name)
+        self.failures.pop(name, None)
         model.state = State.READY
+        self.models[name] = model
         model.loaded.set(model)
         log.info("loaded model '%s' from %s (%s)", name, url, _describe(self.cache.size_of(model)))
+        if current is not None:
+            self._retire(current)
         return model
 
     def ensure_loaded(self, name: str, url: str) -> Model:
@@ -114,10 +131,7 @@ class Registry:
         model = self.models.get(name)
         if model is None or model.state is not State.READY:
             raise ModelNotFound(f"model '{name}' is not loaded")
-        model.state = State.UNLOADING
-        while model.in_flight:
-            model.idle.wait()
-        self._discard(model)
+        self._retire(model)
         log.info("unloaded model '%s'", name)
 
     def load_all(self, entries: list[tuple[str, str]]) -> None:
@@ -157,31 +171,46 @@ class Registry:
         with self.lease(request.model_name) as model:
             if model.signature is None:
                 raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
-            backend = model.backend(request.model_version)
+            version = model.version(request.model_version)
             model.signature.check_inputs(request.inputs)
             if request.outputs:
                 model.signature.check_outputs(request.outputs)
-            outputs = self._execute(model, backend.execute, request.inputs, request.outputs)
-            version = request.model_version or max(model.versions)
+            batch = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
+            backend = model.versions[version]
+            outputs = self._execute(model, version, batch, backend.execute, request.inputs, request.outputs)
             return InferResponse(model.name, version, outputs)
 
     def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
         """A request body through a SageMaker handler model; returns the response body and media type."""
         with self.lease(name) as model:
-            return self._execute(model, model.backend().transform, body, content_type, accept)
+            version = model.version()
+            transform = model.versions[version].transform
+            return self._execute(model, version, 1, lambda *args, phases: transform(*args), body, content_type, accept)
 
-    def _execute(self, model: Model, fn, *args):
+    def _execute(self, model: Model, version: int, batch: int, fn, *args):
+        """`fn(*args, phases=…)` on the model's execution thread, with statistics; after a device
+        out-of-memory error, free cached memory and idle models and retry once."""
+        start = time.perf_counter_ns()
+        statistics = model.statistics[version]
         try:
-            return model.scheduler.run(fn, *args)
-        except DeviceOutOfMemory as exc:
-            log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
-            self._recover(exc.device, keep=model)
-            return model.scheduler.run(fn, *args)
+            try:
+                phases, result = model.scheduler.run(_timed, fn, args, start)
+            except DeviceOutOfMemory as exc:
+                log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
+                self._recover(exc.device, keep=model)
+                phases, result = model.scheduler.run(_timed, fn, args, time.perf_counter_ns())
+        except BaseException:
+            statistics.record_failure(time.perf_counter_ns() - start)
+            raise
+        statistics.record_success(batch, time.perf_counter_ns() - start, phases)
+        return result
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _load(self, model: Model, path: Path) -> None:
+    def _load(self, model: Model, path: Path, owned: bool) -> None:
         model.source = source = self._pool.apply(open_source, (path,))
+        if owned:
+            source.scratch = path
         device = self._device_for(source)
         self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
         try:
@@ -193,13 +222,20 @@ class Registry:
         measured = _total(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
         self._make_room(model, measured)
         self._measured[str(path)] = measured
-        config = None
         if isinstance(source.layout, TritonLayout):
-            config = source.layout.config
-            model.signature = Signature.from_config(config)
+            model.config = source.layout.config
+            model.signature = Signature.from_config(model.config)
             model.version_labels = source.layout.labels
             model.output_labels = source.layout.output_labels
-        model.scheduler = self.runtime.scheduler_for(model.name, config)
+        model.statistics = {version: Statistics() for version in backends}
+        model.scheduler = self.runtime.scheduler_for(model.name, model.config)
+
+    def _retire(self, model: Model) -> None:
+        """Refuse the model's new requests, wait for those in flight, then free it."""
+        model.state = State.UNLOADING
+        while model.in_flight:
+            model.idle.wait()
+        self._discard(model)
 
     def _make_room(self, model: Model, sizes: dict[str, int]) -> None:
         victims = self.cache.reserve(model, sizes, idle=_is_idle)
@@ -241,6 +277,16 @@ class Registry:
                 raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
             return "cpu"
         return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
+
+
+def _timed(fn, args, submitted: int):
+    """Runs on the execution thread: queue time is from submission to here."""
+    phases = Phases(queue_ns=time.perf_counter_ns() - submitted)
+    started = time.perf_counter_ns()
+    result = fn(*args, phases=phases)
+    if not phases.infer_ns:  # a backend that does not split its phases
+        phases.infer_ns = time.perf_counter_ns() - started
+    return phases, result
 
 
 def _is_idle(model: Model) -> bool:

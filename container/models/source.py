@@ -1,6 +1,7 @@
 """Where a model's files are: a url checked against the model root, an archive extracted safely, the
 layout recognised, and the size estimated from the files before anything is loaded."""
 
+import os
 import shutil
 import tarfile
 import tempfile
@@ -118,8 +119,9 @@ def _output_labels(directory: Path, config) -> dict[str, list[str]]:
     labels = {}
     for output in config.output:
         if output.label_filename:
-            path = (directory / output.label_filename).resolve()
-            if directory.resolve() not in path.parents or not path.is_file():
+            relative = os.path.normpath(output.label_filename)
+            path = directory / relative
+            if os.path.isabs(relative) or relative.startswith("..") or not path.is_file():
                 raise InvalidModel(f"output '{output.name}': label_filename {output.label_filename!r} is not a file in the model")
             labels[output.name] = path.read_text().splitlines()
     return labels

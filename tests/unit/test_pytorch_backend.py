@@ -9,6 +9,7 @@ import torch
 from container.backends.pytorch import TorchScriptModel, module_bytes
 from container.errors import InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
+from container.models.statistics import Phases
 
 
 class Echo(torch.nn.Module):
@@ -43,6 +44,13 @@ def backend(tmp_path, module, datatype, shape=(-1, 2)):
     return TorchScriptModel("m", path, signature, "cpu")
 
 
+def run(model, inputs):
+    phases = Phases()
+    outputs = model.execute(inputs, None, phases)
+    assert phases.infer_ns > 0
+    return outputs
+
+
 @pytest.mark.parametrize("datatype, array", [
     ("FP16", np.array([[1.5, -2]], np.float16)),
     ("BF16", np.array([[1.5, -2]], np.float32)),  # BF16 travels as float32 and is narrowed for torch
@@ -52,26 +60,26 @@ def backend(tmp_path, module, datatype, shape=(-1, 2)):
     ("FP64", np.array([[1e300, 0]], np.float64)),
 ])
 def test_datatypes_round_trip(tmp_path, datatype, array):
-    result = backend(tmp_path, Echo(), datatype).execute({"x": array})["y"]
+    result = run(backend(tmp_path, Echo(), datatype), {"x": array})["y"]
     assert result.dtype == array.dtype and np.array_equal(result, array)
 
 
 def test_read_only_inputs_are_accepted(tmp_path):
     array = np.frombuffer(np.array([[1, 2]], np.float32).tobytes(), np.float32).reshape(1, 2)
-    assert backend(tmp_path, Echo(), "FP32").execute({"x": array})["y"].tolist() == [[1, 2]]
+    assert run(backend(tmp_path, Echo(), "FP32"), {"x": array})["y"].tolist() == [[1, 2]]
 
 
 def test_strings_keep_the_configured_shape(tmp_path):
     model = backend(tmp_path, Lines(), "BYTES", shape=(-1, 2))
     text = np.array([[b"a", b"b"], [b"c", b"d"]], dtype=object)
-    assert model.execute({"x": text})["y"].tolist() == [[b"a!", b"b!"], [b"c!", b"d!"]]
+    assert run(model, {"x": text})["y"].tolist() == [[b"a!", b"b!"], [b"c!", b"d!"]]
     with pytest.raises(InvalidInput, match="not UTF-8"):
-        model.execute({"x": np.array([[b"\xff", b"a"]], dtype=object)})
+        run(model, {"x": np.array([[b"\xff", b"a"]], dtype=object)})
 
 
 def test_model_errors_say_what_went_wrong_in_one_line(tmp_path):
     with pytest.raises(ModelError, match="model 'm' failed: .*cannot be multiplied") as info:
-        backend(tmp_path, Fails(), "FP32").execute({"x": np.zeros((1, 2), np.float32)})
+        run(backend(tmp_path, Fails(), "FP32"), {"x": np.zeros((1, 2), np.float32)})
     assert "\n" not in str(info.value)
 
 

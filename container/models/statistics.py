@@ -1,0 +1,61 @@
+"""Inference statistics per model version, in the units Triton reports: counts and nanoseconds."""
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+
+@dataclass
+class Phases:
+    """Where one execution spent its time on the execution thread."""
+
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclass
+class BatchStatistics:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class Statistics:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0  # batch items inferred
+    execution_count: int = 0  # model executions
+    last_inference_ms: int = 0  # wall clock, milliseconds since the epoch
+    batches: dict[int, BatchStatistics] = field(default_factory=dict)
+
+    def record_success(self, batch_size: int, total_ns: int, phases: Phases) -> None:
+        self.success.add(total_ns)
+        self.queue.add(phases.queue_ns)
+        by_batch = self.batches.setdefault(batch_size, BatchStatistics())
+        for name in ("input", "infer", "output"):
+            ns = getattr(phases, f"{name}_ns")
+            getattr(self, f"compute_{name}").add(ns)
+            getattr(by_batch, f"compute_{name}").add(ns)
+        self.inference_count += batch_size
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_failure(self, total_ns: int) -> None:
+        self.fail.add(total_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
