@@ -3,11 +3,15 @@
 import logging
 
 from flask import Flask
+from gevent.event import Event
 
 from container import resources
 from container.api.errors import register_error_handler
 from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints
+from container.api.shared_memory import SystemSharedMemory, register_shared_memory_endpoints
 from container.api.tfserving import register_tfserving_endpoints
+from container.api.v2 import register_v2_endpoints
+from container.api.v2_repository import register_repository_endpoints
 from container.backends import load_backends
 from container.backends.pytorch import configure_threads, gpu_count, release_memory
 from container.models.cache import MemoryCache
@@ -24,9 +28,14 @@ def create_app(settings: Settings) -> Flask:
     app = Flask("container")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry
+    app.extensions["started"] = started = Event()  # set once the models named at start have loaded
     register_error_handler(app)
     register_sagemaker_endpoints(app, registry, settings)
     register_tfserving_endpoints(app, registry)
+    shared_memory = SystemSharedMemory()
+    register_v2_endpoints(app, registry, shared_memory, started)
+    register_repository_endpoints(app, registry)
+    register_shared_memory_endpoints(app, shared_memory)
     return app
 
 
@@ -35,6 +44,14 @@ def memory_cache(settings: Settings) -> MemoryCache:
     for index, total in enumerate(resources.gpu_totals()[: gpu_count()]):
         budgets[f"cuda:{index}"] = settings.gpu_budget(total)
     return MemoryCache(budgets, evict=settings.eviction == "lru")
+
+
+def load_startup_models(app: Flask, settings: Settings) -> None:
+    """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
+    try:
+        app.extensions["registry"].load_all(startup_models(settings))
+    finally:
+        app.extensions["started"].set()
 
 
 def startup_models(settings: Settings) -> list[tuple[str, str]]:

@@ -4,9 +4,9 @@ import os
 
 import gevent
 
-from container.app import create_app, startup_models
+from container.app import create_app, load_startup_models
 from container.settings import Settings
 
 settings = Settings.from_env(os.environ)
 app = create_app(settings)
-gevent.spawn(app.extensions["registry"].load_all, startup_models(settings))  # /ping answers meanwhile
+gevent.spawn(load_startup_models, app, settings)  # /ping answers meanwhile

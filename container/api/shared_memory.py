@@ -1,0 +1,127 @@
+"""The system shared memory extension: POSIX shared memory regions that clients register by key
+(as `tritonclient.utils.shared_memory` creates them under /dev/shm), read for inputs and written for
+outputs. Every offset and size is checked against the region; an unregistered region is unmapped."""
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flask import Blueprint, Flask, Response, request
+
+from container import content
+from container.errors import InvalidRequest, ServeError
+
+SHM_ROOT = Path("/dev/shm")
+
+
+class RegionNotFound(ServeError):
+    status = 404
+
+
+@dataclass
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    memory: mmap.mmap
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+class SystemSharedMemory:
+    def __init__(self, root: Path = SHM_ROOT):
+        self._root = root
+        self._regions: dict[str, Region] = {}
+
+    def register(self, name: str, key, offset, byte_size) -> None:
+        if name in self._regions:
+            raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
+        if not isinstance(key, str) or not key.strip("/") or "/" in key.strip("/") or key.strip("/") in (".", ".."):
+            raise InvalidRequest(f"'key' must name a POSIX shared memory object such as '/my_region', got {key!r}")
+        for field, value in (("offset", offset), ("byte_size", byte_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidRequest(f"'{field}' must be a non-negative whole number")
+        path = self._root / key.strip("/")
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise InvalidRequest(f"cannot open shared memory object {key!r}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size or byte_size == 0:
+                raise InvalidRequest(f"region [{offset}, {offset + byte_size}) does not fit the {size}-byte object {key!r}")
+            memory = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._regions[name] = Region(name, key, offset, byte_size, memory)
+
+    def unregister(self, name: str | None = None) -> None:
+        """Unregister one region (or all, without a name); unknown names are not an error, as in Triton."""
+        names = [name] if name is not None else list(self._regions)
+        for region_name in names:
+            region = self._regions.pop(region_name, None)
+            if region is not None:
+                region.memory.close()
+
+    def status(self, name: str | None = None) -> list[dict]:
+        if name is None:
+            return [r.status() for r in self._regions.values()]
+        return [self._region(name).status()]
+
+    def read(self, name: str, offset: int, byte_size: int) -> bytes:
+        region = self._checked(name, offset, byte_size)
+        start = region.offset + offset
+        return region.memory[start: start + byte_size]
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes) -> None:
+        region = self._checked(name, offset, byte_size)
+        if len(data) > byte_size:
+            raise InvalidRequest(f"the output needs {len(data)} bytes; shared memory region '{name}' offers {byte_size}")
+        start = region.offset + offset
+        region.memory[start: start + len(data)] = data
+
+    def _region(self, name: str) -> Region:
+        if name not in self._regions:
+            raise RegionNotFound(f"shared memory region '{name}' is not registered")
+        return self._regions[name]
+
+    def _checked(self, name: str, offset: int, byte_size: int) -> Region:
+        try:
+            region = self._region(name)
+        except RegionNotFound as exc:
+            raise InvalidRequest(str(exc)) from None
+        if offset + byte_size > region.byte_size:
+            raise InvalidRequest(
+                f"[{offset}, {offset + byte_size}) lies outside shared memory region '{name}' of {region.byte_size} bytes"
+            )
+        return region
+
+
+
+def register_shared_memory_endpoints(app: Flask, shared_memory: SystemSharedMemory) -> None:
+    api = Blueprint("shared_memory", __name__)
+
+    @api.get("/v2/systemsharedmemory/status")
+    @api.get("/v2/systemsharedmemory/region/<name>/status")
+    def status(name=None):
+        return Response(content.encode_json(shared_memory.status(name)), 200, mimetype=content.JSON)
+
+    @api.post("/v2/systemsharedmemory/region/<name>/register")
+    def register(name):
+        body = request.get_data()
+        document = content.parse_json(body) if body.strip() else None
+        if not isinstance(document, dict):
+            raise InvalidRequest('the body must be {"key": "...", "offset": 0, "byte_size": N}')
+        shared_memory.register(name, document.get("key"), document.get("offset", 0), document.get("byte_size"))
+        return Response(b"", 200)
+
+    @api.post("/v2/systemsharedmemory/unregister")
+    @api.post("/v2/systemsharedmemory/region/<name>/unregister")
+    def unregister(name=None):
+        shared_memory.unregister(name)
+        return Response(b"", 200)
+
+    app.register_blueprint(api)

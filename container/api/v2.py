@@ -1,0 +1,190 @@
+"""Triton / KServe V2 over HTTP: health, metadata, config, inference and statistics. The repository
+and shared memory extensions live in v2_repository.py and shared_memory.py."""
+
+from importlib.metadata import version as package_version
+
+from flask import Blueprint, Flask, Response, request
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from container import content
+from container.api import v2_codec
+from container.errors import InvalidRequest, ModelNotFound, Unavailable
+from container.inference import InferRequest
+from container.models.registry import Model, Registry, State
+from container.models.statistics import Duration, Statistics
+
+EXTENSIONS = [
+    "classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
+    "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
+]
+SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
+                         "priority": (int,), "timeout": (int,)}
+PLATFORMS = {"pytorch": "pytorch_libtorch"}
+
+
+def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started) -> None:
+    """`started` is set once the models named at start have loaded: the server is ready then."""
+    api = Blueprint("v2", __name__)
+
+    @api.get("/v2/health/live")
+    def live():
+        return Response(b"", 200)
+
+    @api.get("/v2/health/ready")
+    def ready():
+        if not started.is_set():
+            raise Unavailable("the models named at start are still loading")
+        return Response(b"", 200)
+
+    @api.get("/v2")
+    def server_metadata():
+        return _json({"name": "container", "version": package_version("container"), "extensions": EXTENSIONS})
+
+    @api.get("/v2/models/<name>")
+    @api.get("/v2/models/<name>/versions/<version>")
+    def model_metadata(name, version=None):
+        model, number = _model(registry, name, version)
+        metadata = {"name": model.name, "versions": [str(v) for v in sorted(model.versions)],
+                    "platform": _platform(model), "inputs": [], "outputs": []}
+        if model.signature is not None:
+            metadata["inputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.inputs]
+            metadata["outputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.outputs]
+        return _json(metadata)
+
+    @api.get("/v2/models/<name>/ready")
+    @api.get("/v2/models/<name>/versions/<version>/ready")
+    def model_ready(name, version=None):
+        model = registry.models.get(name)
+        if model is not None and model.state is State.LOADING:
+            raise Unavailable(f"model '{name}' is still loading")
+        _model(registry, name, version)
+        return Response(b"", 200)
+
+    @api.get("/v2/models/<name>/config")
+    @api.get("/v2/models/<name>/versions/<version>/config")
+    def model_config(name, version=None):
+        model, _ = _model(registry, name, version)
+        if model.config is None:
+            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; it has no Triton config")
+        return _json(config_document(model))
+
+    @api.post("/v2/models/<name>/infer")
+    @api.post("/v2/models/<name>/versions/<version>/infer")
+    def infer(name, version=None):
+        model, number = _model(registry, name, version, default_latest=False)
+        if model.signature is None:
+            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
+        document, binary = v2_codec.split(request.get_data(), request.headers.get(v2_codec.HEADER_LENGTH))
+        parameters = _request_parameters(document)
+        inputs = v2_codec.decode_inputs(document, binary, model.signature, shared_memory)
+        requested = v2_codec.requested_outputs(document)
+        names = [r["name"] for r in requested] if requested else None
+        response = registry.infer(InferRequest(name, inputs, number, names, parameters))
+        entries, chunks = v2_codec.encode_outputs(
+            response.outputs, requested, parameters.get("binary_data_output", False), model.signature,
+            model.output_labels, shared_memory,
+        )
+        answer = {"model_name": name, "model_version": str(response.model_version), "outputs": entries}
+        if "id" in document:
+            answer["id"] = document["id"]
+        body, headers = v2_codec.response_body(answer, chunks)
+        return Response(body, 200, headers)
+
+    @api.get("/v2/models/stats")
+    @api.get("/v2/models/<name>/stats")
+    @api.get("/v2/models/<name>/versions/<version>/stats")
+    def statistics(name=None, version=None):
+        if name is None:
+            selected = [(m, v) for m in registry.ready() for v in sorted(m.versions)]
+        else:
+            model, number = _model(registry, name, version, default_latest=False)
+            selected = [(model, v) for v in ([number] if number is not None else sorted(model.versions))]
+        return _json({"model_stats": [_model_statistics(m, v, m.statistics[v]) for m, v in selected]})
+
+    app.register_blueprint(api)
+
+
+def _json(value) -> Response:
+    return Response(content.encode_json(value), 200, mimetype=content.JSON)
+
+
+def _model(registry: Registry, name: str, version: str | None, default_latest: bool = True) -> tuple[Model, int | None]:
+    model = registry.get(name)
+    if version is None:
+        return model, model.version() if default_latest else None
+    if not version.isdigit():
+        raise InvalidRequest(f"version {version!r} must be a whole number")
+    if int(version) not in model.versions:
+        raise ModelNotFound(f"model '{name}' has no version {version}; it serves {sorted(model.versions)}")
+    return model, int(version)
+
+
+def _platform(model: Model) -> str:
+    if model.config is None:
+        return "sagemaker_pytorch"
+    return model.config.platform or PLATFORMS.get(model.config.backend, "pytorch_libtorch")
+
+
+def _request_parameters(document: dict) -> dict:
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidRequest("'parameters' must be an object")
+    for key, types in SCHEDULING_PARAMETERS.items():
+        value = parameters.get(key)
+        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
+            raise InvalidRequest(f"parameter '{key}' must be {' or '.join(t.__name__ for t in types)}")
+        if key in ("priority", "timeout") and value is not None and value < 0:
+            raise InvalidRequest(f"parameter '{key}' must not be negative")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidRequest("parameter 'binary_data_output' must be true or false")
+    return parameters
+
+
+def config_document(model: Model) -> dict:
+    """The model's ModelConfig as protobuf JSON with proto field names; 64-bit integers as numbers."""
+    config = type(model.config)()
+    config.CopyFrom(model.config)
+    config.name = model.name
+    config.platform = _platform(model)
+    return _int64_as_numbers(json_format.MessageToDict(config, preserving_proto_field_name=True), config.DESCRIPTOR)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
+          FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64}
+
+
+def _int64_as_numbers(value, descriptor):
+    """protobuf's JSON writes 64-bit integers as strings; Triton's /config writes numbers."""
+    for key, item in value.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                entry = field.message_type.fields_by_name["value"]
+                if entry.message_type is not None:
+                    value[key] = {k: _int64_as_numbers(v, entry.message_type) for k, v in item.items()}
+            elif isinstance(item, list):
+                value[key] = [_int64_as_numbers(v, field.message_type) for v in item]
+            else:
+                value[key] = _int64_as_numbers(item, field.message_type)
+        elif field.type in _INT64:
+            value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
+    return value
+
+
+def _model_statistics(model: Model, version: int, stats: Statistics) -> dict:
+    def duration(d: Duration) -> dict:
+        return {"count": d.count, "ns": d.ns}
+
+    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    inference = {p: duration(getattr(stats, p)) for p in phases}
+    inference |= {"cache_hit": duration(Duration()), "cache_miss": duration(Duration())}
+    batches = [
+        {"batch_size": size, **{p: duration(getattr(b, p)) for p in ("compute_input", "compute_infer", "compute_output")}}
+        for size, b in sorted(stats.batches.items())
+    ]
+    return {"name": model.name, "version": str(version), "last_inference": stats.last_inference_ms,
+            "inference_count": stats.inference_count, "execution_count": stats.execution_count,
+            "inference_stats": inference, "batch_stats": batches}

@@ -1,0 +1,202 @@
+"""V2 inference bodies: the JSON document, the binary tensor data extension (raw little-endian
+tensors after a JSON header of `Inference-Header-Content-Length` bytes; BYTES elements each behind a
+4-byte length), shared-memory inputs and outputs, and the classification extension."""
+
+import math
+import struct
+
+import numpy as np
+
+from container import content
+from container.errors import InvalidInput, InvalidRequest
+from container.models.signature import Signature, TensorSpec
+from container.tensors import DATATYPES, as_datatype, numpy_dtype
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_LENGTH = struct.Struct("<I")
+
+
+def split(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+    """The JSON document and the binary data that follows it."""
+    if header_length is None:
+        json_part, binary = body, memoryview(b"")
+    else:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise InvalidRequest(f"{HEADER_LENGTH}: {header_length!r} is not a length within the {len(body)}-byte body")
+        json_part, binary = body[: int(header_length)], memoryview(body)[int(header_length):]
+    document = content.parse_json(json_part) if json_part.strip() else {}
+    if not isinstance(document, dict):
+        raise InvalidRequest("the request must be a JSON object")
+    return document, binary
+
+
+def decode_inputs(document: dict, binary: memoryview, signature: Signature, shared_memory) -> dict[str, np.ndarray]:
+    entries = document.get("inputs")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest("'inputs' must be a non-empty list of tensors")
+    inputs, offset = {}, 0
+    for entry in entries:
+        name, shape, datatype, parameters = _tensor_header(entry)
+        spec = signature.input(name)
+        if datatype != spec.datatype:
+            raise InvalidInput(f"input '{name}' is {spec.datatype}; the request says {datatype}")
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' appears twice")
+        if "binary_data_size" in parameters:
+            size = _size(parameters, "binary_data_size", name)
+            if offset + size > len(binary):
+                raise InvalidInput(f"input '{name}' claims {size} bytes of binary data; only {len(binary) - offset} remain")
+            inputs[name] = from_binary(name, binary[offset: offset + size], datatype, shape)
+            offset += size
+        elif "shared_memory_region" in parameters:
+            region, region_offset, size = _shared_memory_parameters(parameters, name)
+            inputs[name] = from_binary(name, shared_memory.read(region, region_offset, size), datatype, shape)
+        elif "data" in entry:
+            inputs[name] = _from_json(name, entry["data"], datatype, shape)
+        else:
+            raise InvalidInput(f"input '{name}' has no 'data', binary_data_size or shared_memory_region")
+    if offset != len(binary):
+        raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    return inputs
+
+
+def requested_outputs(document: dict) -> list[dict] | None:
+    entries = document.get("outputs")
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+        raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+    for entry in entries:
+        if not isinstance(entry.get("parameters", {}), dict):
+            raise InvalidRequest(f"output '{entry['name']}': 'parameters' must be an object")
+    return entries
+
+
+def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None, binary_default: bool,
+                   signature: Signature, labels: dict[str, list[str]], shared_memory) -> tuple[list[dict], list[bytes]]:
+    """The response's output entries, and the binary chunks that follow the JSON (in entry order)."""
+    entries, chunks = [], []
+    for request in requested or [{"name": spec.name} for spec in signature.outputs]:
+        name, parameters = request["name"], request.get("parameters", {})
+        array = outputs[name]
+        datatype = next(s.datatype for s in signature.outputs if s.name == name)
+        if "classification" in parameters:
+            array, datatype = classify(name, array, parameters["classification"], labels.get(name, []), signature), "BYTES"
+        entry = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if "shared_memory_region" in parameters:
+            region, region_offset, size = _shared_memory_parameters(parameters, name)
+            raw = to_binary(array, datatype)
+            shared_memory.write(region, region_offset, size, raw)
+            entry["parameters"] = {"shared_memory_region": region, "shared_memory_byte_size": len(raw)}
+        elif parameters.get("binary_data", binary_default):
+            chunks.append(to_binary(array, datatype))
+            entry["parameters"] = {"binary_data_size": len(chunks[-1])}
+        else:
+            entry["data"] = np.ascontiguousarray(array).reshape(-1)
+        entries.append(entry)
+    return entries, chunks
+
+
+def response_body(document: dict, chunks: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    header = content.encode_json(document)
+    if not chunks:
+        return header, {"Content-Type": content.JSON}
+    return header + b"".join(chunks), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+
+
+def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _unpack_strings(name, bytes(data), count).reshape(shape)
+    itemsize = 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
+    if len(data) != count * itemsize:
+        raise InvalidInput(f"input '{name}': {len(data)} bytes of data for {datatype}{shape}; expected {count * itemsize}")
+    if datatype == "BF16":  # bfloat16 is the upper half of a float32
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(data, numpy_dtype(datatype).newbyteorder("<")).reshape(shape)
+
+
+def to_binary(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(_LENGTH.pack(len(v)) + v for v in (_as_bytes(x) for x in array.reshape(-1)))
+    if datatype == "BF16":  # round to nearest even, keep the upper half
+        bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+    return np.ascontiguousarray(array, numpy_dtype(datatype).newbyteorder("<")).tobytes()
+
+
+def classify(name: str, array: np.ndarray, count, labels: list[str], signature: Signature) -> np.ndarray:
+    """Top-`count` classes as "<value>:<index>[:<label>]", per batch item when the model batches."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InvalidRequest(f"output '{name}': 'classification' must be a positive whole number")
+    if array.dtype == object:
+        raise InvalidRequest(f"output '{name}' is BYTES; only numeric outputs can be classified")
+    rows = array.reshape(len(array), -1) if signature.max_batch_size else array.reshape(1, -1)
+    top = np.argsort(rows, axis=1, kind="stable")[:, ::-1][:, : min(count, rows.shape[1])]
+    result = np.empty(top.shape, dtype=object)
+    for (row, column), index in np.ndenumerate(top):
+        label = f":{labels[index]}" if index < len(labels) else ""
+        result[row, column] = f"{str(rows[row, index])}:{index}{label}".encode()  # float32 at its own precision
+    return result if signature.max_batch_size else result[0]
+
+
+def _tensor_header(entry) -> tuple[str, list[int], str, dict]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise InvalidRequest("each input must be an object with 'name', 'shape', 'datatype' and its data")
+    name, shape, datatype = entry["name"], entry.get("shape"), entry.get("datatype")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidInput(f"input '{name}': 'shape' must be a list of non-negative whole numbers")
+    if datatype not in DATATYPES:
+        raise InvalidInput(f"input '{name}': datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
+    parameters = entry.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"input '{name}': 'parameters' must be an object")
+    return name, shape, datatype, parameters
+
+
+def _from_json(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
+    array = as_datatype(name, data, datatype)
+    if array.size != math.prod(shape):
+        raise InvalidInput(f"input '{name}': {array.size} values for shape {shape} ({math.prod(shape)} expected)")
+    return array.reshape(shape)
+
+
+def _unpack_strings(name: str, data: bytes, count: int) -> np.ndarray:
+    values, offset = [], 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise InvalidInput(f"input '{name}': BYTES data ends inside an element's 4-byte length")
+        (length,) = _LENGTH.unpack_from(data, offset)
+        if offset + 4 + length > len(data):
+            raise InvalidInput(f"input '{name}': a BYTES element of {length} bytes runs past the data")
+        values.append(data[offset + 4: offset + 4 + length])
+        offset += 4 + length
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': {len(values)} BYTES elements for a shape of {count}")
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def _as_bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _size(parameters: dict, key: str, name: str) -> int:
+    value = parameters.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"'{name}': {key} must be a non-negative whole number")
+    return value
+
+
+def _shared_memory_parameters(parameters: dict, name: str) -> tuple[str, int, int]:
+    region = parameters["shared_memory_region"]
+    if not isinstance(region, str):
+        raise InvalidInput(f"'{name}': shared_memory_region must be a region name")
+    if "shared_memory_byte_size" not in parameters:
+        raise InvalidInput(f"'{name}': shared_memory_byte_size is required with shared_memory_region")
+    return region, _size(parameters, "shared_memory_offset", name), _size(parameters, "shared_memory_byte_size", name)
+
+
+def tensor_metadata(spec: TensorSpec) -> dict:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
