@@ -12,6 +12,7 @@ from container.api import invoke_codec
 from container.errors import InvalidRequest, Unavailable
 from container.inference import InferRequest
 from container.models.registry import Registry
+from container.models.source import check_name
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,7 @@ def _load_body(body: bytes) -> tuple[str, str]:
     name, url = document.get("model_name"), document.get("url")
     if not isinstance(name, str) or not name.strip():
         raise InvalidRequest("'model_name' must be a non-empty string")
-    if "/" in name or "\\" in name or ".." in name or any(ord(c) < 32 for c in name):
-        raise InvalidRequest(f"model_name {name!r} may not hold '/', '\\', '..' or control characters")
+    check_name(name)
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequest("'url' must be a non-empty string naming a directory or archive under the model root")
     return name, url

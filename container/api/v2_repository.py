@@ -3,8 +3,6 @@ a failed load failed), load (or reload, with a config override and files), unloa
 
 import base64
 import binascii
-from pathlib import Path
-
 import gevent
 from flask import Blueprint, Flask, Response, request
 
@@ -12,7 +10,7 @@ from container import content
 from container.errors import InvalidRequest
 from container.models.overrides import build_override
 from container.models.registry import Registry, State
-from container.models.source import repository_entries
+from container.models.source import check_name, repository_entries, resolve_url
 
 
 def register_repository_endpoints(app: Flask, registry: Registry) -> None:
@@ -35,6 +33,7 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
 
     @api.post("/v2/repository/models/<name>/load")
     def load(name):
+        check_name(name)
         parameters = _parameters(_body())
         config = parameters.get("config")
         files = {key[len("file:"):]: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
@@ -42,7 +41,7 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
         if config is not None:
             if not isinstance(config, str):
                 raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-            base = None if files else Path(registry.model_root) / name
+            base = None if files else resolve_url(registry.model_root, name)
             directory = gevent.get_hub().threadpool.apply(build_override, (config, files, base))
         elif files:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")

@@ -48,6 +48,15 @@ class ModelSource:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def check_name(name) -> str:
+    """A model name clients may choose: a non-empty string without '/', '\\', '..' or control characters."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRequest("a model name must be a non-empty string")
+    if "/" in name or "\\" in name or ".." in name or any(ord(c) < 32 for c in name):
+        raise InvalidRequest(f"model name {name!r} may not hold '/', '\\', '..' or control characters")
+    return name
+
+
 def resolve_url(root: str, url: str) -> Path:
     """The url as a path inside the model root (symlinks followed), or a 400/404 that says why."""
     if not isinstance(url, str) or not url.strip():

@@ -1,0 +1,138 @@
+"""The V2 model repository extension: index, load and reload (config override and files), unload."""
+
+import base64
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import Gate, Scale, fp32_model, handler_model
+
+CONFIG = {"name": "fromfiles", "backend": "pytorch", "max_batch_size": 4,
+          "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+          "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}
+
+
+def scripted_bytes(module) -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(module), buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for name in ("alpha", "beta", "base"):
+        fp32_model(root, name)
+    (root / "broken").mkdir()
+    handler_model(root, "swap", "def predict_fn(data, model):\n    return model(data)\n", Scale())
+    return start_server(root)
+
+
+@pytest.fixture
+def client(server):
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    yield client
+    client.close()
+
+
+def sagemaker_invoke(server, name):
+    return server.invoke(name, [[1.0]])
+
+
+def test_index_lists_every_model_with_state_and_reason(server, client):
+    client.load_model("alpha")
+    with pytest.raises(InferenceServerException):
+        client.load_model("broken")
+    index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+    assert index["alpha"] == {"name": "alpha", "version": "1", "state": "READY", "reason": ""}
+    assert index["beta"] == {"name": "beta", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert index["broken"]["state"] == "UNAVAILABLE" and "no model in 'broken'" in index["broken"]["reason"]
+    ready = requests.post(server.url + "/v2/repository/index", json={"ready": True}).json()
+    assert {e["name"] for e in ready} == {m for m in server.loaded()}
+
+
+def test_load_unload_and_visibility_across_apis(server, client):
+    client.load_model("beta")
+    assert client.is_model_ready("beta") and "beta" in server.loaded()
+    assert server.request("POST", "/v1/models/beta:predict", data='{"instances": [[1, 2, 3, 4]]}').json() == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+    client.unload_model("beta", unload_dependents=True)
+    assert not client.is_model_ready("beta") and "beta" not in server.loaded()
+    with pytest.raises(InferenceServerException, match="'beta' is not loaded"):
+        client.unload_model("beta")
+
+
+def test_reload_keeps_the_old_model_serving_until_the_new_one_is_ready(server, client, tmp_path):
+    client.load_model("swap")
+    assert sagemaker_invoke(server, "swap").json() == [[2.0]]
+    gate = Gate(tmp_path, "reload")
+    (server.model_root / "swap" / "code" / "inference.py").write_text(
+        f"import torch\ndef model_fn(model_dir):\n    {gate.code()}\n    return torch.jit.load(model_dir + '/model.pt')\n"
+        "def predict_fn(data, model):\n    return model(data) + 100\n")
+    with ThreadPoolExecutor(1) as pool:
+        url = server.url.removeprefix("http://")  # tritonclient's client belongs to the thread that made it
+        reloading = pool.submit(lambda: http.InferenceServerClient(url).load_model("swap"))
+        gate.wait_entered()
+        assert sagemaker_invoke(server, "swap").json() == [[2.0]]  # the old model still answers
+        gate.release()
+        reloading.result()
+    assert sagemaker_invoke(server, "swap").json() == [[102.0]]
+    (server.model_root / "swap" / "code" / "inference.py").write_text("raise ImportError('broken on purpose')\n")
+    with pytest.raises(InferenceServerException, match="broken on purpose"):
+        client.load_model("swap")
+    assert sagemaker_invoke(server, "swap").json() == [[102.0]]  # a failed reload leaves the old one serving
+
+
+def test_config_override_of_a_model_in_the_root(server, client):
+    config = {**CONFIG, "name": "base", "max_batch_size": 2,
+              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]}
+    client.load_model("base", config=json.dumps(config))
+    assert client.get_model_config("base")["max_batch_size"] == 2
+    answer = server.request("POST", "/v2/models/base/infer", json={"inputs": [
+        {"name": "x", "shape": [3, 4], "datatype": "FP32", "data": [0] * 12}]})
+    assert answer.status_code == 400 and "outside 1..2" in answer.json()["error"]
+
+
+def test_model_built_from_files_lives_in_server_storage(server, client):
+    client.load_model("fromfiles", config=json.dumps(CONFIG), files={"file:1/model.pt": scripted_bytes(Scale(5.0))})
+    tensor_in = http.InferInput("x", [1, 1], "FP32")
+    tensor_in.set_data_from_numpy(__import__("numpy").array([[2]], "float32"))
+    assert client.infer("fromfiles", [tensor_in]).as_numpy("y").tolist() == [[10.0]]
+    assert not (server.model_root / "fromfiles").exists()
+    client.unload_model("fromfiles")
+
+
+@pytest.mark.parametrize("parameters, status, message", [
+    ({"file:1/model.pt": base64.b64encode(b"x").decode()}, 400, "need the 'config' parameter"),
+    ({"config": "{not json", "file:1/model.pt": "eA=="}, 400, "config.json is not valid JSON"),
+    ({"config": json.dumps({**CONFIG, "max_batch_size": "lots"}), "file:1/model.pt": "eA=="}, 400, "ModelConfig"),
+    ({"config": 7}, 400, "must be a string"),
+    ({"config": json.dumps(CONFIG), "file:../../escape.pt": "eA=="}, 400, "relative path inside"),
+    ({"config": json.dumps(CONFIG), "file:/etc/passwd": "eA=="}, 400, "relative path inside"),
+    ({"config": json.dumps(CONFIG), "file:1/model.pt": "%%%"}, 400, "not valid base64"),
+    ({"config": json.dumps(CONFIG), "file:1/model.pt": base64.b64encode(b"garbage").decode()}, 400, "not a TorchScript model"),
+    ({"config": json.dumps(CONFIG)}, 404, "does not exist"),
+])
+def test_bad_load_requests(server, parameters, status, message):
+    answer = requests.post(server.url + "/v2/repository/models/fromfiles2/load", json={"parameters": parameters})
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]
+    assert "fromfiles2" not in server.loaded()
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v2/repository/models/a..b/load", "", "may not hold"),
+    ("/v2/repository/index", '{"ready": "yes"}', "'ready' must be true or false"),
+    ("/v2/repository/index", "[1]", "JSON object"),
+    ("/v2/repository/models/alpha/unload", '{"parameters": {"unload_dependents": "no"}}', "unload_dependents"),
+    ("/v2/repository/models/alpha/load", '{"parameters": []}', "'parameters' must be an object"),
+])
+def test_bad_repository_bodies(server, path, body, message):
+    answer = requests.post(server.url + path, data=body)
+    assert answer.status_code == 400 and message in answer.json()["error"]

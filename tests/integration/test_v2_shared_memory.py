@@ -1,0 +1,94 @@
+"""System shared memory: regions made with tritonclient.utils.shared_memory carry inputs and outputs."""
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as http
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import fp32_model
+
+BYTES = 2 * 4 * 4  # FP32 [2, 4]
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "double")
+    server = start_server(root)
+    assert server.load("double").status_code == 200
+    return server
+
+
+@pytest.fixture
+def regions(server):
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    handles = [shm.create_shared_memory_region(name, f"/test_{name}_{server.port}", BYTES) for name in ("input", "output")]
+    yield client, handles
+    client.unregister_system_shared_memory()
+    for handle in handles:
+        shm.destroy_shared_memory_region(handle)
+    client.close()
+
+
+def infer_through_shared_memory(client, input_region="input", output_region="output", size=BYTES):
+    tensor_in = http.InferInput("x", [2, 4], "FP32")
+    tensor_in.set_shared_memory(input_region, size)
+    tensor_out = http.InferRequestedOutput("y", binary_data=True)
+    tensor_out.set_shared_memory(output_region, size)
+    return client.infer("double", [tensor_in], outputs=[tensor_out])
+
+
+def test_inputs_and_outputs_travel_through_shared_memory(server, regions):
+    client, (input_handle, output_handle) = regions
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    shm.set_shared_memory_region(input_handle, [values])
+    client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
+    client.register_system_shared_memory("output", f"/test_output_{server.port}", BYTES)
+    status = client.get_system_shared_memory_status()
+    assert {r["name"] for r in status} == {"input", "output"} and status[0]["byte_size"] == BYTES
+    result = infer_through_shared_memory(client)
+    output = result.get_output("y")
+    assert output["parameters"] == {"shared_memory_region": "output", "shared_memory_byte_size": BYTES}
+    assert np.array_equal(shm.get_contents_as_numpy(output_handle, np.float32, [2, 4]), values * 2)
+    client.unregister_system_shared_memory("input")
+    assert [r["name"] for r in client.get_system_shared_memory_status()] == ["output"]
+    with pytest.raises(InferenceServerException, match="'input' is not registered"):
+        infer_through_shared_memory(client)  # an unregistered region is never read again
+
+
+def test_offsets_and_sizes_are_checked_against_the_region(server, regions):
+    client, _ = regions
+    client.register_system_shared_memory("input", f"/test_input_{server.port}", 16, offset=16)
+    client.register_system_shared_memory("output", f"/test_output_{server.port}", BYTES)
+    with pytest.raises(InferenceServerException, match="lies outside shared memory region 'input' of 16 bytes"):
+        infer_through_shared_memory(client)
+    small = http.InferRequestedOutput("y")
+    small.set_shared_memory("output", 8)
+    tensor_in = http.InferInput("x", [1, 4], "FP32")
+    tensor_in.set_shared_memory("input", 16)
+    with pytest.raises(InferenceServerException, match="needs 16 bytes; shared memory region 'output' offers 8"):
+        client.infer("double", [tensor_in], outputs=[small])
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"key": "/no_such_object", "offset": 0, "byte_size": 8}, "cannot open shared memory object"),
+    ({"key": "/../../etc/passwd", "offset": 0, "byte_size": 8}, "must name a POSIX shared memory object"),
+    ({"key": "/test_input_PORT", "offset": 0, "byte_size": BYTES + 1}, "does not fit"),
+    ({"key": "/test_input_PORT", "offset": -1, "byte_size": 8}, "'offset' must be a non-negative"),
+    ({"key": "/test_input_PORT"}, "'byte_size' must be a non-negative"),
+])
+def test_bad_registrations(server, regions, body, message):
+    body = {k: v.replace("PORT", str(server.port)) if isinstance(v, str) else v for k, v in body.items()}
+    answer = requests.post(server.url + "/v2/systemsharedmemory/region/bad/register", json=body)
+    assert answer.status_code == 400 and message in answer.json()["error"]
+
+
+def test_duplicate_registration_and_unknown_status(server, regions):
+    client, _ = regions
+    client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
+    with pytest.raises(InferenceServerException, match="already registered"):
+        client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
+    answer = requests.get(server.url + "/v2/systemsharedmemory/region/nothing/status")
+    assert answer.status_code == 404 and "'nothing' is not registered" in answer.json()["error"]
