@@ -1,5 +1,7 @@
 """Triton / KServe V2: tritonclient (HTTP) unmodified against the server, plus wire-format cases."""
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -49,6 +51,7 @@ def server(start_server, tmp_path_factory):
     wait_for(client.is_server_ready, message="the models named at start did not load")
     for name in [f"echo_{d.lower()}" for d in DATATYPES] + ["strings", "addsub", "nobatch", "scores", "versions", "handler"]:
         assert client.is_model_ready(name), name
+    client.close()
     return server
 
 
@@ -268,3 +271,18 @@ def test_handler_models_are_listed_without_tensors(client):
     assert client.get_model_metadata("handler")["platform"] == "sagemaker_pytorch"
     with pytest.raises(InferenceServerException, match="no Triton config"):
         client.get_model_config("handler")
+
+
+def test_binary_data_output_parameter_and_per_output_override(server):
+    body = {"parameters": {"binary_data_output": True},
+            "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.5, 2]}],
+            "outputs": [{"name": "y"}]}
+    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", json=body)
+    length = int(answer.headers["Inference-Header-Content-Length"])
+    assert answer.headers["Content-Type"] == "application/octet-stream"
+    header = json.loads(answer.content[:length])
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert np.frombuffer(answer.content[length:], "<f4").tolist() == [1.5, 2.0]
+    body["outputs"] = [{"name": "y", "parameters": {"binary_data": False}}]
+    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", json=body)
+    assert "Inference-Header-Content-Length" not in answer.headers and answer.json()["outputs"][0]["data"] == [1.5, 2.0]
