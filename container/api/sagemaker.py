@@ -33,7 +33,8 @@ def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Setti
     @api.get("/ping")
     def ping():
         if not settings.multi_model and not registry.ready():
-            raise Unavailable("the model is not loaded yet (or failed to load: see the server log)")
+            failure = registry.failures.get(SINGLE_MODEL_NAME)
+            raise Unavailable(f"the model failed to load: {failure}" if failure else "the model is not loaded yet")
         return Response(b"", 200)
 
     @api.post("/models")

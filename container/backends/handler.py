@@ -38,20 +38,25 @@ class HandlerModel:
         self.name = name
         self.device = device
         self.module_name = None
-        functions = self._import_handlers(handler_file) if handler_file else {}
-        if "transform_fn" in functions and functions.keys() & {"input_fn", "predict_fn", "output_fn"}:
+        self.functions = self._import_handlers(handler_file) if handler_file else {}
+        try:
+            self.model = self._load_model(directory, model_file)
+        except BaseException:
+            self.close()  # nothing half-loaded stays behind, the imported handler module included
+            raise
+
+    def _load_model(self, directory: Path, model_file: Path | None):
+        if "transform_fn" in self.functions and self.functions.keys() & {"input_fn", "predict_fn", "output_fn"}:
             raise InvalidModel("inference.py defines transform_fn together with input_fn/predict_fn/output_fn; keep one style")
-        self.functions = functions
-        if "model_fn" in functions:
-            self.model = self._call("model_fn", str(directory))
-        elif model_file:
-            self.model = load_torchscript(model_file, device)
-        else:
-            raise InvalidModel("code/inference.py has no model_fn and there is no model.pt to load by default")
+        if "model_fn" in self.functions:
+            return self._call("model_fn", str(directory))
+        if model_file:
+            return load_torchscript(model_file, self.device)
+        raise InvalidModel("code/inference.py has no model_fn and there is no model.pt to load by default")
 
     def memory(self) -> dict[str, int]:
-        parts = [self.model] if isinstance(self.model, (torch.nn.Module, torch.jit.ScriptModule)) else []
-        return module_bytes(parts[0]) if parts else {}
+        """A model_fn may return anything; only torch modules are measured (else the estimate stands)."""
+        return module_bytes(self.model) if isinstance(self.model, torch.nn.Module) else {}
 
     def close(self) -> None:
         self.model = None
@@ -115,7 +120,7 @@ class HandlerModel:
             raise
         except Exception as exc:
             if is_out_of_memory(exc):
-                raise DeviceOutOfMemory(f"{self.device} ran out of memory in {fn_name} of '{self.name}'", self.device)
+                raise DeviceOutOfMemory(f"{self.device} ran out of memory in {fn_name} of '{self.name}'", self.device) from exc
             raise ModelError(f"{fn_name} of model '{self.name}' raised {type(exc).__name__}: {exc}") from None
 
     def _user_accept(self, accept: str | None) -> str:
@@ -150,7 +155,7 @@ class HandlerModel:
                 return self.model(data.to(self.device) if isinstance(data, torch.Tensor) else data)
         except Exception as exc:
             if is_out_of_memory(exc):
-                raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device)
+                raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device) from exc
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
 
 

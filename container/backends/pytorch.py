@@ -99,7 +99,7 @@ class TorchScriptModel:
                 result = self.module(*args)
         except Exception as exc:
             if is_out_of_memory(exc):
-                raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device)
+                raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device) from exc
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
         produced = self._name_outputs(result)
@@ -121,7 +121,7 @@ class TorchScriptModel:
             values = [result]
         if len(values) != len(specs):
             raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config declares {len(specs)}")
-        return {s.name: _to_numpy(s, v, self.name) for s, v in zip(specs, values)}
+        return {s.name: _to_numpy(s, v, self.name) for s, v in zip(specs, values, strict=True)}
 
 
 def _bind_inputs(module, signature: Signature) -> list[str]:

@@ -74,7 +74,7 @@ class Signature:
 
 
 def _shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
-    return len(shape) == len(expected) and all(e == -1 or e == s for s, e in zip(shape, expected))
+    return len(shape) == len(expected) and all(e == -1 or e == s for s, e in zip(shape, expected, strict=True))
 
 
 def _wire_type(datatype: str) -> str:

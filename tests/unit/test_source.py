@@ -7,13 +7,13 @@ from container.errors import InvalidModel, InvalidRequest, SourceNotFound
 from container.models.source import SageMakerLayout, TritonLayout, open_source, repository_entries, resolve_url
 
 
-def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] = {}):
+def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] | None = None):
     with tarfile.open(path, "w:gz") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        for name, target in symlinks.items():
+        for name, target in (symlinks or {}).items():
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
