@@ -17,14 +17,14 @@ from container.backends.pytorch import configure_threads, gpu_count, release_mem
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
 from container.models.source import repository_entries
-from container.scheduling import scheduler_for
+from container.scheduling import new_job, scheduler_for
 from container.settings import Settings
 
 
 def create_app(settings: Settings) -> Flask:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     configure_threads(resources.cpu_quota())
-    registry = Registry(settings.model_root, memory_cache(settings), Runtime(load_backends, release_memory, scheduler_for))
+    registry = Registry(settings.model_root, memory_cache(settings), Runtime(load_backends, release_memory, scheduler_for, new_job))
     app = Flask("container")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry

@@ -21,7 +21,7 @@ from container.inference import InferRequest, InferResponse
 from container.models.cache import MemoryCache
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
-from container.models.statistics import Phases, Statistics
+from container.models.statistics import Statistics
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ class Runtime:
 
     load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
     release_memory: Callable[[], None]
-    scheduler_for: Callable[[str, object], object]  # (name, config or None) → scheduler with run()/close()
+    scheduler_for: Callable[[str, object], object]  # (name, config or None) → scheduler with infer()/run()/close()
+    new_job: Callable  # (backend, statistics, InferRequest, items) → what the scheduler queues
 
 
 class Registry:
@@ -175,34 +176,38 @@ class Registry:
             model.signature.check_inputs(request.inputs)
             if request.outputs:
                 model.signature.check_outputs(request.outputs)
-            batch = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
-            backend = model.versions[version]
-            outputs = self._execute(model, version, batch, backend.execute, request.inputs, request.outputs)
+            items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
+
+            def submit():
+                job = self.runtime.new_job(model.versions[version], model.statistics[version], request, items)
+                return model.scheduler.infer(job)
+
+            outputs = self._execute(model, version, items, submit)
             return InferResponse(model.name, version, outputs)
 
     def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
         """A request body through a SageMaker handler model; returns the response body and media type."""
         with self.lease(name) as model:
             version = model.version()
-            transform = model.versions[version].transform
-            return self._execute(model, version, 1, lambda *args, phases: transform(*args), body, content_type, accept)
+            transform, statistics = model.versions[version].transform, model.statistics[version]
+            return self._execute(model, version, 1, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics))
 
-    def _execute(self, model: Model, version: int, batch: int, fn, *args):
-        """`fn(*args, phases=…)` on the model's execution thread, with statistics; after a device
-        out-of-memory error, free cached memory and idle models and retry once."""
+    def _execute(self, model: Model, version: int, items: int, submit):
+        """`submit()` → (result, phases), with statistics; after a device out-of-memory error, free
+        cached memory and idle models and submit once more."""
         start = time.perf_counter_ns()
         statistics = model.statistics[version]
         try:
             try:
-                phases, result = model.scheduler.run(_timed, fn, args, start)
+                result, phases = submit()
             except DeviceOutOfMemory as exc:
                 log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
                 self._recover(exc.device, keep=model)
-                phases, result = model.scheduler.run(_timed, fn, args, time.perf_counter_ns())
+                result, phases = submit()
         except BaseException:
             statistics.record_failure(time.perf_counter_ns() - start)
             raise
-        statistics.record_success(batch, time.perf_counter_ns() - start, phases)
+        statistics.record_success(items, time.perf_counter_ns() - start, phases)
         return result
 
     # -- internals ---------------------------------------------------------------------------------
@@ -277,16 +282,6 @@ class Registry:
                 raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
             return "cpu"
         return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
-
-
-def _timed(fn, args, submitted: int):
-    """Runs on the execution thread: queue time is from submission to here."""
-    phases = Phases(queue_ns=time.perf_counter_ns() - submitted)
-    started = time.perf_counter_ns()
-    result = fn(*args, phases=phases)
-    if not phases.infer_ns:  # a backend that does not split its phases
-        phases.infer_ns = time.perf_counter_ns() - started
-    return phases, result
 
 
 def _is_idle(model: Model) -> bool:

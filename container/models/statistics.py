@@ -44,17 +44,23 @@ class Statistics:
     last_inference_ms: int = 0  # wall clock, milliseconds since the epoch
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
 
-    def record_success(self, batch_size: int, total_ns: int, phases: Phases) -> None:
+    def record_success(self, items: int, total_ns: int, phases: Phases) -> None:
+        """One request answered: its items, its own time, and the compute time of the execution it rode."""
         self.success.add(total_ns)
         self.queue.add(phases.queue_ns)
-        by_batch = self.batches.setdefault(batch_size, BatchStatistics())
-        for name in ("input", "infer", "output"):
-            ns = getattr(phases, f"{name}_ns")
-            getattr(self, f"compute_{name}").add(ns)
-            getattr(by_batch, f"compute_{name}").add(ns)
-        self.inference_count += batch_size
-        self.execution_count += 1
+        self.compute_input.add(phases.input_ns)
+        self.compute_infer.add(phases.infer_ns)
+        self.compute_output.add(phases.output_ns)
+        self.inference_count += items
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_execution(self, batch_size: int, phases: Phases) -> None:
+        """One model execution, however many requests it carried."""
+        self.execution_count += 1
+        by_batch = self.batches.setdefault(batch_size, BatchStatistics())
+        by_batch.compute_input.add(phases.input_ns)
+        by_batch.compute_infer.add(phases.infer_ns)
+        by_batch.compute_output.add(phases.output_ns)
 
     def record_failure(self, total_ns: int) -> None:
         self.fail.add(total_ns)

@@ -1,9 +1,19 @@
-"""How requests reach a model's execution threads. Issue-2 scope: direct execution, one request at a time
-per model, off the event loop; batchers plug in behind the same `run` call."""
+"""How requests reach a model's execution threads, chosen by the model's Triton config: a dynamic
+batcher (`dynamic_batching`), or direct execution — always off the event loop, on as many instance
+threads as `instance_group` asks for."""
 
+from container.inference import InferRequest
 from container.scheduling.direct import DirectScheduler
+from container.scheduling.dynamic import DynamicBatcher
+from container.scheduling.job import Job
 
 
-def scheduler_for(model_name: str, config=None) -> DirectScheduler:
-    """The scheduler a model's config asks for; without one, direct execution."""
-    return DirectScheduler(model_name)
+def scheduler_for(model_name: str, config=None):
+    instances = sum(group.count or 1 for group in config.instance_group) if config is not None else 1
+    if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
+        return DynamicBatcher(model_name, config, max(instances, 1))
+    return DirectScheduler(model_name, max(instances, 1))
+
+
+def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
+    return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters)

@@ -1,0 +1,114 @@
+"""The dynamic batcher: requests queue by priority; whenever an instance thread is free it takes the
+next batch — the head request plus every queued request that can merge with it, up to max_batch_size,
+cut to the largest preferred_batch_size it makes exactly — so batches form from the queue under load
+and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests only
+when the last batch held several (there is concurrent traffic) and the queue is short of a preferred
+size. With preserve_ordering, responses leave in the order the requests arrived."""
+
+import time
+
+import gevent
+from gevent import Timeout
+from gevent.event import Event
+from gevent.threadpool import ThreadPool
+
+from container.models.statistics import Phases
+from container.scheduling.job import Job, Stage, on_thread, run_batch
+from container.scheduling.queue import JobQueue
+
+
+class DynamicBatcher:
+    def __init__(self, model_name: str, config, instances: int = 1):
+        self.model_name = model_name
+        batching = config.dynamic_batching
+        self.max_batch_size = config.max_batch_size
+        self.preferred = sorted(s for s in batching.preferred_batch_size if s <= self.max_batch_size)
+        self.delay = batching.max_queue_delay_microseconds / 1e6
+        self.preserve_ordering = batching.preserve_ordering
+        self.queue = JobQueue(batching)
+        self._threads = ThreadPool(instances)
+        self._arrived = Event()
+        self._concurrent = False  # the last batch held several requests, or left some queued
+        self._pending: list[int] = []  # with preserve_ordering: orders of unanswered jobs, oldest first
+        self._finished: dict[int, tuple] = {}  # with preserve_ordering: order → (job, outcome, ok)
+        self._workers = [gevent.spawn(self._dispatch) for _ in range(instances)]
+
+    def infer(self, job: Job) -> tuple[dict, Phases]:
+        timeout = self.queue.put(job)
+        if self.preserve_ordering:
+            self._pending.append(job.order)
+        self._arrived.set()
+        try:
+            try:
+                return job.result.get(timeout=timeout)
+            except Timeout:
+                if job.stage is Stage.QUEUED:
+                    self.queue.expire(job)  # raises for REJECT; DELAY serves it after the others
+                return job.result.get()
+        except BaseException:
+            if job.stage is Stage.QUEUED:  # the client went away while it waited
+                self.queue.discard(job)
+            if job.stage is not Stage.DONE:
+                self._deliver(job, None, ok=False)
+            raise
+
+    def close(self) -> None:
+        gevent.killall(self._workers, block=False)
+        self._threads.kill()
+
+    def _dispatch(self) -> None:
+        while True:
+            self.queue.nonempty.wait()
+            if self._concurrent and self.delay:
+                self._wait_for_more()
+            if not len(self.queue):
+                continue
+            batch = self._cut(self.queue.take(self.max_batch_size))
+            self._concurrent = len(batch) > 1 or len(self.queue) > 0
+            try:
+                phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
+            except BaseException as exc:
+                for job in batch:
+                    self._deliver(job, exc, ok=False)
+                continue
+            batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
+            now = time.perf_counter_ns()
+            compute = phases.input_ns + phases.infer_ns + phases.output_ns
+            for job, result in zip(batch, outputs, strict=True):
+                own = Phases(now - job.submitted - compute, phases.input_ns, phases.infer_ns, phases.output_ns)
+                self._deliver(job, (result, own), ok=True)
+
+    def _cut(self, batch: list[Job]) -> list[Job]:
+        """Shorten a batch to the largest preferred size it makes exactly; the jobs cut go back first."""
+        totals = [sum(j.items for j in batch[: i + 1]) for i in range(len(batch))]
+        exact = [i for i, total in enumerate(totals) if total in self.preferred]
+        if not exact or exact[-1] == len(batch) - 1:
+            return batch
+        for job in reversed(batch[exact[-1] + 1:]):
+            self.queue.requeue(job)
+        return batch[: exact[-1] + 1]
+
+    def _wait_for_more(self) -> None:
+        target = (self.preferred or [self.max_batch_size])[0]
+        deadline = time.monotonic() + self.delay
+        while len(self.queue) < target and (remaining := deadline - time.monotonic()) > 0:
+            self._arrived.clear()
+            self._arrived.wait(remaining)
+
+    def _deliver(self, job: Job, outcome, ok: bool) -> None:
+        job.stage = Stage.DONE
+        if not self.preserve_ordering:
+            _settle(job, outcome, ok)
+            return
+        self._finished[job.order] = (job, outcome, ok)
+        while self._pending and self._pending[0] in self._finished:
+            _settle(*self._finished.pop(self._pending.pop(0)))
+
+
+def _settle(job: Job, outcome, ok: bool) -> None:
+    if job.result.ready() or outcome is None:  # a job whose client gave up has nobody to answer
+        return
+    if ok:
+        job.result.set(outcome)
+    else:
+        job.result.set_exception(outcome)

@@ -1,0 +1,71 @@
+"""One inference request as the schedulers see it, and how a batch of them executes."""
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from gevent.event import AsyncResult
+
+from container.models.statistics import Phases, Statistics
+
+_order = itertools.count()
+
+
+class Stage(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Job:
+    backend: object  # the model version that runs it
+    statistics: Statistics  # that version's statistics
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None  # None: every output
+    items: int  # batch items: the leading dimension when the model batches, else 1
+    parameters: dict = field(default_factory=dict)
+    submitted: int = field(default_factory=time.perf_counter_ns)
+    order: int = field(default_factory=lambda: next(_order))
+    stage: Stage = Stage.QUEUED
+    delayed: bool = False  # its queue timeout passed with timeout_action DELAY: served after the others
+    result: AsyncResult = field(default_factory=AsyncResult)  # (outputs, phases) or the exception
+
+    def batch_key(self) -> tuple:
+        """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size."""
+        return id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
+
+
+def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray]]]:
+    """On an execution thread: concatenate the jobs' inputs, execute once, hand each job its slice."""
+    phases = Phases()
+    backend = jobs[0].backend
+    if len(jobs) == 1:
+        return phases, [backend.execute(jobs[0].inputs, jobs[0].outputs, phases)]
+    started = time.perf_counter_ns()
+    inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+    merged = time.perf_counter_ns()
+    outputs = backend.execute(inputs, None, phases)
+    phases.input_ns += merged - started
+    bounds = np.cumsum([0] + [job.items for job in jobs])
+    return phases, [
+        {name: outputs[name][bounds[i]: bounds[i + 1]] for name in (job.outputs or outputs)} for i, job in enumerate(jobs)
+    ]
+
+
+def on_thread(execute, args: tuple, submitted: int):
+    """Runs on an execution thread: `execute(*args)` → (phases, result), with the queue time (from
+    submission to here) filled in; an execution that does not split its phases counts as inference."""
+    started = time.perf_counter_ns()
+    phases, result = execute(*args)
+    phases.queue_ns = started - submitted
+    if not phases.infer_ns:
+        phases.infer_ns = time.perf_counter_ns() - started
+    return phases, result
+
+
+def call(fn, args: tuple) -> tuple[Phases, object]:
+    """A plain call (a handler model's request) in the shape `on_thread` expects."""
+    return Phases(), fn(*args)

@@ -1,0 +1,106 @@
+"""The dynamic batcher's queue: priority levels, each with Triton's queue policy (max_queue_size,
+default_timeout_microseconds, allow_timeout_override, timeout_action REJECT or DELAY)."""
+
+from collections import deque
+from dataclasses import dataclass
+
+from gevent.event import Event
+
+from container.errors import InvalidModel, InvalidRequest, Unavailable
+from container.scheduling.job import Job, Stage
+
+REJECT, DELAY = 0, 1  # ModelQueuePolicy.TimeoutAction
+
+
+class QueueTimeout(Unavailable):
+    """The request waited out its queue timeout and was not executed."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_queue_size: int = 0  # 0: unbounded
+    default_timeout_us: int = 0  # 0: no timeout
+    allow_timeout_override: bool = False
+    timeout_action: int = REJECT
+
+    @classmethod
+    def from_config(cls, policy) -> "Policy":
+        return cls(policy.max_queue_size, policy.default_timeout_microseconds, policy.allow_timeout_override,
+                   policy.timeout_action)
+
+
+class JobQueue:
+    def __init__(self, dynamic_batching):
+        config = dynamic_batching
+        self.levels = max(config.priority_levels, 1)
+        self.default_level = config.default_priority_level if config.priority_levels else 1
+        if not 1 <= self.default_level <= self.levels:
+            raise InvalidModel(f"default_priority_level must be within 1..{self.levels} (priority_levels)")
+        default = Policy.from_config(config.default_queue_policy)
+        self.policies = {level: default for level in range(1, self.levels + 1)}
+        for level, policy in config.priority_queue_policy.items():
+            self.policies[level] = Policy.from_config(policy)
+        self._queues = {level: deque() for level in range(1, self.levels + 1)}
+        self.nonempty = Event()
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def put(self, job: Job) -> float | None:
+        """Queue the job; returns its queue timeout in seconds (None: none). A full queue is a 503 at once."""
+        level = self.level_of(job)
+        policy = self.policies[level]
+        if policy.max_queue_size and len(self._queues[level]) >= policy.max_queue_size:
+            raise Unavailable(f"the queue for priority {level} is full ({policy.max_queue_size} requests); retry later")
+        self._queues[level].append(job)
+        self.nonempty.set()
+        timeout_us = policy.default_timeout_us
+        requested = job.parameters.get("timeout") or 0
+        if policy.allow_timeout_override and requested and (not timeout_us or requested < timeout_us):
+            timeout_us = requested
+        return timeout_us / 1e6 if timeout_us else None
+
+    def level_of(self, job: Job) -> int:
+        priority = job.parameters.get("priority") or 0
+        if priority > self.levels:
+            raise InvalidRequest(f"priority {priority} is outside 1..{self.levels} (priority_levels)")
+        return priority or self.default_level
+
+    def expire(self, job: Job) -> None:
+        """The job's queue timeout passed while it waited: reject it, or serve it after the others."""
+        if self.policies[self.level_of(job)].timeout_action == DELAY:
+            job.delayed = True
+            return
+        self.discard(job)
+        raise QueueTimeout("the request waited out its queue timeout and was not executed")
+
+    def discard(self, job: Job) -> None:
+        self._queues[self.level_of(job)].remove(job)
+        self._update()
+
+    def requeue(self, job: Job) -> None:
+        """Put a job taken for a batch back at the front of its level."""
+        job.stage = Stage.QUEUED
+        self._queues[self.level_of(job)].appendleft(job)
+        self.nonempty.set()
+
+    def take(self, limit: int) -> list[Job]:
+        """The next batch: the first job by priority (delayed jobs last), then the queued jobs that can
+        merge with it, in the same order, while their items stay within `limit`."""
+        ordered = [job for level in sorted(self._queues) for job in self._queues[level] if not job.delayed]
+        ordered += [job for level in sorted(self._queues) for job in self._queues[level] if job.delayed]
+        head, batch, items = ordered[0], [], 0
+        key = head.batch_key()
+        for job in ordered:
+            if job.batch_key() == key and items + job.items <= max(limit, head.items):
+                batch.append(job)
+                items += job.items
+        for job in batch:
+            self._queues[self.level_of(job)].remove(job)
+            job.stage = Stage.RUNNING
+        self._update()
+        return batch
+
+    def _update(self) -> None:
+        if not len(self):
+            self.nonempty.clear()
