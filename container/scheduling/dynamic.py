@@ -14,7 +14,7 @@ from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases
 from container.scheduling.job import Job, Stage, on_thread, run_batch
-from container.scheduling.queue import JobQueue
+from container.scheduling.queue import JobQueue, QueueTimeout
 
 
 class DynamicBatcher:
@@ -42,13 +42,12 @@ class DynamicBatcher:
             try:
                 return job.result.get(timeout=timeout)
             except Timeout:
-                if job.stage is Stage.QUEUED:
-                    self.queue.expire(job)  # raises for REJECT; DELAY serves it after the others
+                if job.stage is Stage.QUEUED and self.queue.expire(job):
+                    raise QueueTimeout("the request waited out its queue timeout and was not executed") from None
                 return job.result.get()
-        except BaseException:
-            if job.stage is Stage.QUEUED:  # the client went away while it waited
+        except BaseException:  # rejected, or the client went away
+            if job.stage is Stage.QUEUED:
                 self.queue.discard(job)
-            if job.stage is not Stage.DONE:
                 self._deliver(job, None, ok=False)
             raise
 
@@ -96,6 +95,8 @@ class DynamicBatcher:
             self._arrived.wait(remaining)
 
     def _deliver(self, job: Job, outcome, ok: bool) -> None:
+        if job.stage is Stage.DONE:
+            return
         job.stage = Stage.DONE
         if not self.preserve_ordering:
             _settle(job, outcome, ok)

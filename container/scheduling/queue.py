@@ -66,13 +66,13 @@ class JobQueue:
             raise InvalidRequest(f"priority {priority} is outside 1..{self.levels} (priority_levels)")
         return priority or self.default_level
 
-    def expire(self, job: Job) -> None:
-        """The job's queue timeout passed while it waited: reject it, or serve it after the others."""
+    def expire(self, job: Job) -> bool:
+        """The job's queue timeout passed while it waited: True if it must be rejected; with DELAY it
+        stays, to be served after the requests that are still on time."""
         if self.policies[self.level_of(job)].timeout_action == DELAY:
             job.delayed = True
-            return
-        self.discard(job)
-        raise QueueTimeout("the request waited out its queue timeout and was not executed")
+            return False
+        return True
 
     def discard(self, job: Job) -> None:
         self._queues[self.level_of(job)].remove(job)

@@ -1,0 +1,218 @@
+"""The schedulers on their own, with a backend whose executions the test holds and releases, so
+batching, priorities, timeouts and parallelism are decided by events, never by timing."""
+
+import threading
+
+import gevent
+import numpy as np
+import pytest
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from container.errors import InvalidRequest, Unavailable
+from container.models.statistics import Statistics
+from container.scheduling import scheduler_for
+from container.scheduling.job import Job
+from container.scheduling.queue import QueueTimeout
+
+
+class HeldBackend:
+    """execute() doubles its input; while `hold` is set, each execution waits for `release`."""
+
+    def __init__(self):
+        self.batches: list[list[float]] = []
+        self.running = 0
+        self.most_running = 0
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.hold = True
+        self._lock = threading.Lock()
+
+    def execute(self, inputs, outputs, phases):
+        with self._lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        self.entered.release()
+        if self.hold:
+            assert self.release.wait(30), "the test never released the backend"
+        with self._lock:
+            self.running -= 1
+            self.batches.append(inputs["x"][:, 0].tolist())
+        return {"y": inputs["x"] * 2}
+
+    def wait_entered(self, count=1):
+        for _ in range(count):
+            while not self.entered.acquire(blocking=False):
+                gevent.sleep(0.001)  # let greenlets run while the execution thread gets there
+
+
+def config(**fields) -> pb.ModelConfig:
+    document = {"max_batch_size": 8, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
+                "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}], **fields}
+    return json_format.ParseDict(document, pb.ModelConfig())
+
+
+def job(backend, value: float, rows=1, width=1, **parameters) -> Job:
+    return Job(backend, Statistics(), {"x": np.full((rows, width), value, np.float32)}, None, rows, parameters)
+
+
+def spawn(scheduler, *jobs):
+    greenlets = [gevent.spawn(scheduler.infer, j) for j in jobs]
+    gevent.sleep(0)  # let them queue
+    return greenlets
+
+
+def values(greenlet) -> list[float]:
+    return greenlet.get(timeout=30)[0]["y"][:, 0].tolist()
+
+
+@pytest.fixture
+def backend():
+    backend = HeldBackend()
+    yield backend
+    backend.release.set()
+
+
+def start_blocked(scheduler, backend):
+    """Occupy the one instance so that what comes next has to queue."""
+    first = spawn(scheduler, job(backend, -1))[0]
+    backend.wait_entered()
+    return first
+
+
+def test_a_lone_request_does_not_wait_for_the_queue_delay(backend):
+    backend.hold = False
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
+    with gevent.Timeout(10):  # an hour's delay would trip this
+        assert values(spawn(scheduler, job(backend, 1))[0]) == [2.0]
+    scheduler.close()
+
+
+def test_queued_requests_merge_and_each_gets_its_own_rows(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, job(backend, 1), job(backend, 2, rows=3), job(backend, 3, rows=2))
+    backend.release.set()
+    assert values(first) == [-2.0]
+    assert [values(g) for g in queued] == [[2.0], [4.0] * 3, [6.0] * 2]
+    assert backend.batches == [[-1.0], [1.0, 2.0, 2.0, 2.0, 3.0, 3.0]]  # one execution for all three
+    scheduler.close()
+
+
+def test_different_shapes_never_merge_and_max_batch_size_holds(backend):
+    scheduler = scheduler_for("m", config(max_batch_size=4, dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, job(backend, 1, rows=3), job(backend, 2, width=2), job(backend, 3, rows=2), job(backend, 4))
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, *queued]]
+    assert backend.batches == [[-1.0], [1.0, 1.0, 1.0, 4.0], [2.0], [3.0, 3.0]]
+    scheduler.close()
+
+
+def test_preferred_batch_size_cuts_the_batch(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={"preferred_batch_size": [2, 4]}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, *[job(backend, i) for i in range(1, 6)])
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, *queued]]
+    assert backend.batches == [[-1.0], [1.0, 2.0, 3.0, 4.0], [5.0]]
+    scheduler.close()
+
+
+def test_higher_priority_runs_first(backend):
+    scheduler = scheduler_for("m", config(max_batch_size=1, dynamic_batching={"priority_levels": 2, "default_priority_level": 2}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, job(backend, 1), job(backend, 2, priority=2), job(backend, 3, priority=1), job(backend, 4, priority=1))
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, *queued]]
+    assert backend.batches == [[-1.0], [3.0], [4.0], [1.0], [2.0]]
+    with pytest.raises(InvalidRequest, match="priority 3 is outside 1..2"):
+        scheduler.infer(job(backend, 5, priority=3))
+    scheduler.close()
+
+
+def test_a_full_queue_answers_503_at_once(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={"default_queue_policy": {"max_queue_size": 2}}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, job(backend, 1), job(backend, 2))
+    with pytest.raises(Unavailable, match="full") as refused:
+        scheduler.infer(job(backend, 3))
+    assert refused.value.status == 503 and "Retry-After" in refused.value.headers
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, *queued]]
+    scheduler.close()
+
+
+def test_a_request_past_its_queue_timeout_is_rejected_and_never_runs(backend):
+    policy = {"default_timeout_microseconds": 1000, "allow_timeout_override": True}
+    scheduler = scheduler_for("m", config(dynamic_batching={"default_queue_policy": policy}))
+    first = start_blocked(scheduler, backend)
+    with pytest.raises(QueueTimeout, match="queue timeout"):
+        scheduler.infer(job(backend, 1))
+    patient = spawn(scheduler, job(backend, 2, timeout=0))[0]  # 0: no override, the 1 ms default holds
+    patient.join(timeout=30)  # the instance is held: only its timeout can end it
+    with pytest.raises(QueueTimeout):
+        patient.get()
+    backend.release.set()
+    first.get(timeout=30)
+    assert backend.batches == [[-1.0]]  # neither timed-out request was executed late
+    scheduler.close()
+
+
+def test_delay_serves_expired_requests_after_the_others(backend):
+    policy = {"default_timeout_microseconds": 1000, "timeout_action": "DELAY"}
+    scheduler = scheduler_for("m", config(max_batch_size=1, dynamic_batching={"default_queue_policy": policy}))
+    first = start_blocked(scheduler, backend)
+    expiring = job(backend, 1)
+    late = spawn(scheduler, expiring)[0]
+    while not expiring.delayed:  # its 1 ms timeout passes while the instance is held
+        gevent.sleep(0.001)
+    on_time = spawn(scheduler, job(backend, 2, timeout=0))
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, late, *on_time]]
+    assert backend.batches[1:] == [[2.0], [1.0]]
+    scheduler.close()
+
+
+def test_instances_execute_in_parallel(backend):
+    scheduler = scheduler_for("m", config(instance_group=[{"count": 2, "kind": "KIND_CPU"}]))
+    running = spawn(scheduler, job(backend, 1), job(backend, 2))
+    backend.wait_entered(2)  # both are inside execute at once
+    assert backend.most_running == 2
+    backend.release.set()
+    assert sorted(values(g)[0] for g in running) == [2.0, 4.0]
+    scheduler.close()
+
+
+def test_preserve_ordering_answers_in_arrival_order(backend):
+    scheduler = scheduler_for("m", config(max_batch_size=1, instance_group=[{"count": 2}],
+                                          dynamic_batching={"preserve_ordering": True}))
+    slow = spawn(scheduler, job(backend, 1))[0]
+    backend.wait_entered()
+    backend.hold = False
+    fast = spawn(scheduler, job(backend, 2))[0]
+    while not backend.batches:  # the second request finished first …
+        gevent.sleep(0.001)
+    gevent.sleep(0.01)
+    assert not fast.ready()  # … but is held back until the first is answered
+    backend.release.set()
+    assert values(slow) == [2.0] and values(fast) == [4.0]
+    scheduler.close()
+
+
+def test_a_client_that_gives_up_while_queued_is_not_executed(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    gone = spawn(scheduler, job(backend, 1))[0]
+    gone.kill()
+    backend.release.set()
+    first.get(timeout=30)
+    assert backend.batches == [[-1.0]]
+    scheduler.close()
+
+
+def test_direct_execution_without_a_batcher(backend):
+    backend.hold = False
+    scheduler = scheduler_for("m", config())
+    assert values(spawn(scheduler, job(backend, 5))[0]) == [10.0]
+    scheduler.close()
