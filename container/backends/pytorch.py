@@ -81,6 +81,9 @@ class TorchScriptModel:
         self.device = device
         self.signature = signature
         self.module = load_torchscript(path, device)
+        states = signature.states
+        self._specs = {s.name: s for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in states))}
+        self._outputs = (*signature.outputs, *(s.output for s in states))
         self._order = _bind_inputs(self.module, signature)
 
     def memory(self) -> dict[str, int]:
@@ -92,7 +95,7 @@ class TorchScriptModel:
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings."""
         start = time.perf_counter_ns()
-        args = [_to_torch(self.signature.input(n), inputs[n], self.device) for n in self._order]
+        args = [_to_torch(self._specs[n], inputs[n], self.device) for n in self._order]
         converted = time.perf_counter_ns()
         try:
             with torch.inference_mode():
@@ -109,7 +112,7 @@ class TorchScriptModel:
         return {n: produced[n] for n in wanted}
 
     def _name_outputs(self, result) -> dict[str, np.ndarray]:
-        specs = self.signature.outputs
+        specs = self._outputs
         if isinstance(result, dict):
             missing = [s.name for s in specs if s.name not in result]
             if missing:
@@ -125,9 +128,11 @@ class TorchScriptModel:
 
 
 def _bind_inputs(module, signature: Signature) -> list[str]:
-    """forward()'s argument order as config input names: by name when they match, else positionally."""
+    """forward()'s argument order as input names — the config's inputs, then a sequence model's
+    control inputs and state inputs: by name when they match, else positionally."""
     params = [a.name for a in module.forward.schema.arguments][1:]  # drop self
-    names = [s.name for s in signature.inputs]
+    names = [s.name for s in signature.inputs] + [c.tensor.name for c in signature.controls]
+    names += [s.input.name for s in signature.states]
     if sorted(params) == sorted(names):
         return params
     if len(params) != len(names):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
-from container.errors import InvalidInput
+from container.errors import InvalidInput, InvalidModel
 from container.tensors import datatype_of, from_config
 
 
@@ -20,19 +20,52 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class ControlSpec:
+    """A tensor the sequence batcher makes for each request (CONTROL_SEQUENCE_START, …)."""
+
+    tensor: TensorSpec
+    kind: str  # START, END, READY or CORRID
+    false_true: tuple = (0, 1)  # the values for false and true (CORRID carries the id itself)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Implicit state: fed back from `output` to `input` across a sequence; never shown to clients."""
+
+    input: TensorSpec
+    output: TensorSpec
+
+
+@dataclass(frozen=True)
 class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int = 0
+    controls: tuple[ControlSpec, ...] = ()  # sequence models: after the inputs, in control_input order
+    states: tuple[StateSpec, ...] = ()  # sequence models: after the controls (inputs) and the outputs
 
     @classmethod
     def from_config(cls, config) -> "Signature":
         lead = (-1,) if config.max_batch_size > 0 else ()
 
-        def spec(t):
-            return TensorSpec(t.name, from_config(pb.DataType.Name(t.data_type)), lead + tuple(t.dims))
+        def spec(name, data_type, dims):
+            return TensorSpec(name, from_config(pb.DataType.Name(data_type)), lead + tuple(dims))
 
-        return cls(tuple(spec(t) for t in config.input), tuple(spec(t) for t in config.output), config.max_batch_size)
+        controls, states = [], []
+        if config.HasField("sequence_batching"):
+            for control_input in config.sequence_batching.control_input:
+                for control in control_input.control:
+                    controls.append(_control(control_input.name, control, lambda t: spec(control_input.name, t, [1])))
+            for state in config.sequence_batching.state:
+                if any(initial.data_file for initial in state.initial_state):
+                    raise InvalidModel(f"state '{state.input_name}': initial_state.data_file is not supported; use zero_data")
+                states.append(StateSpec(spec(state.input_name, state.data_type, state.dims),
+                                        spec(state.output_name, state.data_type, state.dims)))
+        return cls(
+            tuple(spec(t.name, t.data_type, t.dims) for t in config.input),
+            tuple(spec(t.name, t.data_type, t.dims) for t in config.output),
+            config.max_batch_size, tuple(controls), tuple(states),
+        )
 
     def input(self, name: str) -> TensorSpec:
         for spec in self.inputs:
@@ -71,6 +104,20 @@ class Signature:
     @staticmethod
     def _names(specs) -> str:
         return ", ".join(f"'{s.name}' {s.describe()}" for s in specs)
+
+
+def _control(name: str, control, spec) -> ControlSpec:
+    kind = pb.ModelSequenceBatching.Control.Kind.Name(control.kind).removeprefix("CONTROL_SEQUENCE_")
+    if kind == "CORRID":
+        return ControlSpec(spec(control.data_type), kind, ())
+    for field, data_type in (("int32_false_true", pb.TYPE_INT32), ("fp32_false_true", pb.TYPE_FP32),
+                             ("bool_false_true", pb.TYPE_BOOL)):
+        values = tuple(getattr(control, field))
+        if values:
+            if len(values) != 2:
+                raise InvalidModel(f"control input '{name}': {field} needs [false, true]")
+            return ControlSpec(spec(data_type), kind, values)
+    raise InvalidModel(f"control input '{name}' ({kind}) gives no int32_false_true, fp32_false_true or bool_false_true")
 
 
 def _shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:

@@ -1,15 +1,19 @@
-"""How requests reach a model's execution threads, chosen by the model's Triton config: a dynamic
-batcher (`dynamic_batching`), or direct execution — always off the event loop, on as many instance
-threads as `instance_group` asks for."""
+"""How requests reach a model's execution threads, chosen by the model's Triton config: the sequence
+batcher (`sequence_batching`), the dynamic batcher (`dynamic_batching`), or direct execution — always
+off the event loop, on as many instance threads as `instance_group` asks for."""
 
 from container.inference import InferRequest
+from container.models.signature import Signature
 from container.scheduling.direct import DirectScheduler
 from container.scheduling.dynamic import DynamicBatcher
 from container.scheduling.job import Job
+from container.scheduling.sequence import SequenceBatcher
 
 
 def scheduler_for(model_name: str, config=None):
     instances = sum(group.count or 1 for group in config.instance_group) if config is not None else 1
+    if config is not None and config.HasField("sequence_batching"):
+        return SequenceBatcher(model_name, config, Signature.from_config(config), max(instances, 1))
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
         return DynamicBatcher(model_name, config, max(instances, 1))
     return DirectScheduler(model_name, max(instances, 1))

@@ -1,0 +1,149 @@
+"""Scheduling on a real server: batched results reach the right requests under concurrency, and
+stateful sequences keep their state per sequence_id."""
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import torch
+import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import tensor, triton_model
+
+
+class Affine(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+
+class Accumulate(torch.nn.Module):
+    """OUTPUT = running sum of INPUT within a sequence; CONTROLS shows what the server sent."""
+
+    def forward(self, INPUT: torch.Tensor, START: torch.Tensor, END: torch.Tensor, READY: torch.Tensor,
+                CORRID: torch.Tensor, STATE_IN: torch.Tensor):
+        total = STATE_IN + INPUT
+        controls = torch.cat([START.float(), END.float(), READY.float(), CORRID.float()], dim=1)
+        return total, controls, total
+
+
+SEQUENCE = {
+    "max_sequence_idle_microseconds": 300000,
+    "control_input": [
+        {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]},
+        {"name": "END", "control": [{"kind": "CONTROL_SEQUENCE_END", "fp32_false_true": [0, 1]}]},
+        {"name": "READY", "control": [{"kind": "CONTROL_SEQUENCE_READY", "bool_false_true": [False, True]}]},
+        {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}]},
+    ],
+    "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_FP32", "dims": [1],
+               "initial_state": [{"data_type": "TYPE_FP32", "dims": [1], "zero_data": True, "name": "zeros"}]}],
+}
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    triton_model(root, "batched", Affine(), [tensor("x", "TYPE_FP32", [3])], [tensor("y", "TYPE_FP32", [3])], max_batch_size=8,
+                 dynamic_batching={"preferred_batch_size": [4, 8], "priority_levels": 2, "default_priority_level": 2},
+                 instance_group=[{"count": 2, "kind": "KIND_CPU"}])
+    triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
+                 [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
+                 sequence_batching=SEQUENCE)
+    server = start_server(root)
+    for name in ("batched", "accumulate"):
+        assert server.load(name).status_code == 200, server.load(name).text
+    return server
+
+
+def client_for(server) -> http.InferenceServerClient:
+    return http.InferenceServerClient(server.url.removeprefix("http://"))
+
+
+def test_batched_results_reach_the_right_requests_under_concurrency(server):
+    rng = random.Random(7)
+    cases = [np.array([[rng.uniform(-9, 9) for _ in range(3)] for _ in range(rng.randint(1, 3))], np.float32) for _ in range(96)]
+
+    def infer(values):
+        client = client_for(server)
+        tensor_in = http.InferInput("x", list(values.shape), "FP32")
+        tensor_in.set_data_from_numpy(values)
+        try:
+            return client.infer("batched", [tensor_in], priority=rng.choice([0, 1, 2])).as_numpy("y")
+        finally:
+            client.close()
+
+    before = client_for(server).get_inference_statistics("batched")["model_stats"][0]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(infer, cases))
+    for values, result in zip(cases, results, strict=True):
+        assert result.shape == values.shape and np.allclose(result, values * 2 + 1)
+    after = client_for(server).get_inference_statistics("batched")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == sum(len(v) for v in cases)
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == len(cases)
+    executions = after["execution_count"] - before["execution_count"]
+    assert 1 <= executions <= len(cases)
+    assert sum(b["compute_infer"]["count"] for b in after["batch_stats"]) == after["execution_count"]
+
+
+def test_priority_outside_the_levels_is_400(server):
+    body = {"parameters": {"priority": 3}, "inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    answer = requests.post(server.url + "/v2/models/batched/infer", json=body)
+    assert answer.status_code == 400 and "priority 3 is outside 1..2" in answer.json()["error"]
+
+
+def step(client, sequence_id, value, start=False, end=False):
+    tensor_in = http.InferInput("INPUT", [1, 1], "FP32")
+    tensor_in.set_data_from_numpy(np.array([[value]], np.float32))
+    result = client.infer("accumulate", [tensor_in], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return result
+
+
+def test_interleaved_sequences_keep_their_own_state(server):
+    client = client_for(server)
+    assert step(client, 11, 1, start=True).as_numpy("OUTPUT").item() == 1
+    assert step(client, 22, 10, start=True).as_numpy("OUTPUT").item() == 10
+    assert step(client, 11, 2).as_numpy("OUTPUT").item() == 3
+    assert step(client, 22, 20).as_numpy("OUTPUT").item() == 30
+    assert step(client, 11, 5, start=True).as_numpy("OUTPUT").item() == 5  # restarted: fresh state
+    assert step(client, 22, 30).as_numpy("OUTPUT").item() == 60
+    last = step(client, 11, 1, end=True)
+    assert last.as_numpy("OUTPUT").item() == 6
+    assert [o["name"] for o in last.get_response()["outputs"]] == ["OUTPUT", "CONTROLS"]  # state stays inside
+    with pytest.raises(InferenceServerException, match="sequence 11 is not running"):
+        step(client, 11, 1)  # ended
+
+
+def test_the_server_makes_the_control_inputs(server):
+    client = client_for(server)
+    assert step(client, 77, 1, start=True).as_numpy("CONTROLS").tolist() == [[1, 0, 1, 77]]
+    assert step(client, 77, 1).as_numpy("CONTROLS").tolist() == [[0, 0, 1, 77]]
+    assert step(client, 77, 1, end=True).as_numpy("CONTROLS").tolist() == [[0, 1, 1, 77]]
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({}, "send a sequence_id parameter"),
+    ({"sequence_id": 5}, "sequence 5 is not running: start it with sequence_start"),
+    ({"sequence_id": "abc", "sequence_start": True}, "takes an integer sequence_id"),
+])
+def test_sequence_errors(server, parameters, message):
+    body = {"parameters": parameters, "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+    answer = requests.post(server.url + "/v2/models/accumulate/infer", json=body)
+    assert answer.status_code == 400 and message in answer.json()["error"]
+
+
+def test_a_batch_of_several_items_is_refused_for_a_sequence(server):
+    body = {"parameters": {"sequence_id": 9, "sequence_start": True},
+            "inputs": [{"name": "INPUT", "shape": [2, 1], "datatype": "FP32", "data": [1, 2]}]}
+    answer = requests.post(server.url + "/v2/models/accumulate/infer", json=body)
+    assert answer.status_code == 400 and "carries one item" in answer.json()["error"]
+
+
+def test_an_abandoned_sequence_is_released_after_its_idle_time(server):
+    client = client_for(server)
+    step(client, 99, 1, start=True)
+    time.sleep(1.0)  # idle well past max_sequence_idle_microseconds (0.3 s): idleness is wall-clock time
+    with pytest.raises(InferenceServerException, match="sequence 99 is not running"):
+        step(client, 99, 1)
