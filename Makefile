@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt
 
-.PHONY: install serve test examples image clean
+.PHONY: install serve test examples bench image clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,11 @@ serve: install examples
 
 test: install examples
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Speed is measured here, never asserted in tests; results go to BENCHMARKS.md.
+bench: install
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m bench.mlp
 
 image:
 	../shared/tools/build-image --run

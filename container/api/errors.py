@@ -9,7 +9,7 @@ import orjson
 from flask import Blueprint, Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from container.errors import ServeError
+from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def describe(exc: Exception) -> tuple[int, str, dict]:
     """(status, message, headers) for any exception raised while serving a request."""
     if isinstance(exc, ServeError):
-        if exc.status >= 500:
+        if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults
             log.warning("%s %s → %d: %s", request.method, request.path, exc.status, exc)
         return exc.status, exc.message, exc.headers
     if isinstance(exc, NotFound):

@@ -1,0 +1,112 @@
+"""What every scenario needs: the real server on a free port, wrk driving it with a fixed request
+body, and in-process torch as the reference, with the same torch thread count as the server's."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+@dataclass
+class Load:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+class Server:
+    def __init__(self, model_root: Path, **env):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                       "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_MODEL_ROOT": str(model_root),
+                       "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning", **env}
+        self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not self._ready():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(60)
+
+
+def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, connections: int = 1, seconds: int = 10) -> Load:
+    """wrk (C, one event-loop thread) as the load generator: it keeps up with far more requests per
+    second than these scenarios reach, which the trivial-endpoint ceiling shows."""
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed: apt-get install wrk (make bench does)")
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "request.lua"
+        (Path(scratch) / "body").write_bytes(body)
+        lines = [f'local f = io.open("{scratch}/body", "rb"); wrk.body = f:read("*all"); f:close()',
+                 f'wrk.method = "{"POST" if body else "GET"}"']
+        lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in (headers or {}).items()]
+        script.write_text("\n".join(lines) + "\n")
+        command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return _parse(output)
+
+
+def _parse(output: str) -> Load:
+    def latency(percent: str) -> float:
+        value, unit = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)\s*$", output, re.MULTILINE).groups()
+        return float(value) * _UNITS[unit]
+
+    errors = sum(int(n) for n in re.findall(r"(?:Non-2xx or 3xx responses|connect|read|write|timeout)\s*:?\s*(\d+)", output))
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    return Load(rate, latency("50"), latency("99"), errors)
+
+
+def v2_binary_request(name: str, array) -> tuple[bytes, dict[str, str]]:
+    """A V2 infer body with one binary input, and the header that says where its JSON ends."""
+    header = json.dumps({"inputs": [{"name": name, "shape": list(array.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": array.nbytes}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    return header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def in_process_rows_per_s(module, width: int, batch_sizes, seconds: float = 2.0) -> dict[int, float]:
+    """torch on its own, with the thread count the server gives it: rows per second for each batch size."""
+    import torch
+
+    from container import resources
+    from container.backends.pytorch import configure_threads
+
+    configure_threads(resources.cpu_quota())
+    rates = {}
+    with torch.inference_mode():
+        for batch in batch_sizes:
+            x = torch.randn(batch, width)
+            module(x)
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                module(x)
+                count += 1
+            rates[batch] = count * batch / (time.perf_counter() - start)
+    return rates
