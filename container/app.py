@@ -1,18 +1,19 @@
 """create_app(settings): the Flask app with the core wired in. Nothing runs at import."""
 
-import logging
-
 from flask import Flask
 from gevent.event import Event
 
 from container import resources
+from container.api.request_log import register_request_log
 from container.api.errors import register_error_handler
+from container.api.metrics import register_metrics_endpoint
 from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints
 from container.api.shared_memory import SystemSharedMemory, register_shared_memory_endpoints
 from container.api.tfserving import register_tfserving_endpoints
 from container.api.v2 import register_v2_endpoints
 from container.api.v2_repository import register_repository_endpoints
 from container.backends import load_backends
+from container.logs import configure_logging
 from container.backends.pytorch import configure_threads, gpu_count, release_memory
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
@@ -22,7 +23,7 @@ from container.settings import Settings
 
 
 def create_app(settings: Settings) -> Flask:
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level)
     configure_threads(resources.cpu_quota())
     registry = Registry(settings.model_root, memory_cache(settings), Runtime(load_backends, release_memory, scheduler_for, new_job))
     app = Flask("container")
@@ -30,12 +31,14 @@ def create_app(settings: Settings) -> Flask:
     app.extensions["registry"] = registry
     app.extensions["started"] = started = Event()  # set once the models named at start have loaded
     register_error_handler(app)
+    register_request_log(app)
     register_sagemaker_endpoints(app, registry, settings)
     register_tfserving_endpoints(app, registry)
     shared_memory = SystemSharedMemory()
     register_v2_endpoints(app, registry, shared_memory, started)
     register_repository_endpoints(app, registry)
     register_shared_memory_endpoints(app, shared_memory)
+    register_metrics_endpoint(app, registry)
     return app
 
 

@@ -35,14 +35,24 @@ def memory_limit() -> int:
 
 def gpu_totals() -> list[int]:
     """Total memory of each visible GPU in bytes; empty when there is none."""
+    return [total for total, _ in gpu_usage().values()]
+
+
+def gpu_usage() -> dict[str, tuple[int, int]]:
+    """GPU uuid → (total bytes, used bytes) from NVML; empty when there is no GPU."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # no driver or no library: a CPU machine
-        return []
+        return {}
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        return [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
+        usage = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            usage[uuid.decode() if isinstance(uuid, bytes) else uuid] = (info.total, info.used)
+        return usage
     finally:
         pynvml.nvmlShutdown()

@@ -9,6 +9,7 @@ import orjson
 from flask import Blueprint, Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from container.api.request_log import request_id
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ def describe(exc: Exception) -> tuple[int, str, dict]:
     """(status, message, headers) for any exception raised while serving a request."""
     if isinstance(exc, ServeError):
         if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults
-            log.warning("%s %s → %d: %s", request.method, request.path, exc.status, exc)
+            log.warning("request failed", extra={"fields": {"status": exc.status, "error": exc.message, "request_id": request_id()}})
         return exc.status, exc.message, exc.headers
     if isinstance(exc, NotFound):
         return 404, f"no endpoint {request.method} {request.path}; see the README for the API", {}
@@ -28,7 +29,7 @@ def describe(exc: Exception) -> tuple[int, str, dict]:
     if isinstance(exc, HTTPException):
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
         return exc.code or 500, exc.description or exc.name, headers
-    log.exception("unexpected error in %s %s", request.method, request.path)
+    log.exception("unexpected error", extra={"fields": {"method": request.method, "path": request.path, "request_id": request_id()}})
     return 500, f"internal server error ({type(exc).__name__}); the server log has the details", {}
 
 

@@ -5,10 +5,11 @@ import binascii
 import logging
 
 import orjson
-from flask import Blueprint, Flask, Response, request
+from flask import Blueprint, Flask, Response, g, request
 
 from container import content
 from container.api import invoke_codec
+from container.api.request_log import request_id
 from container.errors import InvalidRequest, Unavailable
 from container.inference import InferRequest
 from container.models.registry import Registry
@@ -84,8 +85,10 @@ def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Setti
 
 def _invoke(registry: Registry, name: str) -> Response:
     headers = request.headers
-    if TARGET_MODEL in headers or CUSTOM_ATTRIBUTES in headers:
-        log.info("invoke '%s' target=%s attributes=%s", name, headers.get(TARGET_MODEL), headers.get(CUSTOM_ATTRIBUTES))
+    g.model = name
+    if CUSTOM_ATTRIBUTES in headers:
+        log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": headers[CUSTOM_ATTRIBUTES],
+                                                         "request_id": request_id()}})
     model = registry.get(name)
     media_type = content.media_type(headers.get("Content-Type"))
     accept = headers.get("Accept")

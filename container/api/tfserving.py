@@ -7,7 +7,7 @@ import json
 import re
 
 import numpy as np
-from flask import Blueprint, Flask, Response, request
+from flask import Blueprint, Flask, Response, g, request
 
 from container.api import tfserving_json as tfjson
 from container.api.errors import register_error_handler
@@ -37,6 +37,7 @@ def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
     @api.route("/v1/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     def dispatch(rest):
         match = _PATH.fullmatch(request.path)
+        g.model = match and match["name"]
         verb = match and match["verb"]
         if not match or request.method != ("GET" if verb in (None, "/metadata") else "POST"):
             raise InvalidRequest(f"Malformed request: {request.method} {request.path}")

@@ -34,12 +34,11 @@ class MemoryCache:
         if name in self._sizes:
             self._sizes.move_to_end(name)
 
-    def reserve(self, name: Hashable, sizes: dict[str, int], idle: Callable[[Hashable], bool]) -> list:
-        """Account `sizes` for `name` (replacing an earlier estimate); return the models to evict first.
-        Raises InsufficientMemory, changing nothing, when even evicting every idle model would not do."""
-        victims = self._victims(name, sizes, idle)
-        for victim in victims:
-            del self._sizes[victim]
+    def reserve(self, name: Hashable, sizes: dict[str, int], idle: Callable[[Hashable], bool]) -> dict:
+        """Account `sizes` for `name` (replacing an earlier estimate); return the models to evict first,
+        with the sizes they held. Raises InsufficientMemory, changing nothing, when even evicting every
+        idle model would not do."""
+        victims = {victim: self._sizes.pop(victim) for victim in self._victims(name, sizes, idle)}
         self._sizes[name] = dict(sizes)
         self._sizes.move_to_end(name)
         return victims
@@ -47,9 +46,10 @@ class MemoryCache:
     def release(self, name: Hashable) -> None:
         self._sizes.pop(name, None)
 
-    def idle_on(self, device: str, idle: Callable[[Hashable], bool], keep: Hashable = None) -> list:
-        """Idle models holding memory on `device`, least recently used first (for out-of-memory recovery)."""
-        return [n for n, s in self._sizes.items() if n is not keep and s.get(device) and idle(n)]
+    def idle_on(self, device: str, idle: Callable[[Hashable], bool], keep: Hashable = None) -> dict:
+        """Idle models holding memory on `device` with their sizes, least recently used first (for
+        out-of-memory recovery)."""
+        return {n: dict(s) for n, s in self._sizes.items() if n is not keep and s.get(device) and idle(n)}
 
     def _victims(self, name: Hashable, sizes: dict[str, int], idle: Callable[[Hashable], bool]) -> list:
         short = {}

@@ -16,7 +16,14 @@ from typing import Callable
 from gevent.event import AsyncResult, Event
 from gevent.threadpool import ThreadPool
 
-from container.errors import DeviceOutOfMemory, InvalidModel, ModelConflict, ModelNotFound, ServeError
+from container.errors import (
+    DeviceOutOfMemory,
+    InsufficientMemory,
+    InvalidModel,
+    ModelConflict,
+    ModelNotFound,
+    ServeError,
+)
 from container.inference import InferRequest, InferResponse
 from container.models.cache import MemoryCache
 from container.models.signature import Signature
@@ -74,6 +81,19 @@ class Runtime:
     new_job: Callable  # (backend, statistics, InferRequest, items) → what the scheduler queues
 
 
+@dataclass
+class Counters:
+    """Cumulative lifecycle events, for metrics."""
+
+    loads: int = 0
+    load_failures: int = 0
+    load_seconds: float = 0.0
+    evictions: int = 0
+    hits: int = 0  # /invocations found its target model loaded
+    misses: int = 0  # … or had to load it
+    insufficient_memory: int = 0  # 507s: a load or execution that did not fit
+
+
 class Registry:
     def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, load_threads: int = 4):
         self.model_root = model_root
@@ -81,6 +101,7 @@ class Registry:
         self.runtime = runtime
         self.models: dict[str, Model] = {}
         self.failures: dict[str, str] = {}  # name → why its last load failed
+        self.counters = Counters()
         self._reloading: set[str] = set()
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
         self._pool = ThreadPool(load_threads)
@@ -100,22 +121,28 @@ class Registry:
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
         self._reloading.add(name)
+        started = time.monotonic()
         try:
             self._load(model, path, owned=directory is not None)
             if current is not None and self.models.get(name) is not current:
                 raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
         except BaseException as exc:
             self.failures[name] = str(exc)
+            self.counters.load_failures += 1
+            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
             self._discard(model)
             model.loaded.set_exception(exc)
             raise
         finally:
             self._reloading.discard(name)
+            self.counters.load_seconds += time.monotonic() - started
         self.failures.pop(name, None)
+        self.counters.loads += 1
         model.state = State.READY
         self.models[name] = model
         model.loaded.set(model)
-        log.info("loaded model '%s' from %s (%s)", name, url, _describe(self.cache.size_of(model)))
+        log.info("loaded model", extra={"fields": {"model": name, "url": url, "seconds": round(time.monotonic() - started, 3),
+                                                   "bytes": self.cache.size_of(model)}})
         if current is not None:
             self._retire(current)
         return model
@@ -124,7 +151,9 @@ class Registry:
         """The model under `name`, loading it on first use; concurrent first uses share one load."""
         model = self.models.get(name)
         if model is None:
+            self.counters.misses += 1
             return self.load(name, url)
+        self.counters.hits += 1
         return model.loaded.get()
 
     def unload(self, name: str) -> None:
@@ -133,7 +162,7 @@ class Registry:
         if model is None or model.state is not State.READY:
             raise ModelNotFound(f"model '{name}' is not loaded")
         self._retire(model)
-        log.info("unloaded model '%s'", name)
+        log.info("unloaded model", extra={"fields": {"model": name}})
 
     def load_all(self, entries: list[tuple[str, str]]) -> None:
         """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
@@ -141,7 +170,7 @@ class Registry:
             try:
                 self.load(name, url)
             except ServeError as exc:
-                log.error("model '%s' did not load: %s", name, exc)
+                log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
 
     def ready(self) -> list[Model]:
         return sorted((m for m in self.models.values() if m.state is State.READY), key=lambda m: m.name)
@@ -173,39 +202,41 @@ class Registry:
             if model.signature is None:
                 raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
             version = model.version(request.model_version)
-            model.signature.check_inputs(request.inputs)
-            if request.outputs:
-                model.signature.check_outputs(request.outputs)
-            items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
 
-            def submit():
-                job = self.runtime.new_job(model.versions[version], model.statistics[version], request, items)
-                return model.scheduler.infer(job)
+            def serve():
+                model.signature.check_inputs(request.inputs)
+                if request.outputs:
+                    model.signature.check_outputs(request.outputs)
+                items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
+                backend, statistics = model.versions[version], model.statistics[version]
+                return items, lambda: model.scheduler.infer(self.runtime.new_job(backend, statistics, request, items))
 
-            outputs = self._execute(model, version, items, submit)
-            return InferResponse(model.name, version, outputs)
+            return InferResponse(model.name, version, self._serve(model, version, serve))
 
     def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
         """A request body through a SageMaker handler model; returns the response body and media type."""
         with self.lease(name) as model:
             version = model.version()
             transform, statistics = model.versions[version].transform, model.statistics[version]
-            return self._execute(model, version, 1, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics))
+            return self._serve(model, version, lambda: (1, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics)))
 
-    def _execute(self, model: Model, version: int, items: int, submit):
-        """`submit()` → (result, phases), with statistics; after a device out-of-memory error, free
-        cached memory and idle models and submit once more."""
+    def _serve(self, model: Model, version: int, prepare):
+        """`prepare()` checks the request and gives (items, submit); `submit()` gives (result, phases).
+        Every outcome lands in the version's statistics; after a device out-of-memory error, cached
+        memory and idle models are freed and the request is submitted once more."""
         start = time.perf_counter_ns()
         statistics = model.statistics[version]
         try:
+            items, submit = prepare()
             try:
                 result, phases = submit()
             except DeviceOutOfMemory as exc:
                 log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
                 self._recover(exc.device, keep=model)
                 result, phases = submit()
-        except BaseException:
+        except BaseException as exc:
             statistics.record_failure(time.perf_counter_ns() - start)
+            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
             raise
         statistics.record_success(items, time.perf_counter_ns() - start, phases)
         return result
@@ -251,12 +282,14 @@ class Registry:
         self._evict(self.cache.idle_on(device, _is_idle, keep=keep), f"after {device} ran out of memory")
         self._pool.apply(self.runtime.release_memory)
 
-    def _evict(self, victims: list[Model], why: str) -> None:
-        # Mark every victim before the first yield: none may be leased while another is being freed.
+    def _evict(self, victims: dict[Model, dict[str, int]], why: str) -> None:
+        """Free the victims (each with the sizes it held). Every one is marked before the first
+        yield: none may be leased while another is being freed."""
         for model in victims:
             model.state = State.UNLOADING
-        for model in victims:
-            log.info("evicting idle model '%s' %s", model.name, why)
+        for model, sizes in victims.items():
+            log.info("evicting idle model", extra={"fields": {"model": model.name, "why": why, "bytes": sizes}})
+            self.counters.evictions += 1
             self._discard(model)
 
     def _discard(self, model: Model) -> None:
@@ -305,5 +338,3 @@ def _total(sizes_list) -> dict[str, int]:
     return total
 
 
-def _describe(sizes: dict[str, int]) -> str:
-    return ", ".join(f"{n / (1 << 20):.1f} MiB on {d}" for d, n in sizes.items()) or "no tensors"

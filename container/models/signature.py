@@ -55,7 +55,7 @@ class Signature:
         if config.HasField("sequence_batching"):
             for control_input in config.sequence_batching.control_input:
                 for control in control_input.control:
-                    controls.append(_control(control_input.name, control, lambda t: spec(control_input.name, t, [1])))
+                    controls.append(_control(control_input.name, control, lambda t, n=control_input.name: spec(n, t, [1])))
             for state in config.sequence_batching.state:
                 if any(initial.data_file for initial in state.initial_state):
                     raise InvalidModel(f"state '{state.input_name}': initial_state.data_file is not supported; use zero_data")

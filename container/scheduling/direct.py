@@ -25,5 +25,9 @@ class DirectScheduler:
         statistics.record_execution(1, phases)
         return result, phases
 
+    def queue_depth(self) -> int:
+        """Requests waiting for an execution thread."""
+        return self._threads.task_queue.qsize()
+
     def close(self) -> None:
         self._threads.kill()

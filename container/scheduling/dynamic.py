@@ -51,6 +51,10 @@ class DynamicBatcher:
                 self._deliver(job, None, ok=False)
             raise
 
+    def queue_depth(self) -> int:
+        """Requests waiting for an execution thread."""
+        return len(self.queue)
+
     def close(self) -> None:
         gevent.killall(self._workers, block=False)
         self._threads.kill()

@@ -60,6 +60,10 @@ class SequenceBatcher:
         job.statistics.record_execution(1, phases)
         return outputs, phases
 
+    def queue_depth(self) -> int:
+        """Requests waiting for an execution thread."""
+        return self._threads.task_queue.qsize()
+
     def close(self) -> None:
         self._sweeper.kill(block=False)
         self._threads.kill()

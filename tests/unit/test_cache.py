@@ -17,8 +17,8 @@ def cache(evict=True, gpu=False):
 
 def test_fits_without_eviction():
     c = cache()
-    assert c.reserve("a", {"cpu": 40 * MIB}, everyone_idle) == []
-    assert c.reserve("b", {"cpu": 60 * MIB}, everyone_idle) == []
+    assert list(c.reserve("a", {"cpu": 40 * MIB}, everyone_idle)) == []
+    assert list(c.reserve("b", {"cpu": 60 * MIB}, everyone_idle)) == []
     assert c.used("cpu") == 100 * MIB
 
 
@@ -27,8 +27,8 @@ def test_evicts_least_recently_used_first_and_only_as_many_as_needed():
     for name in "abc":
         c.reserve(name, {"cpu": 30 * MIB}, everyone_idle)
     c.touch("a")
-    assert c.reserve("d", {"cpu": 40 * MIB}, everyone_idle) == ["b"]
-    assert c.reserve("e", {"cpu": 60 * MIB}, everyone_idle) == ["c", "a"]
+    assert list(c.reserve("d", {"cpu": 40 * MIB}, everyone_idle)) == ["b"]
+    assert list(c.reserve("e", {"cpu": 60 * MIB}, everyone_idle)) == ["c", "a"]
     assert c.used("cpu") == 100 * MIB
 
 
@@ -36,7 +36,7 @@ def test_busy_models_are_skipped():
     c = cache()
     for name in "abc":
         c.reserve(name, {"cpu": 30 * MIB}, everyone_idle)
-    assert c.reserve("d", {"cpu": 20 * MIB}, lambda n: n != "a") == ["b"]
+    assert list(c.reserve("d", {"cpu": 20 * MIB}, lambda n: n != "a")) == ["b"]
 
 
 def test_all_or_nothing_when_busy_models_block():
@@ -66,7 +66,7 @@ def test_eviction_off():
 def test_re_reserving_replaces_the_estimate():
     c = cache()
     c.reserve("a", {"cpu": 80 * MIB}, everyone_idle)
-    assert c.reserve("a", {"cpu": 100 * MIB}, everyone_idle) == []
+    assert list(c.reserve("a", {"cpu": 100 * MIB}, everyone_idle)) == []
     assert c.used("cpu") == 100 * MIB
 
 
@@ -74,9 +74,9 @@ def test_devices_are_budgeted_separately():
     c = cache(gpu=True)
     c.reserve("cpu-model", {"cpu": 90 * MIB}, everyone_idle)
     c.reserve("gpu-a", {"cuda:0": 30 * MIB, "cpu": 1 * MIB}, everyone_idle)
-    assert c.reserve("gpu-b", {"cuda:0": 30 * MIB}, everyone_idle) == ["gpu-a"]  # the CPU model stays
-    assert c.idle_on("cuda:0", everyone_idle) == ["gpu-b"]
-    assert c.idle_on("cuda:0", everyone_idle, keep="gpu-b") == []
+    assert list(c.reserve("gpu-b", {"cuda:0": 30 * MIB}, everyone_idle)) == ["gpu-a"]  # the CPU model stays
+    assert list(c.idle_on("cuda:0", everyone_idle)) == ["gpu-b"]
+    assert list(c.idle_on("cuda:0", everyone_idle, keep="gpu-b")) == []
 
 
 def test_release_and_unknown_devices():

@@ -1,0 +1,109 @@
+"""/metrics moves as requests succeed and fail (scrape, act, scrape again), and every request leaves
+one JSON log line."""
+
+import json
+import re
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.builders import fp32_model, sized_model, wait_for
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "double")
+    for name in ("small1", "small2", "small3"):
+        sized_model(root, name, 8)
+    sized_model(root, "huge", 40)
+    return start_server(root, SERVE_MEMORY_LIMIT="20MiB", SERVE_LOG_LEVEL="info")
+
+
+def scrape(server) -> dict[tuple, float]:
+    answer = requests.get(server.url + "/metrics")
+    assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(answer.text) for sample in family.samples}
+
+
+def delta(before, after, name, **labels) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def test_inference_metrics_follow_successes_and_failures(server):
+    assert server.load("double").status_code == 200
+    before = scrape(server)
+    assert server.invoke("double", [[1, 2, 3, 4], [5, 6, 7, 8]]).status_code == 200
+    assert server.invoke("double", [[1, 2, 3, 4]]).status_code == 200
+    assert server.invoke("double", [[1, 2, 3]]).status_code == 400
+    after = scrape(server)
+    model = {"model": "double", "version": "1"}
+    assert delta(before, after, "nv_inference_request_success_total", **model) == 2
+    assert delta(before, after, "nv_inference_request_failure_total", **model) == 1
+    assert delta(before, after, "nv_inference_count_total", **model) == 3
+    assert delta(before, after, "nv_inference_exec_count_total", **model) == 2
+    for phase in ("request", "compute_infer"):
+        assert delta(before, after, f"nv_inference_{phase}_duration_us_total", **model) > 0
+    assert after[("serve_queue_depth", (("model", "double"),))] == 0
+    assert after[("nv_cpu_memory_total_bytes", ())] > 0
+
+
+def test_cache_metrics_follow_loads_evictions_hits_misses_and_507s(server):
+    before = scrape(server)
+    for name in ("small1", "small2", "small3"):  # a 20 MiB budget holds two: the third evicts one
+        assert server.load(name).status_code == 200
+    assert server.load("huge").status_code == 507
+    headers = {"X-Amzn-SageMaker-Target-Model": "small1", "Content-Type": "application/json"}  # evicted: a miss
+    assert requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers).status_code == 200
+    after = scrape(server)
+    assert delta(before, after, "serve_model_loads_total", outcome="success") == 4
+    assert delta(before, after, "serve_model_loads_total", outcome="failure") == 1
+    assert delta(before, after, "serve_model_evictions_total") >= 1
+    assert delta(before, after, "serve_insufficient_memory_total") == 1
+    assert delta(before, after, "serve_cache_misses_total") == 1
+    assert after[("serve_memory_budget_bytes", (("device", "cpu"),))] == 20 << 20
+    held = after[("serve_model_memory_bytes", (("device", "cpu"), ("model", "small3")))]
+    assert held == 8 << 20 and after[("serve_memory_accounted_bytes", (("device", "cpu"),))] <= 20 << 20
+    requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
+    assert delta(after, scrape(server), "serve_cache_hits_total") == 1
+
+
+def log_lines(server) -> list[dict]:
+    lines = []
+    for line in server.log.read_text().splitlines():
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+def request_lines(server, request_id=None):
+    return [line for line in log_lines(server) if line["message"] == "request"
+            and (request_id is None or line["request_id"] == request_id)]
+
+
+def test_one_json_log_line_per_request(server):
+    server.load("double")  # the cache test may have evicted it
+    answer = server.invoke("double", [[1, 1, 1, 1]], headers={"X-Request-Id": "trace-42"})
+    assert answer.headers["X-Request-Id"] == "trace-42"
+    line = wait_for(lambda: request_lines(server, "trace-42"), message="no log line for the request")[0]
+    assert line["method"] == "POST" and line["path"] == "/models/double/invoke" and line["model"] == "double"
+    assert line["status"] == 200 and line["duration_ms"] > 0 and line["level"] == "INFO"
+    generated = requests.get(server.url + "/ping").headers["X-Request-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    wait_for(lambda: request_lines(server, generated), message="no log line for /ping")
+    headers = {"X-Amzn-SageMaker-Target-Model": "double", "Content-Type": "application/json", "X-Request-Id": "t-7"}
+    requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
+    assert wait_for(lambda: request_lines(server, "t-7"))[0]["target_model"] == "double"
+    failed = server.invoke("nobody", [[1]], headers={"X-Request-Id": "t-404"})
+    assert failed.status_code == 404
+    assert wait_for(lambda: request_lines(server, "t-404"))[0]["status"] == 404
+
+
+def test_lifecycle_events_are_logged_with_sizes_and_durations(server):
+    loaded = [line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "small1"]
+    assert loaded and loaded[0]["seconds"] >= 0 and loaded[0]["bytes"] == {"cpu": 8 << 20}
+    evicted = [line for line in log_lines(server) if line["message"] == "evicting idle model" and line["model"].startswith("small")]
+    assert evicted and evicted[0]["bytes"] == {"cpu": 8 << 20}
