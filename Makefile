@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt
 
-.PHONY: install serve test examples bench image clean
+.PHONY: install tools serve test examples bench image clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# wrk, the load generator of bench/ (the test suite runs the benchmarks briefly so they cannot rot).
+tools:
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+
 examples: $(EXAMPLES)
 
 $(EXAMPLES) &: examples/build_models.py $(VENV)/.installed
@@ -25,13 +29,12 @@ serve: install examples
 	PATH="$(CURDIR)/$(BIN):$$PATH" SERVE_MODEL_ROOT="$${SERVE_MODEL_ROOT:-$(CURDIR)/examples/models}" \
 		SERVE_LOAD_MODELS="$${SERVE_LOAD_MODELS:-*}" ./serve
 
-test: install examples
+test: install examples tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Speed is measured here, never asserted in tests; results go to BENCHMARKS.md.
-bench: install
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
-	$(BIN)/python -m bench.mlp
+bench: install tools
+	$(BIN)/python -m bench $(SCENARIOS)
 
 image:
 	../shared/tools/build-image --run

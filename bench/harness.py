@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +37,14 @@ class Server:
         environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                        "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_MODEL_ROOT": str(model_root),
                        "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning", **env}
-        self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True)
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
+        self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while not self._ready():
             if time.monotonic() > deadline or self.process.poll() is not None:
                 self.stop()
-                raise RuntimeError("the server did not become ready")
+                raise RuntimeError(f"the server did not become ready:\n{Path(self.log.name).read_text()[-3000:]}")
             time.sleep(0.2)
 
     def _ready(self) -> bool:
@@ -50,15 +53,44 @@ class Server:
         except OSError:
             return False
 
+    def worker_rss(self) -> int:
+        """Resident bytes of the gunicorn worker, the process that holds the models."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        for line in Path(f"/proc/{children[0]}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def metrics(self) -> dict[str, float]:
+        """Unlabelled sums of each sample in /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
+    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+        request = urllib.request.Request(self.url + path, body, headers or {"Content-Type": "application/json"})
+        try:
+            return urllib.request.urlopen(request, timeout=300).status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(60)
+        self.log.close()
+        os.unlink(self.log.name)
 
 
-def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, connections: int = 1, seconds: int = 10) -> Load:
-    """wrk (C, one event-loop thread) as the load generator: it keeps up with far more requests per
-    second than these scenarios reach, which the trivial-endpoint ceiling shows."""
+def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, connections: int = 1, seconds: float = 10,
+        lua: str = "") -> Load:
+    """wrk (C, one event-loop thread) as the load generator; `lua` is appended to its script (a
+    `request` function that varies requests, say)."""
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed: apt-get install wrk (make bench does)")
     with tempfile.TemporaryDirectory() as scratch:
@@ -68,7 +100,8 @@ def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, conn
                  f'wrk.method = "{"POST" if body else "GET"}"']
         lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in (headers or {}).items()]
         script.write_text("\n".join(lines) + "\n")
-        command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
+        script.write_text(script.read_text() + lua)
+        command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url]
         output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return _parse(output)
 
@@ -91,22 +124,37 @@ def v2_binary_request(name: str, array) -> tuple[bytes, dict[str, str]]:
     return header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
 
 
-def in_process_rows_per_s(module, width: int, batch_sizes, seconds: float = 2.0) -> dict[int, float]:
-    """torch on its own, with the thread count the server gives it: rows per second for each batch size."""
+def in_process_calls_per_s(module, example, seconds: float = 2.0) -> float:
+    """torch on its own, with the thread count the server gives it: calls per second on `example`."""
     import torch
 
     from container import resources
     from container.backends.pytorch import configure_threads
 
     configure_threads(resources.cpu_quota())
-    rates = {}
     with torch.inference_mode():
-        for batch in batch_sizes:
-            x = torch.randn(batch, width)
-            module(x)
-            count, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                module(x)
-                count += 1
-            rates[batch] = count * batch / (time.perf_counter() - start)
-    return rates
+        module(example)
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            module(example)
+            count += 1
+    return count / (time.perf_counter() - start)
+
+
+def in_process_rows_per_s(module, width: int, batch_sizes, seconds: float = 2.0) -> dict[int, float]:
+    """Rows per second for each batch size."""
+    import torch
+
+    return {batch: batch * in_process_calls_per_s(module, torch.randn(batch, width), seconds) for batch in batch_sizes}
+
+
+def save_model(root: Path, name: str, module, config: dict, version: int = 1) -> None:
+    import torch
+
+    (root / name / str(version)).mkdir(parents=True)
+    (root / name / "config.json").write_text(json.dumps(config))
+    torch.jit.script(module).save(str(root / name / str(version) / "model.pt"))
+
+
+def mib(n: float) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"

@@ -1,24 +1,17 @@
-"""Scenario: an MLP 1024→1024→1024 (float32, one row per request) over V2 binary tensors at
+"""Scenario 2: an MLP 1024→1024→1024 (float32, one row per request) over V2 binary tensors at
 concurrency 1, 8 and 64, without and with dynamic batching, against in-process torch at its best
-batch size in the same run.
+batch size."""
 
-    python -m bench.mlp [--seconds N] [--markdown BENCHMARKS.md]
-"""
-
-import argparse
-import json
-import platform
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.harness import Server, in_process_rows_per_s, v2_binary_request, wrk
-from container import resources
+from bench.harness import Server, in_process_rows_per_s, save_model, v2_binary_request, wrk
 
+TITLE = "MLP 1024→1024→1024, one row per request, V2 binary, with and without dynamic batching"
 WIDTH = 1024
-CONCURRENCY = (1, 8, 64)
 
 
 class MLP(torch.nn.Module):
@@ -30,54 +23,30 @@ class MLP(torch.nn.Module):
         return self.layers(INPUT0)
 
 
-def write_models(root: Path, module) -> None:
-    scripted = torch.jit.script(module)
-    base = {"backend": "pytorch", "max_batch_size": 64,
-            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
-            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
-    for name, extra in (("mlp_direct", {}), ("mlp_batched", {"dynamic_batching": {}})):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.json").write_text(json.dumps({**base, **extra}))
-        scripted.save(str(root / name / "1" / "model.pt"))
-
-
-def run(seconds: int) -> list[str]:
+def run(seconds: float, smoke: bool) -> list[str]:
     torch.manual_seed(0)
     module = MLP().eval()
-    reference = in_process_rows_per_s(module, WIDTH, (1, 8, 16, 32, 64))
+    reference = in_process_rows_per_s(module, WIDTH, (1, 8) if smoke else (1, 8, 16, 32, 64), 0.2 if smoke else 2)
     best_batch = max(reference, key=reference.get)
     lines = [f"In-process torch: {reference[best_batch]:,.0f} rows/s at batch {best_batch} "
              f"({', '.join(f'b{b}: {r:,.0f}' for b, r in reference.items())}).", "",
              "| model | concurrency | requests/s | p50 ms | p99 ms | errors | vs in-process best |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     body, headers = v2_binary_request("INPUT0", np.random.default_rng(0).standard_normal((1, WIDTH), np.float32))
+    config = {"backend": "pytorch", "max_batch_size": 64,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
     with tempfile.TemporaryDirectory() as scratch:
-        write_models(Path(scratch), module)
+        save_model(Path(scratch), "mlp_direct", module, config)
+        save_model(Path(scratch), "mlp_batched", module, {**config, "dynamic_batching": {}})
         server = Server(Path(scratch))
         try:
-            ceiling = wrk(server.url + "/v2/health/live", connections=64, seconds=seconds)
             for name in ("mlp_direct", "mlp_batched"):
-                wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 2)  # warm up
-                for connections in CONCURRENCY:
+                wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
+                for connections in (1, 8, 64):
                     load = wrk(f"{server.url}/v2/models/{name}/infer", body, headers, connections, seconds)
-                    ratio = load.requests_per_s / reference[best_batch]
                     lines.append(f"| {name} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
-                                 f"{load.p99_ms:.2f} | {load.errors} | {ratio:.2f}× |")
+                                 f"{load.p99_ms:.2f} | {load.errors} | {load.requests_per_s / reference[best_batch]:.2f}× |")
         finally:
             server.stop()
-    lines += ["", f"Load generator ceiling (wrk, 64 connections, `GET /v2/health/live`): "
-                  f"{ceiling.requests_per_s:,.0f} requests/s, p99 {ceiling.p99_ms:.2f} ms."]
     return lines
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=int, default=10, help="duration of each measurement")
-    arguments = parser.parse_args()
-    machine = f"{platform.machine()}, {resources.cpu_quota()} cores, torch {torch.__version__}"
-    print(f"## MLP 1024→1024→1024, one row per request, V2 binary ({machine})\n")
-    print("\n".join(run(arguments.seconds)))
-
-
-if __name__ == "__main__":
-    main()

@@ -15,7 +15,7 @@ from container.errors import InsufficientMemory
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
 class MemoryCache:
