@@ -4,6 +4,7 @@ body, and in-process torch as the reference, with the same torch thread count as
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ class Load:
     p50_ms: float
     p99_ms: float
     errors: int
+    client_cpu: float = 0.0  # the share of one core wrk itself used: well below 1 means it was not the limit
 
 
 class Server:
@@ -102,8 +104,13 @@ def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, conn
         script.write_text("\n".join(lines) + "\n")
         script.write_text(script.read_text() + lua)
         command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
         output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return _parse(output)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = _parse(output)
+    load.client_cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (time.perf_counter() - started)
+    return load
 
 
 def _parse(output: str) -> Load:

@@ -12,20 +12,20 @@ from container.models.registry import Registry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PER_VERSION = (
-    # (name, help, kind, value from a version's Statistics)
-    ("nv_inference_request_success", "Number of successful inference requests", "counter", lambda s: s.success.count),
-    ("nv_inference_request_failure", "Number of failed inference requests", "counter", lambda s: s.fail.count),
-    ("nv_inference_count", "Number of inferences performed (batch items)", "counter", lambda s: s.inference_count),
-    ("nv_inference_exec_count", "Number of model executions performed", "counter", lambda s: s.execution_count),
-    ("nv_inference_request_duration_us", "Cumulative successful request duration in microseconds", "counter",
+    # (name, help, value from a version's Statistics)
+    ("nv_inference_request_success", "Number of successful inference requests", lambda s: s.success.count),
+    ("nv_inference_request_failure", "Number of failed inference requests", lambda s: s.fail.count),
+    ("nv_inference_count", "Number of inferences performed (batch items)", lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed", lambda s: s.execution_count),
+    ("nv_inference_request_duration_us", "Cumulative successful request duration in microseconds",
      lambda s: s.success.ns // 1000),
-    ("nv_inference_queue_duration_us", "Cumulative time requests spent queued in microseconds", "counter",
+    ("nv_inference_queue_duration_us", "Cumulative time requests spent queued in microseconds",
      lambda s: s.queue.ns // 1000),
-    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds", "counter",
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
      lambda s: s.compute_input.ns // 1000),
-    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds", "counter",
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
      lambda s: s.compute_infer.ns // 1000),
-    ("nv_inference_compute_output_duration_us", "Cumulative compute output duration in microseconds", "counter",
+    ("nv_inference_compute_output_duration_us", "Cumulative compute output duration in microseconds",
      lambda s: s.compute_output.ns // 1000),
 )
 
@@ -35,17 +35,19 @@ class ServerCollector:
         self.registry = registry
 
     def collect(self):
-        yield from self._per_version()
         yield from self._memory()
         yield from self._lifecycle()
 
-    def _per_version(self):
-        for name, documentation, kind, value in _PER_VERSION:
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, documentation, labels=["model", "version"])
+    def triton_counters(self) -> str:
+        """The per-version counters in the text format, written here because prometheus-client renames
+        every counter to `…_total`, and Triton's dashboards query Triton's names."""
+        lines = []
+        for name, documentation, value in _PER_VERSION:
+            lines += [f"# HELP {name} {documentation}", f"# TYPE {name} counter"]
             for model in self.registry.ready():
                 for version, statistics in sorted(model.statistics.items()):
-                    family.add_metric([model.name, str(version)], value(statistics))
-            yield family
+                    lines.append(f'{name}{{model="{_escape(model.name)}",version="{version}"}} {value(statistics)}')
+        return "\n".join(lines) + "\n"
 
     def _memory(self):
         cache = self.registry.cache
@@ -90,13 +92,18 @@ class ServerCollector:
         yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.registry.ready()))
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def register_metrics_endpoint(app: Flask, registry: Registry) -> None:
+    collector = ServerCollector(registry)
     metrics = CollectorRegistry(auto_describe=False)
-    metrics.register(ServerCollector(registry))
+    metrics.register(collector)
     api = Blueprint("metrics", __name__)
 
     @api.get("/metrics")
     def scrape():
-        return Response(generate_latest(metrics), 200, content_type=CONTENT_TYPE)
+        return Response(collector.triton_counters().encode() + generate_latest(metrics), 200, content_type=CONTENT_TYPE)
 
     app.register_blueprint(api)
