@@ -31,22 +31,17 @@ def run(seconds: float, smoke: bool) -> list[str]:
         try:
             body = json.dumps({"model_name": "big", "url": "big"}).encode()
             served, memory = [], []
-            for cycle in range(cycles):
+            for _ in range(cycles):
                 start = time.perf_counter()
                 assert server.post("/models", body) == 200
                 served.append(time.perf_counter() - start)
-                urllib_delete(server.url + "/models/big")
+                server.delete("/models/big")
                 memory.append(server.worker_rss())
         finally:
             server.stop()
     load_ms, reference_ms = statistics.median(served[:repeats]) * 1000, statistics.median(in_process) * 1000
-    return [f"| measure | served | in-process | ratio |", "| --- | --- | --- | --- |",
+    return ["| measure | served | in-process | ratio |", "| --- | --- | --- | --- |",
             f"| load {size} MiB (median of {repeats}) | {load_ms:,.0f} ms | {reference_ms:,.0f} ms | {load_ms / reference_ms:.2f}× |",
             "", f"Worker memory after the first load/unload: {mib(memory[0])}; after {cycles}: {mib(memory[-1])} "
                 f"({mib(memory[-1] - memory[0])} more)."]
 
-
-def urllib_delete(url: str) -> None:
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=300).read()

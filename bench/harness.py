@@ -81,6 +81,10 @@ class Server:
         except urllib.error.HTTPError as exc:
             return exc.code
 
+    def delete(self, path: str) -> int:
+        request = urllib.request.Request(self.url + path, method="DELETE")
+        return urllib.request.urlopen(request, timeout=300).status
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

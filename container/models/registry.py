@@ -161,8 +161,9 @@ class Registry:
         model = self.models.get(name)
         if model is None or model.state is not State.READY:
             raise ModelNotFound(f"model '{name}' is not loaded")
+        started, sizes = time.monotonic(), self.cache.size_of(model)
         self._retire(model)
-        log.info("unloaded model", extra={"fields": {"model": name}})
+        log.info("unloaded model", extra={"fields": {"model": name, "bytes": sizes, "seconds": round(time.monotonic() - started, 3)}})
 
     def load_all(self, entries: list[tuple[str, str]]) -> None:
         """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
@@ -288,9 +289,11 @@ class Registry:
         for model in victims:
             model.state = State.UNLOADING
         for model, sizes in victims.items():
-            log.info("evicting idle model", extra={"fields": {"model": model.name, "why": why, "bytes": sizes}})
+            started = time.monotonic()
             self.counters.evictions += 1
             self._discard(model)
+            log.info("evicted idle model", extra={"fields": {"model": model.name, "why": why, "bytes": sizes,
+                                                             "seconds": round(time.monotonic() - started, 3)}})
 
     def _discard(self, model: Model) -> None:
         """Forget the model and free what it holds; safe on a half-loaded model."""

@@ -108,5 +108,8 @@ def test_one_json_log_line_per_request(server):
 def test_lifecycle_events_are_logged_with_sizes_and_durations(server):
     loaded = [line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "small1"]
     assert loaded and loaded[0]["seconds"] >= 0 and loaded[0]["bytes"] == {"cpu": 8 << 20}
-    evicted = [line for line in log_lines(server) if line["message"] == "evicting idle model" and line["model"].startswith("small")]
-    assert evicted and evicted[0]["bytes"] == {"cpu": 8 << 20}
+    evicted = [line for line in log_lines(server) if line["message"] == "evicted idle model" and line["model"].startswith("small")]
+    assert evicted and evicted[0]["bytes"] == {"cpu": 8 << 20} and evicted[0]["seconds"] >= 0
+    assert server.request("DELETE", "/models/double").status_code == 200
+    unloaded = wait_for(lambda: [line for line in log_lines(server) if line["message"] == "unloaded model"])
+    assert unloaded[-1]["model"] == "double" and unloaded[-1]["seconds"] >= 0 and unloaded[-1]["bytes"]
