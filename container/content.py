@@ -42,6 +42,14 @@ def parse_json(body: bytes):
         raise InvalidRequest(f"malformed JSON body: {exc}") from None
 
 
+def parse_object(body: bytes, what: str = "the request body") -> dict:
+    """A JSON object, or {} for an empty body (tritonclient sends some requests with none)."""
+    document = parse_json(body) if body.strip() else {}
+    if not isinstance(document, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return document
+
+
 def decode_csv(body: bytes, dtype=np.float32) -> np.ndarray:
     try:
         return np.loadtxt(io.StringIO(body.decode()), delimiter=",", dtype=dtype, ndmin=2)

@@ -111,10 +111,7 @@ def register_shared_memory_endpoints(app: Flask, shared_memory: SystemSharedMemo
 
     @api.post("/v2/systemsharedmemory/region/<name>/register")
     def register(name):
-        body = request.get_data()
-        document = content.parse_json(body) if body.strip() else None
-        if not isinstance(document, dict):
-            raise InvalidRequest('the body must be {"key": "...", "offset": 0, "byte_size": N}')
+        document = content.parse_object(request.get_data(), 'the body {"key": "...", "offset": 0, "byte_size": N}')
         shared_memory.register(name, document.get("key"), document.get("offset", 0), document.get("byte_size"))
         return Response(b"", 200)
 

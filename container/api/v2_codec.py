@@ -24,10 +24,7 @@ def split(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
         if not header_length.isdigit() or int(header_length) > len(body):
             raise InvalidRequest(f"{HEADER_LENGTH}: {header_length!r} is not a length within the {len(body)}-byte body")
         json_part, binary = body[: int(header_length)], memoryview(body)[int(header_length):]
-    document = content.parse_json(json_part) if json_part.strip() else {}
-    if not isinstance(document, dict):
-        raise InvalidRequest("the request must be a JSON object")
-    return document, binary
+    return content.parse_object(json_part, "the request"), binary
 
 
 def decode_inputs(document: dict, binary: memoryview, signature: Signature, shared_memory) -> dict[str, np.ndarray]:

@@ -67,12 +67,7 @@ def _not_ready(registry: Registry, name: str) -> dict:
 
 
 def _body() -> dict:
-    """tritonclient sends no Content-Type and sometimes no body at all."""
-    body = request.get_data()
-    document = content.parse_json(body) if body.strip() else {}
-    if not isinstance(document, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return document
+    return content.parse_object(request.get_data())
 
 
 def _parameters(document: dict) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from container.errors import InvalidModel, InvalidRequest
 from container.models.config import parse_json_config
+from container.models.source import inside
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
 
@@ -21,7 +22,9 @@ def build_override(config: str, files: dict[str, bytes], base: Path | None) -> P
         (directory / "config.json").write_text(config)
         if files:
             for relative, data in files.items():
-                target = _inside(directory, relative)
+                target = inside(directory, relative, "file:")
+                if target.relative_to(directory).as_posix() in CONFIG_FILES:
+                    raise InvalidModel(f"file:{relative}: the configuration comes from the 'config' parameter")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
         else:
@@ -35,11 +38,3 @@ def build_override(config: str, files: dict[str, bytes], base: Path | None) -> P
         raise
     return directory
 
-
-def _inside(directory: Path, relative: str) -> Path:
-    normal = os.path.normpath(relative)
-    if not relative or os.path.isabs(relative) or normal == "." or normal.startswith("..") or "\0" in relative:
-        raise InvalidModel(f"file:{relative} must be a relative path inside the model directory")
-    if normal in CONFIG_FILES:
-        raise InvalidModel(f"file:{relative}: the configuration comes from the 'config' parameter")
-    return directory / normal

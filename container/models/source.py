@@ -128,12 +128,19 @@ def _output_labels(directory: Path, config) -> dict[str, list[str]]:
     labels = {}
     for output in config.output:
         if output.label_filename:
-            relative = os.path.normpath(output.label_filename)
-            path = directory / relative
-            if os.path.isabs(relative) or relative.startswith("..") or not path.is_file():
+            path = inside(directory, output.label_filename, f"output '{output.name}': label_filename")
+            if not path.is_file():
                 raise InvalidModel(f"output '{output.name}': label_filename {output.label_filename!r} is not a file in the model")
             labels[output.name] = path.read_text().splitlines()
     return labels
+
+
+def inside(directory: Path, relative: str, what: str) -> Path:
+    """`directory/relative`, refusing paths that are absolute or climb out of the directory."""
+    normal = os.path.normpath(relative)
+    if not relative or os.path.isabs(relative) or normal == "." or normal.startswith("..") or "\0" in relative:
+        raise InvalidModel(f"{what} {relative!r} must be a relative path inside the model directory")
+    return directory / normal
 
 
 def _has_model_files(path: Path) -> bool:
