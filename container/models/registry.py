@@ -203,44 +203,48 @@ class Registry:
             if model.signature is None:
                 raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
             version = model.version(request.model_version)
-
-            def serve():
+            backend, statistics = model.versions[version], model.statistics[version]
+            with self._accounted(statistics) as succeeded:
                 model.signature.check_inputs(request.inputs)
                 if request.outputs:
                     model.signature.check_outputs(request.outputs)
                 items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
-                backend, statistics = model.versions[version], model.statistics[version]
-                return items, lambda: model.scheduler.infer(self.runtime.new_job(backend, statistics, request, items))
-
-            return InferResponse(model.name, version, self._serve(model, version, serve))
+                outputs, phases = self._submit(model, lambda: model.scheduler.infer(
+                    self.runtime.new_job(backend, statistics, request, items)))
+                succeeded(items, phases)
+            return InferResponse(model.name, version, outputs)
 
     def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
         """A request body through a SageMaker handler model; returns the response body and media type."""
         with self.lease(name) as model:
             version = model.version()
             transform, statistics = model.versions[version].transform, model.statistics[version]
-            return self._serve(model, version, lambda: (1, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics)))
+            with self._accounted(statistics) as succeeded:
+                result, phases = self._submit(model, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics))
+                succeeded(1, phases)
+            return result
 
-    def _serve(self, model: Model, version: int, prepare):
-        """`prepare()` checks the request and gives (items, submit); `submit()` gives (result, phases).
-        Every outcome lands in the version's statistics; after a device out-of-memory error, cached
-        memory and idle models are freed and the request is submitted once more."""
+    @contextmanager
+    def _accounted(self, statistics: Statistics):
+        """The request's outcome in its version's statistics: the body reports success with
+        `succeeded(items, phases)`; an exception is recorded as a failure."""
         start = time.perf_counter_ns()
-        statistics = model.statistics[version]
         try:
-            items, submit = prepare()
-            try:
-                result, phases = submit()
-            except DeviceOutOfMemory as exc:
-                log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
-                self._recover(exc.device, keep=model)
-                result, phases = submit()
+            yield lambda items, phases: statistics.record_success(items, time.perf_counter_ns() - start, phases)
         except BaseException as exc:
             statistics.record_failure(time.perf_counter_ns() - start)
             self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
             raise
-        statistics.record_success(items, time.perf_counter_ns() - start, phases)
-        return result
+
+    def _submit(self, model: Model, submit):
+        """`submit()`; after a device out-of-memory error, free cached memory and idle models and
+        submit once more."""
+        try:
+            return submit()
+        except DeviceOutOfMemory as exc:
+            log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
+            self._recover(exc.device, keep=model)
+            return submit()
 
     # -- internals ---------------------------------------------------------------------------------
 
