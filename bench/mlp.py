@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import Server, in_process_rows_per_s, save_model, v2_binary_request, wrk
+from bench.harness import (
+    Server,
+    in_process_rows_per_s,
+    save_model,
+    v2_binary_request,
+    wrk,
+)
 
 TITLE = "MLP 1024→1024→1024, one row per request, V2 binary, with and without dynamic batching"
 WIDTH = 1024

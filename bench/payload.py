@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import Server, in_process_calls_per_s, save_model, v2_binary_request, wrk
+from bench.harness import (
+    Server,
+    in_process_calls_per_s,
+    save_model,
+    v2_binary_request,
+    wrk,
+)
 
 TITLE = "Large payload: float32 [1, 3, 224, 224] in, [1, 3] out"
 

@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import Server, in_process_calls_per_s, save_model, v2_binary_request, wrk
+from bench.harness import (
+    Server,
+    in_process_calls_per_s,
+    save_model,
+    v2_binary_request,
+    wrk,
+)
 
 TITLE = "Tiny model (16 floats in and out): per-request overhead by protocol"
 

@@ -15,22 +15,26 @@ from container.errors import ServeError, Unavailable
 log = logging.getLogger(__name__)
 
 
-def describe(exc: Exception) -> tuple[int, str, dict]:
+def describe(exc: Exception, method: str, path: str, request_id: str | None) -> tuple[int, str, dict]:
     """(status, message, headers) for any exception raised while serving a request."""
     if isinstance(exc, ServeError):
         if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults
-            log.warning("request failed", extra={"fields": {"status": exc.status, "error": exc.message, "request_id": request_id()}})
+            log.warning("request failed", extra={"fields": {"status": exc.status, "error": exc.message, "request_id": request_id}})
         return exc.status, exc.message, exc.headers
     if isinstance(exc, NotFound):
-        return 404, f"no endpoint {request.method} {request.path}; see the README for the API", {}
+        return 404, f"no endpoint {method} {path}; see the README for the API", {}
     if isinstance(exc, MethodNotAllowed):
         allowed = ", ".join(exc.valid_methods or [])
-        return 405, f"{request.path} does not take {request.method}; it takes {allowed}", {"Allow": allowed}
+        return 405, f"{path} does not take {method}; it takes {allowed}", {"Allow": allowed}
     if isinstance(exc, HTTPException):
         headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
         return exc.code or 500, exc.description or exc.name, headers
-    log.exception("unexpected error", extra={"fields": {"method": request.method, "path": request.path, "request_id": request_id()}})
+    log.exception("unexpected error", extra={"fields": {"method": method, "path": path, "request_id": request_id}})
     return 500, f"internal server error ({type(exc).__name__}); the server log has the details", {}
+
+
+def status_line(status: int) -> str:
+    return f"{status} {_phrase(status)}"
 
 
 def _phrase(status: int) -> str:
@@ -49,7 +53,7 @@ def register_error_handler(target: Flask | Blueprint, body: Callable[[str], byte
     """Render every exception that reaches `target` as `body(message)` with the described status."""
 
     def render(exc: Exception) -> Response:
-        status, message, headers = describe(exc)
-        return Response(body(message), f"{status} {_phrase(status)}", headers, mimetype="application/json")
+        status, message, headers = describe(exc, request.method, request.path, request_id())
+        return Response(body(message), status_line(status), headers, mimetype="application/json")
 
     target.register_error_handler(Exception, render)

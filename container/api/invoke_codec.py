@@ -8,7 +8,12 @@ several outputs answers an object keyed by output name.
 import numpy as np
 
 from container import content
-from container.errors import InvalidInput, InvalidRequest, NotAcceptable, UnsupportedMediaType
+from container.errors import (
+    InvalidInput,
+    InvalidRequest,
+    NotAcceptable,
+    UnsupportedMediaType,
+)
 from container.models.signature import Signature
 from container.tensors import as_datatype, numpy_dtype
 

@@ -3,7 +3,7 @@ and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
 from importlib.metadata import version as package_version
 
-from flask import Blueprint, Flask, Response, request
+from flask import Blueprint, Flask, Response
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -69,28 +69,6 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
             raise InvalidRequest(f"model '{name}' is a SageMaker handler model; it has no Triton config")
         return _json(config_document(model))
 
-    @api.post("/v2/models/<name>/infer")
-    @api.post("/v2/models/<name>/versions/<version>/infer")
-    def infer(name, version=None):
-        model, number = _model(registry, name, version, default_latest=False)
-        if model.signature is None:
-            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
-        document, binary = v2_codec.split(request.get_data(), request.headers.get(v2_codec.HEADER_LENGTH))
-        parameters = _request_parameters(document)
-        inputs = v2_codec.decode_inputs(document, binary, model.signature, shared_memory)
-        requested = v2_codec.requested_outputs(document)
-        names = [r["name"] for r in requested] if requested else None
-        response = registry.infer(InferRequest(name, inputs, number, names, parameters))
-        entries, chunks = v2_codec.encode_outputs(
-            response.outputs, requested, parameters.get("binary_data_output", False), model.signature,
-            model.output_labels, shared_memory,
-        )
-        answer = {"model_name": name, "model_version": str(response.model_version), "outputs": entries}
-        if "id" in document:
-            answer["id"] = document["id"]
-        body, headers = v2_codec.response_body(answer, chunks)
-        return Response(body, 200, headers)
-
     @api.get("/v2/models/stats")
     @api.get("/v2/models/<name>/stats")
     @api.get("/v2/models/<name>/versions/<version>/stats")
@@ -103,6 +81,29 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
         return _json({"model_stats": [_model_statistics(m, v, m.statistics[v]) for m, v in selected]})
 
     app.register_blueprint(api)
+
+
+def serve_infer(registry: Registry, shared_memory, name: str, version: str | None, body: bytes,
+                header_length: str | None) -> tuple[bytes, dict[str, str]]:
+    """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers. Served by
+    v2_infer.InferEndpoint, in front of Flask, because it is the hot path."""
+    model, number = _model(registry, name, version, default_latest=False)
+    if model.signature is None:
+        raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
+    document, binary = v2_codec.split(body, header_length)
+    parameters = _request_parameters(document)
+    inputs = v2_codec.decode_inputs(document, binary, model.signature, shared_memory)
+    requested = v2_codec.requested_outputs(document)
+    names = [r["name"] for r in requested] if requested else None
+    response = registry.infer(InferRequest(name, inputs, number, names, parameters))
+    entries, chunks = v2_codec.encode_outputs(
+        response.outputs, requested, parameters.get("binary_data_output", False), model.signature,
+        model.output_labels, shared_memory,
+    )
+    answer = {"model_name": name, "model_version": str(response.model_version), "outputs": entries}
+    if "id" in document:
+        answer["id"] = document["id"]
+    return v2_codec.response_body(answer, chunks)
 
 
 def _json(value) -> Response:

@@ -3,6 +3,7 @@ a failed load failed), load (or reload, with a config override and files), unloa
 
 import base64
 import binascii
+
 import gevent
 from flask import Blueprint, Flask, Response, request
 

@@ -14,6 +14,12 @@ import torch
 from gevent.monkey import get_original
 
 from container import content
+from container.backends.pytorch import (
+    is_out_of_memory,
+    last_line,
+    load_torchscript,
+    module_bytes,
+)
 from container.errors import (
     DeviceOutOfMemory,
     InvalidModel,
@@ -23,7 +29,6 @@ from container.errors import (
     ServeError,
     UnsupportedMediaType,
 )
-from container.backends.pytorch import is_out_of_memory, last_line, load_torchscript, module_bytes
 
 HANDLER_FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
 _ENVELOPES = {"instances": "predictions", "inputs": "outputs"}

@@ -9,7 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from container.errors import InvalidModel, InvalidRequest, SourceNotFound
-from container.models.config import DEFAULT_MODEL_FILENAME, read_config, selected_versions
+from container.models.config import (
+    DEFAULT_MODEL_FILENAME,
+    read_config,
+    selected_versions,
+)
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 SAGEMAKER_MODEL_FILES = ("model.pt", "model.pth")

@@ -6,7 +6,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.builders import Gate, Scale, fp32_model, gated_load, gated_predict, handler_model, wait_for
+from tests.builders import (
+    Gate,
+    Scale,
+    fp32_model,
+    gated_load,
+    gated_predict,
+    handler_model,
+    wait_for,
+)
+
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):

@@ -5,7 +5,17 @@ import io
 import numpy as np
 import pytest
 
-from tests.builders import AddSub, Positional, Reordered, Scale, Upper, archive, fp32_model, tensor, triton_model
+from tests.builders import (
+    AddSub,
+    Positional,
+    Reordered,
+    Scale,
+    Upper,
+    archive,
+    fp32_model,
+    tensor,
+    triton_model,
+)
 
 NPY = "application/x-npy"
 

@@ -8,8 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.builders import Gate, Scale, archive, fp32_model, gated_load, gated_predict, handler_model, wait_for
+from tests.builders import (
+    Gate,
+    Scale,
+    archive,
+    fp32_model,
+    gated_load,
+    gated_predict,
+    handler_model,
+    wait_for,
+)
 from tests.conftest import PROJECT, Server
+
 
 def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory):
     gate = Gate(tmp_path_factory.mktemp("gate"), "load")

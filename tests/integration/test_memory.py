@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import MIB, Gate, Scale, Sized, fp32_model, gated_predict, handler_model, sized_model
+from tests.builders import (
+    MIB,
+    Gate,
+    Scale,
+    Sized,
+    fp32_model,
+    gated_predict,
+    handler_model,
+    sized_model,
+)
 
 OOM_ONCE = """
 import torch

@@ -7,7 +7,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.builders import archive, fp32_model, handler_model, tensor, triton_model, Scale
+from tests.builders import (
+    Scale,
+    archive,
+    fp32_model,
+    handler_model,
+    tensor,
+    triton_model,
+)
 
 
 @pytest.fixture(scope="module")

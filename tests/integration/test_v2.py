@@ -10,7 +10,15 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import AddSub, Scale, Upper, handler_model, tensor, triton_model, wait_for
+from tests.builders import (
+    AddSub,
+    Scale,
+    Upper,
+    handler_model,
+    tensor,
+    triton_model,
+    wait_for,
+)
 
 DATATYPES = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -254,6 +262,14 @@ def test_binary_byte_counts_that_do_not_match_are_400(server, request_parts, mes
     model, body, headers = request_parts
     answer = post(server, f"/v2/models/{model}/infer", body, headers)
     assert answer.status_code == 400 and message in answer.json()["error"]
+
+
+def test_wrong_method_and_oversized_body_on_infer(server):
+    answer = requests.get(server.url + "/v2/models/echo_fp32/infer")
+    assert answer.status_code == 405 and answer.headers["Allow"] == "POST" and "takes POST" in answer.json()["error"]
+    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", data=b"{" + b" " * (7 << 20) + b"}")
+    assert answer.status_code == 413 and "SAGEMAKER_MAX_PAYLOAD_IN_MB" in answer.json()["error"]
+    assert post(server, "/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}]}}').status_code == 200
 
 
 def test_empty_body_without_content_type_is_a_clear_400(server):

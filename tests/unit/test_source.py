@@ -4,7 +4,13 @@ import tarfile
 import pytest
 
 from container.errors import InvalidModel, InvalidRequest, SourceNotFound
-from container.models.source import SageMakerLayout, TritonLayout, open_source, repository_entries, resolve_url
+from container.models.source import (
+    SageMakerLayout,
+    TritonLayout,
+    open_source,
+    repository_entries,
+    resolve_url,
+)
 
 
 def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] | None = None):
