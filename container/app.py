@@ -5,16 +5,16 @@ from gevent.event import Event
 
 from container import resources
 from container.api.errors import register_error_handler
+from container.api.hot_paths import HotPaths
 from container.api.metrics import register_metrics_endpoint
 from container.api.request_log import register_request_log
-from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints
+from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints, sagemaker_hot_routes
 from container.api.shared_memory import (
     SystemSharedMemory,
     register_shared_memory_endpoints,
 )
 from container.api.tfserving import register_tfserving_endpoints
-from container.api.v2 import register_v2_endpoints
-from container.api.v2_infer import InferEndpoint
+from container.api.v2 import register_v2_endpoints, v2_hot_routes
 from container.api.v2_repository import register_repository_endpoints
 from container.backends import load_backends
 from container.backends.pytorch import configure_threads, gpu_count, release_memory
@@ -43,7 +43,8 @@ def create_app(settings: Settings) -> Flask:
     register_repository_endpoints(app, registry)
     register_shared_memory_endpoints(app, shared_memory)
     register_metrics_endpoint(app, registry)
-    app.wsgi_app = InferEndpoint(app.wsgi_app, registry, shared_memory, settings.max_payload_bytes)
+    hot = [*v2_hot_routes(registry, shared_memory), *sagemaker_hot_routes(registry, settings)]
+    app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes)
     return app
 
 

@@ -3,13 +3,13 @@
 import base64
 import binascii
 import logging
+import re
 
 import orjson
-from flask import Blueprint, Flask, Response, g, request
+from flask import Blueprint, Flask, Response, request
 
 from container import content
 from container.api import invoke_codec
-from container.api.request_log import request_id
 from container.errors import InvalidRequest, Unavailable
 from container.inference import InferRequest
 from container.models.registry import Registry
@@ -66,39 +66,47 @@ def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Setti
         registry.unload(name)
         return json_response({"status": f"model '{name}' unloaded"})
 
-    @api.post("/models/<name>/invoke")
-    def invoke_model(name):
-        return _invoke(registry, name)
-
-    @api.post("/invocations")
-    def invocations():
-        if not settings.multi_model:
-            return _invoke(registry, SINGLE_MODEL_NAME)
-        target = request.headers.get(TARGET_MODEL)
-        if not target:
-            raise InvalidRequest(f"the {TARGET_MODEL} header must name the model to invoke (a path under the model root)")
-        registry.ensure_loaded(target, target)
-        return _invoke(registry, target)
-
     app.register_blueprint(api)
 
 
-def _invoke(registry: Registry, name: str) -> Response:
-    headers = request.headers
-    g.model = name
-    if CUSTOM_ATTRIBUTES in headers:
-        log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": headers[CUSTOM_ATTRIBUTES],
-                                                         "request_id": request_id()}})
+def sagemaker_hot_routes(registry: Registry, settings: Settings) -> list:
+    """Invoke and /invocations, served in front of Flask (hot_paths.py) because they are the hot path."""
+
+    def invoke(call):
+        return serve_invoke(registry, call)
+
+    def invocations(call):
+        if settings.multi_model:
+            target = call.header(TARGET_MODEL)
+            if not target:
+                raise InvalidRequest(f"the {TARGET_MODEL} header must name the model to invoke (a path under the model root)")
+            call.model = target
+            registry.ensure_loaded(target, target)
+        else:
+            call.model = SINGLE_MODEL_NAME
+        return serve_invoke(registry, call)
+
+    return [(re.compile(r"/models/(?P<name>[^/]+)/invoke"), invoke), (re.compile(r"/invocations"), invocations)]
+
+
+def serve_invoke(registry: Registry, call) -> tuple[bytes, dict[str, str]]:
+    """One invoke of `call.model`: a handler model gets the body as is; a tensor model's body is
+    decoded for its inputs and its outputs encoded as the Accept header asks."""
+    name = call.model
+    attributes = call.header(CUSTOM_ATTRIBUTES)
+    if attributes is not None:
+        log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": attributes,
+                                                         "request_id": call.request_id}})
     model = registry.get(name)
-    media_type = content.media_type(headers.get("Content-Type"))
-    accept = headers.get("Accept")
+    media_type = content.media_type(call.header("Content-Type"))
+    accept = call.header("Accept")
     if model.signature is None:
-        body, response_type = registry.transform(name, request.get_data(), media_type, accept)
-        return Response(body, 200, content_type=response_type)
+        body, response_type = registry.transform(name, call.body, media_type, accept)
+        return body, {"Content-Type": response_type}
     response_type = content.negotiate(accept)  # a 406 before any work is done
-    inputs, envelope = invoke_codec.decode(request.get_data(), media_type, model.signature)
+    inputs, envelope = invoke_codec.decode(call.body, media_type, model.signature)
     response = registry.infer(InferRequest(name, inputs))
-    return Response(invoke_codec.encode(response.outputs, response_type, envelope), 200, content_type=response_type)
+    return invoke_codec.encode(response.outputs, response_type, envelope), {"Content-Type": response_type}
 
 
 def _describe(model) -> dict:

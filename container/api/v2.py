@@ -1,6 +1,7 @@
 """Triton / KServe V2 over HTTP: health, metadata, config, inference and statistics. The repository
 and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
+import re
 from importlib.metadata import version as package_version
 
 from flask import Blueprint, Flask, Response
@@ -83,10 +84,18 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
     app.register_blueprint(api)
 
 
+def v2_hot_routes(registry: Registry, shared_memory) -> list:
+    """Infer, served in front of Flask (hot_paths.py) because it is the hot path."""
+    def infer(call):
+        version = call.match["version"]
+        return serve_infer(registry, shared_memory, call.match["name"], version, call.body, call.header(v2_codec.HEADER_LENGTH))
+
+    return [(re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), infer)]
+
+
 def serve_infer(registry: Registry, shared_memory, name: str, version: str | None, body: bytes,
                 header_length: str | None) -> tuple[bytes, dict[str, str]]:
-    """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers. Served by
-    v2_infer.InferEndpoint, in front of Flask, because it is the hot path."""
+    """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers."""
     model, number = _model(registry, name, version, default_latest=False)
     if model.signature is None:
         raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")

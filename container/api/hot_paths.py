@@ -1,0 +1,73 @@
+"""The hot endpoints — V2 infer and SageMaker invoke — as plain WSGI in front of Flask. Flask's request
+context, routing and response objects cost about a quarter of a small request's CPU, and werkzeug's
+body streaming much of a large one's; these handlers share everything else (the serving functions, the
+error description, the request log) with the rest of the API. Other requests pass through to Flask."""
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from werkzeug.exceptions import MethodNotAllowed
+
+from container.api.errors import describe, json_error, status_line
+from container.api.request_log import REQUEST_ID, log_request, new_request_id
+from container.errors import PayloadTooLarge
+
+
+@dataclass
+class Call:
+    """What a hot handler sees of its request."""
+
+    environ: dict
+    match: re.Match
+    body: bytes
+    request_id: str
+    model: str | None = None  # for the request log; a handler may name the model it serves
+
+    def header(self, name: str) -> str | None:
+        if name.lower() == "content-type":
+            return self.environ.get("CONTENT_TYPE") or None
+        return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+
+Handler = Callable[[Call], tuple[bytes, dict[str, str]]]  # → (body, headers); raises errors.ServeError
+
+
+class HotPaths:
+    def __init__(self, app, routes: list[tuple[re.Pattern, Handler]], max_body: int):
+        self.app, self.routes, self.max_body = app, routes, max_body
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        for pattern, handler in self.routes:
+            match = pattern.fullmatch(path)
+            if match is not None:
+                return self._serve(environ, start_response, path, match, handler)
+        return self.app(environ, start_response)
+
+    def _serve(self, environ, start_response, path: str, match: re.Match, handler: Handler):
+        started, method = time.perf_counter(), environ["REQUEST_METHOD"]
+        call = Call(environ, match, b"", environ.get("HTTP_X_REQUEST_ID") or new_request_id(), match.groupdict().get("name"))
+        try:
+            if method != "POST":
+                raise MethodNotAllowed(valid_methods=["POST"])
+            call.body = self._body(environ)
+            body, headers = handler(call)
+            status = 200
+        except Exception as exc:
+            status, message, extra = describe(exc, method, path, call.request_id)
+            body, headers = json_error(message), {"Content-Type": "application/json", **extra}
+        headers |= {REQUEST_ID: call.request_id, "Content-Length": str(len(body))}
+        start_response(status_line(status), list(headers.items()))
+        log_request(method, path, call.model, status, started, call.request_id, call.header("X-Amzn-SageMaker-Target-Model"))
+        return [body]
+
+    def _body(self, environ) -> bytes:
+        length = environ.get("CONTENT_LENGTH")
+        if length and int(length) > self.max_body:
+            raise PayloadTooLarge(f"the body is {int(length)} bytes; the limit is {self.max_body} (SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+        body = environ["wsgi.input"].read(int(length) if length else self.max_body + 1)
+        if len(body) > self.max_body:
+            raise PayloadTooLarge(f"the body is larger than {self.max_body} bytes (SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+        return body
