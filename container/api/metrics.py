@@ -71,12 +71,15 @@ class ServerCollector:
         yield accounted
         per_model = GaugeMetricFamily("serve_model_memory_bytes", "Memory accounted to each model", labels=["model", "device"])
         depth = GaugeMetricFamily("serve_queue_depth", "Requests waiting in the model's scheduler", labels=["model"])
+        sequences = GaugeMetricFamily("serve_sequences_active", "Sequences holding state", labels=["model"])
         for model in self.registry.ready():
             for device, size in cache.size_of(model).items():
                 per_model.add_metric([model.name, device], size)
             depth.add_metric([model.name], model.scheduler.queue_depth())
+            sequences.add_metric([model.name], model.scheduler.sequences_active())
         yield per_model
         yield depth
+        yield sequences
 
     def _lifecycle(self):
         counters = self.registry.counters

@@ -29,5 +29,9 @@ class DirectScheduler:
         """Requests waiting for an execution thread."""
         return self._threads.task_queue.qsize()
 
+    def sequences_active(self) -> int:
+        """Sequences holding state (only the sequence batcher has any)."""
+        return 0
+
     def close(self) -> None:
         self._threads.kill()

@@ -55,6 +55,10 @@ class DynamicBatcher:
         """Requests waiting for an execution thread."""
         return len(self.queue)
 
+    def sequences_active(self) -> int:
+        """Sequences holding state (only the sequence batcher has any)."""
+        return 0
+
     def close(self) -> None:
         gevent.killall(self._workers, block=False)
         self._threads.kill()

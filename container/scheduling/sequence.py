@@ -64,6 +64,10 @@ class SequenceBatcher:
         """Requests waiting for an execution thread."""
         return self._threads.task_queue.qsize()
 
+    def sequences_active(self) -> int:
+        """Sequences holding state (only the sequence batcher has any)."""
+        return len(self.sequences)
+
     def close(self) -> None:
         self._sweeper.kill(block=False)
         self._threads.kill()

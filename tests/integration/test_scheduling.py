@@ -2,7 +2,7 @@
 stateful sequences keep their state per sequence_id."""
 
 import random
-import time
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,7 +12,7 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import tensor, triton_model
+from tests.builders import tensor, triton_model, wait_for
 
 
 class Affine(torch.nn.Module):
@@ -141,9 +141,16 @@ def test_a_batch_of_several_items_is_refused_for_a_sequence(server):
     assert answer.status_code == 400 and "carries one item" in answer.json()["error"]
 
 
+def active_sequences(server) -> float:
+    text = requests.get(server.url + "/metrics").text
+    return float(re.search(r'^serve_sequences_active\{model="accumulate"\} (\S+)$', text, re.MULTILINE).group(1))
+
+
 def test_an_abandoned_sequence_is_released_after_its_idle_time(server):
     client = client_for(server)
+    wait_for(lambda: active_sequences(server) == 0, message="earlier sequences were not released")
     step(client, 99, 1, start=True)
-    time.sleep(1.0)  # idle well past max_sequence_idle_microseconds (0.3 s): idleness is wall-clock time
+    assert active_sequences(server) == 1
+    wait_for(lambda: active_sequences(server) == 0, message="the idle sequence was not released")
     with pytest.raises(InferenceServerException, match="sequence 99 is not running"):
         step(client, 99, 1)
