@@ -1,5 +1,8 @@
 """create_app(settings): the Flask app with the core wired in. Nothing runs at import."""
 
+import functools
+
+import torch
 from flask import Flask
 from gevent.event import Event
 
@@ -16,7 +19,7 @@ from container.api.shared_memory import (
 from container.api.tfserving import register_tfserving_endpoints
 from container.api.v2 import register_v2_endpoints, v2_hot_routes
 from container.api.v2_repository import register_repository_endpoints
-from container.backends import load_backends
+from container.backends import HandlerOptions, load_backends
 from container.backends.pytorch import configure_threads, gpu_count, release_memory
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
@@ -29,7 +32,8 @@ from container.settings import Settings
 def create_app(settings: Settings) -> Flask:
     configure_logging(settings.log_level)
     configure_threads(resources.cpu_quota())
-    registry = Registry(settings.model_root, memory_cache(settings), Runtime(load_backends, release_memory, scheduler_for, new_job))
+    backends = functools.partial(load_backends, options=handler_options(settings))
+    registry = Registry(settings.model_root, memory_cache(settings), Runtime(backends, release_memory, scheduler_for, new_job))
     app = Flask("container")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry
@@ -46,6 +50,11 @@ def create_app(settings: Settings) -> Flask:
     hot = [*v2_hot_routes(registry, shared_memory), *sagemaker_hot_routes(registry, settings)]
     app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes)
     return app
+
+
+def handler_options(settings: Settings) -> HandlerOptions:
+    return HandlerOptions(settings.program, settings.default_accept, settings.install_requirements,
+                          settings.requirements_cache, torch.get_num_threads())
 
 
 def memory_cache(settings: Settings) -> MemoryCache:

@@ -15,24 +15,48 @@ SUPPORTED = (JSON, CSV, NPY)
 TEXT_TYPES = (JSON, CSV)  # decoded to str before a user's input_fn sees them, as SageMaker's toolkit does
 
 
-def media_type(header: str | None, default: str = JSON) -> str:
+def media_type(header: str | None, default: str | None = JSON) -> str | None:
     """`application/json; charset=utf-8` → `application/json`; none → `default`."""
     if not header:
         return default
     return header.split(";", 1)[0].strip().lower() or default
 
 
-def negotiate(accept: str | None, supported=SUPPORTED) -> str:
-    """The first entry of Accept that is supported; none or `*/*` means JSON."""
-    if not accept:
-        return JSON
-    entries = [media_type(part) for part in accept.split(",")]
-    for entry in entries:
-        if entry in ("*/*", "application/*"):
-            return JSON
+def preferences(accept: str | None) -> list[str]:
+    """The media ranges of an Accept header, most preferred first (RFC 9110 §12.5.1): by q-value,
+    then the more specific range, then the order written; ranges with q=0 are refused ones."""
+    ranked = []
+    for position, part in enumerate((accept or "").split(",")):
+        name, *parameters = [p.strip() for p in part.split(";")]
+        q = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if name and q > 0:
+            ranked.append((-q, name.count("*"), position, name.lower()))
+    return [name for *_, name in sorted(ranked)]
+
+
+def negotiate(accept: str | None, supported=SUPPORTED, default: str = JSON) -> str:
+    """The most preferred supported type; no Accept, or a wildcard reached first, means `default`."""
+    for entry in preferences(accept) or ["*/*"]:
         if entry in supported:
             return entry
+        if entry.endswith("/*"):
+            matches = [t for t in (default, *supported) if t in supported and (entry == "*/*" or t.startswith(entry[:-1]))]
+            if matches:
+                return matches[0]
     raise NotAcceptable(f"cannot answer with {accept!r}: supported response types are {', '.join(supported)}")
+
+
+def preferred(accept: str | None, default: str = JSON) -> str:
+    """The most preferred concrete type, whatever it is (for user code, which may speak any); `default`
+    when Accept is missing or names only wildcards."""
+    return next((entry for entry in preferences(accept) if "*" not in entry), default)
 
 
 def parse_json(body: bytes):

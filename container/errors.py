@@ -13,7 +13,8 @@ ServeError (500)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         CUDA out of memory; the registry evicts and retries once
-└── ModelError (500)                    user code (model_fn, predict_fn, forward) raised
+├── ModelError (500)                    user code (model_fn, predict_fn, forward) raised, or its worker died
+└── HandlerError (any)                  user code chose the status (SageMaker's BaseInferenceToolkitError)
 """
 
 
@@ -84,3 +85,11 @@ class DeviceOutOfMemory(InsufficientMemory):
     def __init__(self, message: str, device: str):
         super().__init__(message)
         self.device = device
+
+
+class HandlerError(ServeError):
+    """A SageMaker handler raised the toolkit's own error, which carries the status to answer."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status

@@ -19,3 +19,15 @@ class InferResponse:
     model_name: str
     model_version: int
     outputs: dict[str, np.ndarray]
+
+
+@dataclass
+class TransformRequest:
+    """A request body for a SageMaker handler model, which decodes it itself."""
+
+    model_name: str
+    body: bytes
+    content_type: str | None  # one media type, lower-case, without parameters; None when absent
+    accept: str | None  # the Accept header as sent
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id: str | None = None

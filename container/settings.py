@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
-from container import resources
+from container import content, resources
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -63,6 +63,18 @@ class Settings:
     model_server_timeout: int = _env(
         "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
     )
+    default_accept: str = _env(
+        "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "application/json", "Answer type of invoke when `Accept` is missing or `*/*`."
+    )
+    program: str = _env(
+        "SAGEMAKER_PROGRAM", "inference.py", "The handler script in a SageMaker-layout model's `code/` (the SDK's `entry_point`)."
+    )
+    install_requirements: bool = _env(
+        "SERVE_INSTALL_REQUIREMENTS", "true", "`true`: pip-install a handler model's `code/requirements.txt` at load; `false` for air-gapped endpoints."
+    )
+    requirements_cache: str = _env(
+        "SERVE_REQUIREMENTS_CACHE", "/tmp/serve-requirements", "Where installed `requirements.txt` packages are kept, one directory per distinct file."
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -85,6 +97,10 @@ class Settings:
             load_models=tuple(n.strip() for n in raw["load_models"].split(",") if n.strip()),
             log_level=raw["log_level"].upper(),
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
+            default_accept=content.media_type(raw["default_accept"]),
+            program=_program(raw["program"]),
+            install_requirements=_boolean("SERVE_INSTALL_REQUIREMENTS", raw["install_requirements"]),
+            requirements_cache=raw["requirements_cache"],
         )
 
     @property
@@ -108,6 +124,14 @@ def _boolean(name: str, text: str) -> bool:
     if text.lower() in _FALSE:
         return False
     raise SettingsError(f"{name}={text!r}: expected true or false")
+
+
+def _program(text: str) -> str:
+    """The script's file name; the SDK may pass a module name (`inference`) or a file (`inference.py`)."""
+    name = text if text.endswith(".py") else text + ".py"
+    if "/" in name or name.startswith("."):
+        raise SettingsError(f"SAGEMAKER_PROGRAM={text!r}: expected a script name in code/, like inference.py")
+    return name
 
 
 def _integer(name: str, text: str) -> int:

@@ -149,6 +149,14 @@ def predict_fn(data, model):
 """
 
 
+def defined(source: str, name: str):
+    """`name` as `source` (the text of a model's code/ module) defines it: the test's reference and the
+    model's code are one text."""
+    namespace: dict = {}
+    exec(textwrap.dedent(source), namespace)
+    return namespace[name]
+
+
 def wait_for(predicate, timeout: float = 30, message: str = "condition not met"):
     """Poll with a deadline (the one sanctioned wait in tests)."""
     deadline = time.monotonic() + timeout

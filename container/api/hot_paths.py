@@ -30,8 +30,14 @@ class Call:
             return self.environ.get("CONTENT_TYPE") or None
         return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
 
+    def headers(self) -> dict[str, str]:
+        """Every request header, by its name in title case (`Content-Type`, `X-Amzn-Sagemaker-…`)."""
+        found = {k[5:]: v for k, v in self.environ.items() if k.startswith("HTTP_")}
+        found |= {k: self.environ[k] for k in ("CONTENT_TYPE", "CONTENT_LENGTH") if self.environ.get(k)}
+        return {k.replace("_", "-").title(): v for k, v in found.items()}
 
-Handler = Callable[[Call], tuple[bytes, dict[str, str]]]  # → (body, headers); raises errors.ServeError
+
+Handler = Callable[[Call], tuple]  # → (body, headers) or (body, headers, status); raises errors.ServeError
 
 
 class HotPaths:
@@ -53,8 +59,8 @@ class HotPaths:
             if method != "POST":
                 raise MethodNotAllowed(valid_methods=["POST"])
             call.body = self._body(environ)
-            body, headers = handler(call)
-            status = 200
+            body, headers, *status = handler(call)
+            status = status[0] if status else 200
         except Exception as exc:
             status, message, extra = describe(exc, method, path, call.request_id)
             body, headers = json_error(message), {"Content-Type": "application/json", **extra}

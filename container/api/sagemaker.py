@@ -11,7 +11,7 @@ from flask import Blueprint, Flask, Response, request
 from container import content
 from container.api import invoke_codec
 from container.errors import InvalidRequest, Unavailable
-from container.inference import InferRequest
+from container.inference import InferRequest, TransformRequest
 from container.models.registry import Registry
 from container.models.source import check_name
 from container.settings import Settings
@@ -73,7 +73,7 @@ def sagemaker_hot_routes(registry: Registry, settings: Settings) -> list:
     """Invoke and /invocations, served in front of Flask (hot_paths.py) because they are the hot path."""
 
     def invoke(call):
-        return serve_invoke(registry, call)
+        return serve_invoke(registry, call, settings.default_accept)
 
     def invocations(call):
         if settings.multi_model:
@@ -84,29 +84,30 @@ def sagemaker_hot_routes(registry: Registry, settings: Settings) -> list:
             registry.ensure_loaded(target, target)
         else:
             call.model = SINGLE_MODEL_NAME
-        return serve_invoke(registry, call)
+        return serve_invoke(registry, call, settings.default_accept)
 
     return [(re.compile(r"/models/(?P<name>[^/]+)/invoke"), invoke), (re.compile(r"/invocations"), invocations)]
 
 
-def serve_invoke(registry: Registry, call) -> tuple[bytes, dict[str, str]]:
+def serve_invoke(registry: Registry, call, default_accept: str) -> tuple[bytes, dict[str, str], int]:
     """One invoke of `call.model`: a handler model gets the body as is; a tensor model's body is
-    decoded for its inputs and its outputs encoded as the Accept header asks."""
+    decoded for its inputs and its outputs encoded as the Accept header asks (`default_accept` for
+    none or `*/*`)."""
     name = call.model
     attributes = call.header(CUSTOM_ATTRIBUTES)
     if attributes is not None:
         log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": attributes,
                                                          "request_id": call.request_id}})
     model = registry.get(name)
-    media_type = content.media_type(call.header("Content-Type"))
     accept = call.header("Accept")
     if model.signature is None:
-        body, response_type = registry.transform(name, call.body, media_type, accept)
-        return body, {"Content-Type": response_type}
-    response_type = content.negotiate(accept)  # a 406 before any work is done
-    inputs, envelope = invoke_codec.decode(call.body, media_type, model.signature)
+        media_type = content.media_type(call.header("Content-Type"), default=None)
+        response = registry.transform(TransformRequest(name, call.body, media_type, accept, call.headers(), call.request_id))
+        return response.body, {**response.headers, "Content-Type": response.content_type}, response.status
+    response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
+    inputs, envelope = invoke_codec.decode(call.body, content.media_type(call.header("Content-Type")), model.signature)
     response = registry.infer(InferRequest(name, inputs))
-    return invoke_codec.encode(response.outputs, response_type, envelope), {"Content-Type": response_type}
+    return invoke_codec.encode(response.outputs, response_type, envelope), {"Content-Type": response_type}, 200
 
 
 def _describe(model) -> dict:

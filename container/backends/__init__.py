@@ -2,16 +2,17 @@
 reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 
 - `pytorch.TorchScriptModel`: named numpy tensors in, named numpy tensors out (Triton layout).
-- `handler.HandlerModel`: request bytes in, response bytes out, through SageMaker's handler functions.
+- `handler_worker.HandlerWorker`: request bytes in, response bytes out, through SageMaker's handler
+  functions, in a worker process of the model's own (`handler.HandlerModel` runs there).
 """
 
-from container.backends.handler import HandlerModel
+from container.backends.handler_worker import HandlerOptions, HandlerWorker
 from container.backends.pytorch import TorchScriptModel
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout
 
 
-def load_backends(name: str, source: ModelSource, device: str) -> dict[int, object]:
+def load_backends(name: str, source: ModelSource, device: str, options: HandlerOptions) -> dict[int, object]:
     """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
     layout = source.layout
     if isinstance(layout, TritonLayout):
@@ -25,4 +26,4 @@ def load_backends(name: str, source: ModelSource, device: str) -> dict[int, obje
                 backend.close()
             raise
         return loaded
-    return {1: HandlerModel(name, source.directory, layout.model_file, layout.handler_file, device)}
+    return {1: HandlerWorker(name, source.directory, device, options)}

@@ -24,7 +24,7 @@ from container.errors import (
     ModelNotFound,
     ServeError,
 )
-from container.inference import InferRequest, InferResponse
+from container.inference import InferRequest, InferResponse, TransformRequest
 from container.models.cache import MemoryCache
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
@@ -214,13 +214,14 @@ class Registry:
                 succeeded(items, phases)
             return InferResponse(model.name, version, outputs)
 
-    def transform(self, name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
-        """A request body through a SageMaker handler model; returns the response body and media type."""
-        with self.lease(name) as model:
+    def transform(self, request: TransformRequest):
+        """A request body through a SageMaker handler model; returns its backend's response."""
+        with self.lease(request.model_name) as model:
             version = model.version()
             transform, statistics = model.versions[version].transform, model.statistics[version]
+            args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
             with self._accounted(statistics) as succeeded:
-                result, phases = self._submit(model, lambda: model.scheduler.run(transform, (body, content_type, accept), statistics))
+                result, phases = self._submit(model, lambda: model.scheduler.run(transform, args, statistics))
                 succeeded(1, phases)
             return result
 

@@ -16,8 +16,7 @@ from container.models.config import (
 )
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
-SAGEMAKER_MODEL_FILES = ("model.pt", "model.pth")
-HANDLER_FILE = Path("code") / "inference.py"
+SAGEMAKER_WEIGHTS = (".pt", ".pth")  # SageMaker's PyTorch toolkit loads the one such file at the top
 
 
 @dataclass
@@ -30,8 +29,7 @@ class TritonLayout:
 
 @dataclass
 class SageMakerLayout:
-    model_file: Path | None
-    handler_file: Path | None
+    weights: list[Path]  # the *.pt / *.pth files at the top; the handler code decides what to load
 
 
 @dataclass
@@ -44,7 +42,7 @@ class ModelSource:
         if isinstance(self.layout, TritonLayout):
             files = list(self.layout.versions.values())
         else:
-            files = [self.layout.model_file] if self.layout.model_file else []
+            files = self.layout.weights
         return sum(f.stat().st_size for f in files)
 
     def remove_scratch(self) -> None:
@@ -103,16 +101,22 @@ def open_source(path: Path) -> ModelSource:
 
 
 def read_layout(directory: Path) -> TritonLayout | SageMakerLayout:
-    if (directory / "config.pbtxt").is_file() or (directory / "config.json").is_file():
+    """Triton's when there is a config.pbtxt, or a config.json and nothing of SageMaker's layout (weights
+    at the top, code/): a SageMaker model may keep a config.json of its own beside its weights."""
+    weights = _weights(directory)
+    sagemaker = bool(weights) or (directory / "code").is_dir()
+    if (directory / "config.pbtxt").is_file() or ((directory / "config.json").is_file() and not sagemaker):
         return _triton_layout(directory)
-    model_file = next((directory / f for f in SAGEMAKER_MODEL_FILES if (directory / f).is_file()), None)
-    handler = directory / HANDLER_FILE
-    if model_file or handler.is_file():
-        return SageMakerLayout(model_file, handler if handler.is_file() else None)
+    if sagemaker:
+        return SageMakerLayout(weights)
     raise InvalidModel(
         f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt "
-        f"(Triton layout), or model.pt/model.pth with optional code/inference.py (SageMaker layout)"
+        f"(Triton layout), or a .pt/.pth file with optional code/inference.py (SageMaker layout)"
     )
+
+
+def _weights(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in SAGEMAKER_WEIGHTS and p.is_file())
 
 
 def _triton_layout(directory: Path) -> TritonLayout:
@@ -148,8 +152,7 @@ def inside(directory: Path, relative: str, what: str) -> Path:
 
 
 def _has_model_files(path: Path) -> bool:
-    names = ("config.pbtxt", "config.json", *SAGEMAKER_MODEL_FILES, "code")
-    return any((path / n).exists() for n in names)
+    return any((path / n).exists() for n in ("config.pbtxt", "config.json", "code")) or bool(_weights(path))
 
 
 def _extract(archive: Path, into: Path) -> Path:

@@ -61,7 +61,7 @@ def predict_fn(data, model):
 AMBIGUOUS = TRANSFORM + "\ndef input_fn(body, content_type):\n    return body\n"
 WRONG_ARITY = "def predict_fn(data):\n    return data\n"
 RAISES = "def predict_fn(data, model):\n    raise KeyError('feature_7')\n"
-BAD_RETURN = "def output_fn(prediction, accept):\n    return 42\n"
+BAD_RETURN = "def output_fn(prediction, accept):\n    return object()\n"
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_archive_of_handler_model(server):
 
 @pytest.mark.parametrize("name, body, content_type, accept, status, message", [
     ("raises", b"[1]", "application/json", None, 500, "predict_fn of model 'raises' raised KeyError: 'feature_7'"),
-    ("badreturn", b"[1]", "application/json", None, 500, "output_fn must return bytes or str"),
+    ("badreturn", b"[1]", "application/json", None, 500, "the handler returned object, which has no response body"),
     ("defaults", b"[1", "application/json", None, 400, "malformed JSON"),
     ("classifier", b"\xff\xfe", "application/json", None, 400, "not UTF-8"),
     ("defaults", b'[[1], [1, 2]]', "application/json", None, 400, "rectangular"),
@@ -167,7 +167,7 @@ def test_handler_errors_are_clear_and_the_model_keeps_serving(server, name, body
 @pytest.mark.parametrize("name, message", [
     ("ambiguous", "transform_fn together with"),
     ("arity", "predict_fn must take 2 argument(s)"),
-    ("nomodel", "no model_fn and there is no model.pt"),
+    ("nomodel", "needs exactly one .pt or .pth file"),
 ])
 def test_bad_handler_modules_fail_at_load(server, name, message):
     answer = server.load(name)

@@ -87,8 +87,10 @@ def test_models_with_requests_in_flight_are_never_evicted(start_server, tmp_path
     gates = [Gate(tmp_path_factory.mktemp("gates"), f"g{i}") for i in range(2)]
     for i, gate in enumerate(gates):
         handler_model(root, f"busy{i}", gated_predict(gate), Sized(8))
-    sized_model(root, "newcomer", 8)
-    server = start_server(root, SERVE_MEMORY_LIMIT="20MiB")
+    sized_model(root, "newcomer", 30)
+    # each busy model is a worker process charged its USS (8 MiB of weights and its own pages):
+    # both fit, and the newcomer fits only in place of one of them
+    server = start_server(root, SERVE_MEMORY_LIMIT="60MiB")
     assert server.load("busy0").status_code == 200 and server.load("busy1").status_code == 200
     with ThreadPoolExecutor(2) as pool:
         inflight = [pool.submit(server.invoke, f"busy{i}", [[1.0]]) for i in range(2)]

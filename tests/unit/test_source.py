@@ -8,6 +8,7 @@ from container.models.source import (
     SageMakerLayout,
     TritonLayout,
     open_source,
+    read_layout,
     repository_entries,
     resolve_url,
 )
@@ -50,7 +51,7 @@ def test_archive_members_cannot_escape(tmp_path, members, symlinks):
 
 def test_absolute_members_land_inside(tmp_path):
     source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}))
-    assert source.layout.model_file == source.scratch / "model.pt"
+    assert source.layout.weights == [source.scratch / "model.pt"]
     source.remove_scratch()
 
 
@@ -63,7 +64,7 @@ def test_corrupt_archive(tmp_path):
 def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
     archive = tar_with(tmp_path / "m.tar.gz", {"inner/model.pt": b"weights", "inner/code/inference.py": b""})
     source = open_source(archive)
-    assert isinstance(source.layout, SageMakerLayout) and source.layout.handler_file
+    assert isinstance(source.layout, SageMakerLayout) and (source.directory / "code" / "inference.py").is_file()
     assert source.estimated_bytes() == len(b"weights")
     source.remove_scratch()
     assert not source.scratch.exists()
@@ -72,7 +73,7 @@ def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
 def test_directory_holding_only_model_tar_gz(tmp_path):
     (tmp_path / "m").mkdir()
     tar_with(tmp_path / "m" / "model.tar.gz", {"model.pth": b"w"})
-    assert open_source(tmp_path / "m").layout.model_file.name == "model.pth"
+    assert [p.name for p in open_source(tmp_path / "m").layout.weights] == ["model.pth"]
 
 
 def test_triton_layout_versions(tmp_path):
@@ -96,3 +97,13 @@ def test_repository_entries(tmp_path):
     (tmp_path / "b.tar.gz").write_bytes(b"")
     (tmp_path / "notes.txt").write_text("")
     assert repository_entries(str(tmp_path)) == [("a", "a"), ("b", "b.tar.gz")]
+
+
+def test_sagemaker_layout_with_a_config_json_of_its_own(tmp_path):
+    """Weights at the top or a code/ directory make a SageMaker model, whatever config.json holds."""
+    (tmp_path / "classifier.pth").write_bytes(b"w")
+    (tmp_path / "config.json").write_text('{"hidden_size": 768}')
+    assert isinstance(read_layout(tmp_path), SageMakerLayout)
+    (tmp_path / "classifier.pth").unlink()
+    (tmp_path / "code").mkdir()
+    assert isinstance(read_layout(tmp_path), SageMakerLayout)
