@@ -22,10 +22,10 @@ def media_type(header: str | None, default: str | None = JSON) -> str | None:
     return header.split(";", 1)[0].strip().lower() or default
 
 
-def preferences(accept: str | None) -> list[str]:
-    """The media ranges of an Accept header, most preferred first (RFC 9110 §12.5.1): by q-value,
-    then the more specific range, then the order written; ranges with q=0 are refused ones."""
-    ranked = []
+def preferences(accept: str | None) -> tuple[list[str], set[str]]:
+    """The media ranges of an Accept header, most preferred first (RFC 9110 §12.5.1: by q-value, then
+    the more specific range, then the order written), and the ones refused with q=0."""
+    ranked, refused = [], set()
     for position, part in enumerate((accept or "").split(",")):
         name, *parameters = [p.strip() for p in part.split(";")]
         q = 1.0
@@ -38,25 +38,30 @@ def preferences(accept: str | None) -> list[str]:
                     q = 0.0
         if name and q > 0:
             ranked.append((-q, name.count("*"), position, name.lower()))
-    return [name for *_, name in sorted(ranked)]
+        elif name:
+            refused.add(name.lower())
+    return [name for *_, name in sorted(ranked)], refused
 
 
 def negotiate(accept: str | None, supported=SUPPORTED, default: str = JSON) -> str:
-    """The most preferred supported type; no Accept, or a wildcard reached first, means `default`."""
-    for entry in preferences(accept) or ["*/*"]:
+    """The most preferred supported type; no Accept, or a wildcard reached first, means `default`
+    (unless refused)."""
+    ranked, refused = preferences(accept)
+    for entry in ranked or ["*/*"]:
         if entry in supported:
             return entry
         if entry.endswith("/*"):
-            matches = [t for t in (default, *supported) if t in supported and (entry == "*/*" or t.startswith(entry[:-1]))]
-            if matches:
-                return matches[0]
+            candidates = (t for t in (default, *supported) if t in supported and t not in refused)
+            match = next((t for t in candidates if entry == "*/*" or t.startswith(entry[:-1])), None)
+            if match:
+                return match
     raise NotAcceptable(f"cannot answer with {accept!r}: supported response types are {', '.join(supported)}")
 
 
 def preferred(accept: str | None, default: str = JSON) -> str:
     """The most preferred concrete type, whatever it is (for user code, which may speak any); `default`
     when Accept is missing or names only wildcards."""
-    return next((entry for entry in preferences(accept) if "*" not in entry), default)
+    return next((entry for entry in preferences(accept)[0] if "*" not in entry), default)
 
 
 def parse_json(body: bytes):

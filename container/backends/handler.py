@@ -8,6 +8,7 @@ import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from sagemaker_inference.errors import BaseInferenceToolkitError
 
 from container import content
@@ -78,8 +79,6 @@ class HandlerModel:
         """What this process holds on its GPU; its host memory is measured from outside."""
         if not self.device.startswith("cuda"):
             return {}
-        import torch
-
         return {self.device: torch.cuda.memory_reserved(self.device)}
 
     def _respond(self, body: bytes, content_type: str) -> HandlerResponse:

@@ -46,3 +46,28 @@ def test_npy_never_unpickles():
 def test_csv_rank_limit():
     with pytest.raises(NotAcceptable, match="2 dimensions"):
         content.encode_csv(np.zeros((1, 1, 1)))
+
+
+@pytest.mark.parametrize("accept, expected", [
+    (None, "application/json"),
+    ("*/*", "application/json"),
+    ("text/csv;q=0.5, application/json", "application/json"),
+    ("*/*, text/csv", "text/csv"),
+    ("text/*", "text/csv"),
+    ("image/png, application/x-npy;q=0.2", "application/x-npy"),
+    ("application/json;q=0, */*;q=0.1", "text/csv"),
+    ("TEXT/CSV; charset=utf-8", "text/csv"),
+])
+def test_negotiate_by_quality_then_specificity(accept, expected):
+    assert content.negotiate(accept) == expected
+
+
+def test_wildcards_take_the_default_type():
+    assert content.negotiate("*/*", default="text/csv") == "text/csv"
+    assert content.preferred("*/*", default="text/csv") == "text/csv"
+    assert content.preferred("image/*;q=1, image/png;q=0.5") == "image/png"
+
+
+def test_nothing_acceptable_is_406():
+    with pytest.raises(NotAcceptable):
+        content.negotiate("image/png, text/csv;q=0")
