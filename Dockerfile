@@ -22,7 +22,7 @@ COPY container ./container
 # The same install `make test` and `make serve` run.
 RUN PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL" make install
 
-ENV PATH=/opt/server/.venv/bin:/opt/server:$PATH
+ENV PATH=/opt/server:/opt/server/.venv/bin:$PATH
 EXPOSE 8080
 # `docker run IMAGE serve` replaces CMD; serve execs gunicorn, which then receives SIGTERM itself.
 CMD ["serve"]
