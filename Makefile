@@ -27,7 +27,7 @@ $(EXAMPLES) &: examples/build_models.py $(VENV)/.installed
 
 serve: install examples
 	PATH="$(CURDIR)/$(BIN):$$PATH" SERVE_MODEL_ROOT="$${SERVE_MODEL_ROOT:-$(CURDIR)/examples/models}" \
-		SERVE_LOAD_MODELS="$${SERVE_LOAD_MODELS:-*}" ./serve
+		SERVE_LOAD_MODELS="$${SERVE_LOAD_MODELS-*}" ./serve
 
 test: install examples tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

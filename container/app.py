@@ -24,7 +24,7 @@ from container.backends.pytorch import configure_threads, gpu_count, release_mem
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
-from container.models.source import repository_entries
+from container.models.source import locate, repository_entries
 from container.scheduling import new_job, scheduler_for
 from container.settings import Settings
 
@@ -33,7 +33,8 @@ def create_app(settings: Settings) -> Flask:
     configure_logging(settings.log_level)
     configure_threads(resources.cpu_quota())
     backends = functools.partial(load_backends, options=handler_options(settings))
-    registry = Registry(settings.model_root, memory_cache(settings), Runtime(backends, release_memory, scheduler_for, new_job))
+    runtime = Runtime(backends, release_memory, scheduler_for, new_job)
+    registry = Registry(settings.model_root, memory_cache(settings), runtime, settings.limits)
     app = Flask("container")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry
@@ -78,4 +79,4 @@ def startup_models(settings: Settings) -> list[tuple[str, str]]:
         return [(SINGLE_MODEL_NAME, ".")]
     if settings.load_models == ("*",):
         return repository_entries(settings.model_root)
-    return [(name, name) for name in settings.load_models]
+    return [(name, locate(settings.model_root, name)) for name in settings.load_models]

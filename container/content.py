@@ -2,6 +2,7 @@
 negotiation. Used by the `/invocations` front-end and by the default handlers of SageMaker-layout models."""
 
 import io
+import math
 
 import numpy as np
 import orjson
@@ -12,6 +13,7 @@ JSON = "application/json"
 CSV = "text/csv"
 NPY = "application/x-npy"
 SUPPORTED = (JSON, CSV, NPY)
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 TEXT_TYPES = (JSON, CSV)  # decoded to str before a user's input_fn sees them, as SageMaker's toolkit does
 
 
@@ -87,10 +89,23 @@ def decode_csv(body: bytes, dtype=np.float32) -> np.ndarray:
 
 
 def decode_npy(body: bytes) -> np.ndarray:
+    """The array, after its header is checked against the body: numpy would allocate the whole shape
+    the header claims before it finds the data missing."""
+    stream = io.BytesIO(body)
     try:
-        return np.load(io.BytesIO(body), allow_pickle=False)
+        version = np.lib.format.read_magic(stream)
+        if version not in _NPY_HEADERS:
+            raise ValueError(f"NPY format version {version} is not supported; write version 1.0 or 2.0")
+        shape, _, dtype = _NPY_HEADERS[version](stream)
+        if dtype.hasobject:
+            raise ValueError("object arrays are refused (they would need unpickling)")
+        claimed, present = math.prod(shape) * dtype.itemsize, len(body) - stream.tell()
+        if claimed != present:
+            raise ValueError(f"the header claims shape {shape} of {dtype} ({claimed} bytes); the body holds {present}")
+        stream.seek(0)
+        return np.load(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InvalidRequest(f"malformed NPY body (object arrays are refused): {exc}") from None
+        raise InvalidRequest(f"malformed NPY body: {exc}") from None
 
 
 def encode_json(value) -> bytes:

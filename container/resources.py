@@ -28,7 +28,7 @@ def memory_limit() -> int:
             text = (_CGROUP / name).read_text().strip()
         except OSError:
             continue
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             return min(total, int(text))
     return total
 

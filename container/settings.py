@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 from container import content, resources
+from container.limits import Limits, whole_number
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -75,6 +76,22 @@ class Settings:
     requirements_cache: str = _env(
         "SERVE_REQUIREMENTS_CACHE", "/tmp/serve-requirements", "Where installed `requirements.txt` packages are kept, one directory per distinct file."
     )
+    max_decoded_size: int = _env(
+        "SERVE_MAX_DECODED_SIZE", "256MiB", "Largest decoded size of one request's tensors (elements × item size, BYTES lengths included), checked before allocating; larger requests get 413."
+    )
+    max_archive_size: int = _env(
+        "SERVE_MAX_ARCHIVE_SIZE", "100%", "Most bytes one model archive may expand to, checked while extracting; a percentage is of `SERVE_MEMORY_LIMIT` (a larger model could not load anyway)."
+    )
+    max_archive_members: int = _env("SERVE_MAX_ARCHIVE_MEMBERS", "10000", "Most files and directories one model archive may hold.")
+    max_archive_depth: int = _env("SERVE_MAX_ARCHIVE_DEPTH", "32", "Most path components of one archive member (`a/b/c` has 3).")
+    max_instances: int = _env("SERVE_MAX_INSTANCES", "64", "Most instances (threads) one model's `instance_group` may ask for.")
+    max_priority_levels: int = _env("SERVE_MAX_PRIORITY_LEVELS", "64", "Most `priority_levels` one model's dynamic batcher may declare.")
+    max_connections: int = _env(
+        "SERVE_MAX_CONNECTIONS", "1000", "Most client connections served at once; more wait in the listen queue."
+    )
+    first_request_timeout: int = _env(
+        "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -85,12 +102,13 @@ class Settings:
         eviction = raw["eviction"].lower()
         if eviction not in ("lru", "none"):
             raise SettingsError(f"SERVE_EVICTION={raw['eviction']!r}: expected 'lru' or 'none'")
+        memory_limit = _size("SERVE_MEMORY_LIMIT", raw["memory_limit"], resources.memory_limit())
         _size("SERVE_GPU_MEMORY_LIMIT", raw["gpu_memory_limit"], 1)  # fail at start-up, not at the first GPU load
         return cls(
             port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
             model_root=raw["model_root"],
-            memory_limit=_size("SERVE_MEMORY_LIMIT", raw["memory_limit"], resources.memory_limit()),
+            memory_limit=memory_limit,
             gpu_memory_limit=raw["gpu_memory_limit"],
             eviction=eviction,
             max_payload_mb=_number("SAGEMAKER_MAX_PAYLOAD_IN_MB", raw["max_payload_mb"]),
@@ -101,11 +119,24 @@ class Settings:
             program=_program(raw["program"]),
             install_requirements=_boolean("SERVE_INSTALL_REQUIREMENTS", raw["install_requirements"]),
             requirements_cache=raw["requirements_cache"],
+            max_decoded_size=_size("SERVE_MAX_DECODED_SIZE", raw["max_decoded_size"], 1),
+            max_archive_size=_size("SERVE_MAX_ARCHIVE_SIZE", raw["max_archive_size"], memory_limit),
+            max_archive_members=_positive("SERVE_MAX_ARCHIVE_MEMBERS", raw["max_archive_members"]),
+            max_archive_depth=_positive("SERVE_MAX_ARCHIVE_DEPTH", raw["max_archive_depth"]),
+            max_instances=_positive("SERVE_MAX_INSTANCES", raw["max_instances"]),
+            max_priority_levels=_positive("SERVE_MAX_PRIORITY_LEVELS", raw["max_priority_levels"]),
+            max_connections=_positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]),
+            first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
         )
 
     @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * (1 << 20))
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_decoded_size, self.max_archive_size, self.max_archive_members, self.max_archive_depth,
+                      self.max_instances, self.max_priority_levels)
 
     def gpu_budget(self, total: int) -> int:
         return parse_size(self.gpu_memory_limit, total)
@@ -135,9 +166,17 @@ def _program(text: str) -> str:
 
 
 def _integer(name: str, text: str) -> int:
-    if not text.isdigit():
+    value = whole_number(text)
+    if value is None:
         raise SettingsError(f"{name}={text!r}: expected a whole number")
-    return int(text)
+    return value
+
+
+def _positive(name: str, text: str) -> int:
+    value = _integer(name, text)
+    if value < 1:
+        raise SettingsError(f"{name}={text!r}: expected a positive whole number")
+    return value
 
 
 def _number(name: str, text: str) -> float:

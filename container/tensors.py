@@ -7,6 +7,7 @@ the backend narrows it.
 import numpy as np
 
 from container.errors import InvalidInput
+from container.limits import MAX_DIMS
 
 _TABLE = {
     "BOOL": np.dtype(np.bool_),
@@ -46,18 +47,22 @@ def datatype_of(array: np.ndarray) -> str:
 
 def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     """Decoded request data (lists, scalars or an array) → an array of `datatype`, refusing lossy casts."""
-    try:
-        array = np.asarray(value)
+    try:  # strings stay Python objects: numpy would turn a number among them into its digits
+        array = np.asarray(value, dtype=object if datatype == "BYTES" and not isinstance(value, np.ndarray) else None)
     except ValueError as exc:  # ragged nesting
         raise InvalidInput(f"input '{name}': {exc}") from None
+    if array.ndim > MAX_DIMS:
+        raise InvalidInput(f"input '{name}' has {array.ndim} dimensions; at most {MAX_DIMS}")
     kind = array.dtype.kind
     if datatype == "BYTES":
         if kind not in "OSU":
             raise InvalidInput(f"input '{name}' is BYTES: send strings, got {array.dtype} values")
-        return to_bytes_array(array)
+        return to_bytes_array(array, name)
     target = _TABLE[datatype]
     if kind in "OSU":
         raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got strings")
+    if kind not in "biuf":  # complex would lose its imaginary part; dates, records and raw bytes mean nothing
+        raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got {_describe(array.dtype)} values")
     if kind == "f" and target.kind in "iub":
         raise InvalidInput(f"input '{name}' is {datatype}: got floating-point values")
     if kind in "iu" and target.kind == "b":
@@ -70,9 +75,26 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     return array.astype(target, copy=False)
 
 
-def to_bytes_array(array: np.ndarray) -> np.ndarray:
-    """Any string-ish array → an object array of `bytes` (str is UTF-8 encoded)."""
-    flat = [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1).tolist()]
+def decoded_size(arrays) -> int:
+    """Bytes the arrays hold, BYTES elements by their lengths."""
+    return sum(sum(map(len, a.reshape(-1).tolist())) if a.dtype == object else a.nbytes for a in arrays)
+
+
+def to_bytes_array(array: np.ndarray, name: str = "") -> np.ndarray:
+    """Any string-ish array → an object array of `bytes` (str is UTF-8 encoded). Other objects are
+    refused: `bytes(n)` of an integer would allocate n zero bytes."""
+    flat = array.reshape(-1).tolist()
+    for index, value in enumerate(flat):
+        if isinstance(value, str):
+            flat[index] = value.encode(errors="surrogatepass")
+        elif not isinstance(value, bytes):
+            raise InvalidInput(f"input '{name}' is BYTES: every element must be a string, element {index} is "
+                               f"{'null' if value is None else type(value).__name__}")
     out = np.empty(len(flat), dtype=object)
     out[:] = flat
     return out.reshape(array.shape)
+
+
+def _describe(dtype: np.dtype) -> str:
+    names = {"c": "complex", "M": "datetime", "m": "timedelta", "V": "structured or raw", "O": "mixed or null"}
+    return names.get(dtype.kind, str(dtype))

@@ -7,6 +7,7 @@ from typing import Callable
 
 import orjson
 from flask import Blueprint, Flask, Response, request
+from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from container.api.request_log import request_id
@@ -21,6 +22,8 @@ def describe(exc: Exception, method: str, path: str, request_id: str | None) -> 
         if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults
             log.warning("request failed", extra={"fields": {"status": exc.status, "error": exc.message, "request_id": request_id}})
         return exc.status, exc.message, exc.headers
+    if isinstance(exc, (ParseException, NoMoreData)):  # raised by gunicorn while the body is read
+        return 400, f"malformed request body: {exc}", {}
     if isinstance(exc, NotFound):
         return 404, f"no endpoint {method} {path}; see the README for the API", {}
     if isinstance(exc, MethodNotAllowed):

@@ -1,8 +1,10 @@
 """The hot endpoints — V2 infer and SageMaker invoke — as plain WSGI in front of Flask. Flask's request
 context, routing and response objects cost about a quarter of a small request's CPU, and werkzeug's
 body streaming much of a large one's; these handlers share everything else (the serving functions, the
-error description, the request log) with the rest of the API. Other requests pass through to Flask."""
+error description, the request log) with the rest of the API. Other requests pass through to Flask,
+a chunked body read here first: werkzeug would cut it at the size limit without a word."""
 
+import io
 import re
 import time
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ class Call:
     """What a hot handler sees of its request."""
 
     environ: dict
-    match: re.Match
+    match: re.Match | None
     body: bytes
     request_id: str
     model: str | None = None  # for the request log; a handler may name the model it serves
@@ -50,7 +52,17 @@ class HotPaths:
             match = pattern.fullmatch(path)
             if match is not None:
                 return self._serve(environ, start_response, path, match, handler)
+        if not environ.get("CONTENT_LENGTH") and environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked":
+            try:
+                body = self._body(environ)
+            except Exception as exc:
+                return self._fail(environ, start_response, path, exc)
+            environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
         return self.app(environ, start_response)
+
+    def _fail(self, environ, start_response, path: str, exc: Exception):
+        call = Call(environ, None, b"", environ.get("HTTP_X_REQUEST_ID") or new_request_id())
+        return self._respond(environ, start_response, path, call, exc, time.perf_counter())
 
     def _serve(self, environ, start_response, path: str, match: re.Match, handler: Handler):
         started, method = time.perf_counter(), environ["REQUEST_METHOD"]
@@ -59,11 +71,20 @@ class HotPaths:
             if method != "POST":
                 raise MethodNotAllowed(valid_methods=["POST"])
             call.body = self._body(environ)
-            body, headers, *status = handler(call)
-            status = status[0] if status else 200
+            answer = handler(call)
         except Exception as exc:
-            status, message, extra = describe(exc, method, path, call.request_id)
+            answer = exc
+        return self._respond(environ, start_response, path, call, answer, started)
+
+    def _respond(self, environ, start_response, path: str, call: Call, answer, started: float):
+        """Send `answer` — a handler's (body, headers[, status]) or the exception it raised — and log it."""
+        method = environ["REQUEST_METHOD"]
+        if isinstance(answer, Exception):
+            status, message, extra = describe(answer, method, path, call.request_id)
             body, headers = json_error(message), {"Content-Type": "application/json", **extra}
+        else:
+            body, headers, *status = answer
+            status = status[0] if status else 200
         headers |= {REQUEST_ID: call.request_id, "Content-Length": str(len(body))}
         start_response(status_line(status), list(headers.items()))
         log_request(method, path, call.model, status, started, call.request_id, call.header("X-Amzn-SageMaker-Target-Model"))

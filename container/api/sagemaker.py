@@ -9,11 +9,11 @@ import orjson
 from flask import Blueprint, Flask, Response, request
 
 from container import content
-from container.api import invoke_codec
-from container.errors import InvalidRequest, Unavailable
+from container.api import invoke_codec, offload
+from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest, TransformRequest
+from container.limits import check_name, whole_number
 from container.models.registry import Registry
-from container.models.source import check_name
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,12 +81,24 @@ def sagemaker_hot_routes(registry: Registry, settings: Settings) -> list:
             if not target:
                 raise InvalidRequest(f"the {TARGET_MODEL} header must name the model to invoke (a path under the model root)")
             call.model = target
-            registry.ensure_loaded(target, target)
-        else:
-            call.model = SINGLE_MODEL_NAME
+            return _invoke_on_demand(registry, call, settings.default_accept)
+        call.model = SINGLE_MODEL_NAME
         return serve_invoke(registry, call, settings.default_accept)
 
     return [(re.compile(r"/models/(?P<name>[^/]+)/invoke"), invoke), (re.compile(r"/invocations"), invocations)]
+
+
+def _invoke_on_demand(registry: Registry, call, default_accept: str):
+    """Load the target on first use. A target evicted or unloaded between its load and its request's
+    lease is loaded again: the platform sent the request expecting exactly that."""
+    for _ in range(3):
+        model = registry.ensure_loaded(call.model, call.model)
+        try:
+            return serve_invoke(registry, call, default_accept)
+        except ModelNotFound:
+            if registry.models.get(call.model) is model:
+                raise
+    raise Unavailable(f"model '{call.model}' was evicted three times before it could serve; retry")
 
 
 def serve_invoke(registry: Registry, call, default_accept: str) -> tuple[bytes, dict[str, str], int]:
@@ -105,9 +117,11 @@ def serve_invoke(registry: Registry, call, default_accept: str) -> tuple[bytes, 
         response = registry.transform(TransformRequest(name, call.body, media_type, accept, call.headers(), call.request_id))
         return response.body, {**response.headers, "Content-Type": response.content_type}, response.status
     response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
-    inputs, envelope = invoke_codec.decode(call.body, content.media_type(call.header("Content-Type")), model.signature)
-    response = registry.infer(InferRequest(name, inputs))
-    return invoke_codec.encode(response.outputs, response_type, envelope), {"Content-Type": response_type}, 200
+    inputs, envelope = offload.run(offload.heavy(len(call.body)), invoke_codec.decode, call.body,
+                                   content.media_type(call.header("Content-Type")), model.signature)
+    outputs = registry.infer(InferRequest(name, inputs)).outputs
+    body = offload.run(offload.heavy(offload.output_size(outputs)), invoke_codec.encode, outputs, response_type, envelope)
+    return body, {"Content-Type": response_type}, 200
 
 
 def _describe(model) -> dict:
@@ -130,9 +144,10 @@ def _load_body(body: bytes) -> tuple[str, str]:
 def _page_size(text: str | None) -> int:
     if text is None:
         return DEFAULT_PAGE_SIZE
-    if not text.isdigit() or int(text) < 1:
-        raise InvalidRequest(f"limit={text!r}: expected a positive whole number")
-    return int(text)
+    size = whole_number(text)
+    if not size:
+        raise InvalidRequest(f"limit={text[:40]!r}: expected a positive whole number")
+    return size
 
 
 def _decode_token(token: str) -> str:

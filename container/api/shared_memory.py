@@ -1,9 +1,11 @@
 """The system shared memory extension: POSIX shared memory regions that clients register by key
 (as `tritonclient.utils.shared_memory` creates them under /dev/shm), read for inputs and written for
-outputs. Every offset and size is checked against the region; an unregistered region is unmapped."""
+outputs. Regions are read and written with pread/pwrite, never mapped: a client may truncate its
+object at any time, and a mapped page past the new end would kill the server with SIGBUS. Each access
+checks the object's current size, so truncation is a 400."""
 
-import mmap
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    memory: mmap.mmap
+    fd: int
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -39,24 +41,26 @@ class SystemSharedMemory:
     def register(self, name: str, key, offset, byte_size) -> None:
         if name in self._regions:
             raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
-        if not isinstance(key, str) or not key.strip("/") or "/" in key.strip("/") or key.strip("/") in (".", ".."):
-            raise InvalidRequest(f"'key' must name a POSIX shared memory object such as '/my_region', got {key!r}")
+        if (not isinstance(key, str) or not key.strip("/") or "/" in key.strip("/") or key.strip("/") in (".", "..")
+                or "\0" in key or len(key) > 255):
+            raise InvalidRequest(f"'key' must name a POSIX shared memory object such as '/my_region', got {key!r:.100}")
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidRequest(f"'{field}' must be a non-negative whole number")
-        path = self._root / key.strip("/")
-        try:
-            fd = os.open(path, os.O_RDWR)
+        try:  # O_NOFOLLOW: a symlink planted in /dev/shm must not lead the server's writes elsewhere
+            fd = os.open(self._root / key.strip("/"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise InvalidRequest(f"cannot open shared memory object {key!r}: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size or byte_size == 0:
-                raise InvalidRequest(f"region [{offset}, {offset + byte_size}) does not fit the {size}-byte object {key!r}")
-            memory = mmap.mmap(fd, size)
-        finally:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidRequest(f"{key!r} is not a shared memory object")
+            if offset + byte_size > info.st_size or byte_size == 0:
+                raise InvalidRequest(f"region [{offset}, {offset + byte_size}) does not fit the {info.st_size}-byte object {key!r}")
+        except BaseException:
             os.close(fd)
-        self._regions[name] = Region(name, key, offset, byte_size, memory)
+            raise
+        self._regions[name] = Region(name, key, offset, byte_size, fd)
 
     def unregister(self, name: str | None = None) -> None:
         """Unregister one region (or all, without a name); unknown names are not an error, as in Triton."""
@@ -64,7 +68,7 @@ class SystemSharedMemory:
         for region_name in names:
             region = self._regions.pop(region_name, None)
             if region is not None:
-                region.memory.close()
+                os.close(region.fd)
 
     def status(self, name: str | None = None) -> list[dict]:
         if name is None:
@@ -72,23 +76,26 @@ class SystemSharedMemory:
         return [self._region(name).status()]
 
     def read(self, name: str, offset: int, byte_size: int) -> bytes:
-        region = self._checked(name, offset, byte_size)
-        start = region.offset + offset
-        return region.memory[start: start + byte_size]
+        region, start = self._checked(name, offset, byte_size)
+        data = os.pread(region.fd, byte_size, start)
+        if len(data) != byte_size:  # truncated between the check and the read
+            raise self._truncated(region)
+        return data
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes) -> None:
-        region = self._checked(name, offset, byte_size)
         if len(data) > byte_size:
             raise InvalidRequest(f"the output needs {len(data)} bytes; shared memory region '{name}' offers {byte_size}")
-        start = region.offset + offset
-        region.memory[start: start + len(data)] = data
+        region, start = self._checked(name, offset, byte_size)
+        os.pwrite(region.fd, data, start)
 
     def _region(self, name: str) -> Region:
         if name not in self._regions:
             raise RegionNotFound(f"shared memory region '{name}' is not registered")
         return self._regions[name]
 
-    def _checked(self, name: str, offset: int, byte_size: int) -> Region:
+    def _checked(self, name: str, offset: int, byte_size: int) -> tuple[Region, int]:
+        """The region and the absolute position of `offset` in its object, once both the registered
+        region and the object as it is now hold `byte_size` bytes there."""
         try:
             region = self._region(name)
         except RegionNotFound as exc:
@@ -97,8 +104,15 @@ class SystemSharedMemory:
             raise InvalidRequest(
                 f"[{offset}, {offset + byte_size}) lies outside shared memory region '{name}' of {region.byte_size} bytes"
             )
-        return region
+        start = region.offset + offset
+        if start + byte_size > os.fstat(region.fd).st_size:
+            raise self._truncated(region)
+        return region, start
 
+    @staticmethod
+    def _truncated(region: Region) -> InvalidRequest:
+        return InvalidRequest(f"shared memory object {region.key!r} of region '{region.name}' was truncated "
+                              f"below the registered {region.offset + region.byte_size} bytes; register it again")
 
 
 def register_shared_memory_endpoints(app: Flask, shared_memory: SystemSharedMemory) -> None:

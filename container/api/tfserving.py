@@ -9,10 +9,12 @@ import re
 import numpy as np
 from flask import Blueprint, Flask, Response, g, request
 
+from container.api import offload
 from container.api import tfserving_json as tfjson
 from container.api.errors import register_error_handler
 from container.errors import InvalidInput, InvalidRequest, ModelNotFound
 from container.inference import InferRequest
+from container.limits import whole_number
 from container.models.registry import Model, Registry
 from container.models.signature import Signature, TensorSpec
 from container.tensors import as_datatype
@@ -46,10 +48,14 @@ def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
             return _answer(tfjson.pretty(_status(model, version if match["version"] or match["label"] else None)))
         if verb == "/metadata":
             return _answer(tfjson.pretty(_metadata(model, version)))
-        document = _body()
+        body = request.get_data()
+        heavy = offload.heavy(len(body))
+        document = offload.run(heavy, _parse, body)
         _check_signature(model, document, verb)
         if verb == ":predict":
-            return _answer(_predict(registry, model, version, document))
+            inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
+            outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+            return _answer(offload.run(offload.heavy(offload.output_size(outputs)), _predictions, outputs, key))
         return _answer(_regress_or_classify(registry, model, version, document, verb))
 
     app.register_blueprint(api)
@@ -71,9 +77,9 @@ def _resolve(registry: Registry, match, status: bool) -> tuple[Model, int]:
             raise InvalidRequest(f"Unrecognized servable version label: {label}")
         version = model.version_labels[label]
     elif version_text is not None:
-        if not version_text.isdigit():
+        version = whole_number(version_text)
+        if version is None:
             raise InvalidRequest(f"Failed to convert version: {version_text} to numeric.")
-        version = int(version_text)
     else:
         return model, max(model.versions)
     if version not in model.versions:
@@ -131,8 +137,8 @@ def _tensor_signature(model: Model) -> Signature:
     return model.signature
 
 
-def _body() -> dict:
-    document = tfjson.parse(request.get_data())
+def _parse(body: bytes) -> dict:
+    document = tfjson.parse(body)
     if not isinstance(document, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return document
@@ -148,17 +154,18 @@ def _check_signature(model: Model, document: dict, verb: str) -> None:
         raise InvalidRequest(f"Expected {verb[1:]} signature method_name to be {wanted}. Was: {available[name]}")
 
 
-def _predict(registry: Registry, model: Model, version: int, document: dict) -> bytes:
-    signature = model.signature
+def _predict_inputs(signature: Signature, document: dict) -> tuple[dict[str, np.ndarray], str]:
+    """The input tensors of a predict request, and the key its answer goes under."""
     if "instances" in document and "inputs" in document:
         raise InvalidRequest("Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist")
     if "instances" in document:
-        inputs, key = _rows(document["instances"], signature), "predictions"
-    elif "inputs" in document:
-        inputs, key = _columns(document["inputs"], signature), "outputs"
-    else:
-        raise InvalidRequest("Missing 'inputs' or 'instances' key")
-    outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+        return _rows(document["instances"], signature), "predictions"
+    if "inputs" in document:
+        return _columns(document["inputs"], signature), "outputs"
+    raise InvalidRequest("Missing 'inputs' or 'instances' key")
+
+
+def _predictions(outputs: dict[str, np.ndarray], key: str) -> bytes:
     if len(outputs) == 1:
         (name, array), = outputs.items()
         return tfjson.document({key: tfjson.value(array, _binary(name))})

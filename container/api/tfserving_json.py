@@ -21,7 +21,7 @@ def parse(body: bytes):
     except orjson.JSONDecodeError as exc:
         try:
             return json.loads(body)
-        except ValueError:  # the orjson message is the more precise one
+        except (ValueError, RecursionError):  # the orjson message is the more precise one
             raise InvalidRequest(f"JSON Parse error: {exc}") from None
 
 

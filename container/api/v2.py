@@ -9,9 +9,10 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from container import content
-from container.api import v2_codec
+from container.api import offload, v2_codec
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest
+from container.limits import whole_number
 from container.models.registry import Model, Registry, State
 from container.models.statistics import Duration, Statistics
 
@@ -99,20 +100,24 @@ def serve_infer(registry: Registry, shared_memory, name: str, version: str | Non
     model, number = _model(registry, name, version, default_latest=False)
     if model.signature is None:
         raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
-    document, binary = v2_codec.split(body, header_length)
+    heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
+    document, binary = offload.run(heavy, v2_codec.split, body, header_length)
     parameters = _request_parameters(document)
-    inputs = v2_codec.decode_inputs(document, binary, model.signature, shared_memory)
+    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, registry.limits)
     requested = v2_codec.requested_outputs(document)
     names = [r["name"] for r in requested] if requested else None
     response = registry.infer(InferRequest(name, inputs, number, names, parameters))
-    entries, chunks = v2_codec.encode_outputs(
-        response.outputs, requested, parameters.get("binary_data_output", False), model.signature,
-        model.output_labels, shared_memory,
-    )
-    answer = {"model_name": name, "model_version": str(response.model_version), "outputs": entries}
+    answer = {"model_name": name, "model_version": str(response.model_version)}
     if "id" in document:
         answer["id"] = document["id"]
-    return v2_codec.response_body(answer, chunks)
+    return offload.run(offload.heavy(offload.output_size(response.outputs)), _encode, response.outputs, requested,
+                       parameters.get("binary_data_output", False), model, shared_memory, answer)
+
+
+def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory, answer: dict) -> tuple[bytes, dict]:
+    entries, chunks = v2_codec.encode_outputs(outputs, requested, binary, model.signature, model.output_labels,
+                                              shared_memory)
+    return v2_codec.response_body({**answer, "outputs": entries}, chunks)
 
 
 def _json(value) -> Response:
@@ -123,11 +128,12 @@ def _model(registry: Registry, name: str, version: str | None, default_latest: b
     model = registry.get(name)
     if version is None:
         return model, model.version() if default_latest else None
-    if not version.isdigit():
-        raise InvalidRequest(f"version {version!r} must be a whole number")
-    if int(version) not in model.versions:
-        raise ModelNotFound(f"model '{name}' has no version {version}; it serves {sorted(model.versions)}")
-    return model, int(version)
+    number = whole_number(version)
+    if number is None:
+        raise InvalidRequest(f"version {version[:40]!r} must be a whole number in ASCII digits")
+    if number not in model.versions:
+        raise ModelNotFound(f"model '{name}' has no version {number}; it serves {sorted(model.versions)}")
+    return model, number
 
 
 def _platform(model: Model) -> str:

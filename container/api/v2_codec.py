@@ -9,6 +9,7 @@ import numpy as np
 
 from container import content
 from container.errors import InvalidInput, InvalidRequest
+from container.limits import MAX_DIMS, Limits, whole_number
 from container.models.signature import Signature, TensorSpec
 from container.tensors import DATATYPES, as_datatype, numpy_dtype
 
@@ -21,19 +22,24 @@ def split(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
     if header_length is None:
         json_part, binary = body, memoryview(b"")
     else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise InvalidRequest(f"{HEADER_LENGTH}: {header_length!r} is not a length within the {len(body)}-byte body")
-        json_part, binary = body[: int(header_length)], memoryview(body)[int(header_length):]
+        length = whole_number(header_length)
+        if length is None or length > len(body):
+            raise InvalidRequest(f"{HEADER_LENGTH}: {header_length[:40]!r} is not a length within the {len(body)}-byte body")
+        json_part, binary = body[:length], memoryview(body)[length:]
     return content.parse_object(json_part, "the request"), binary
 
 
-def decode_inputs(document: dict, binary: memoryview, signature: Signature, shared_memory) -> dict[str, np.ndarray]:
+def decode_inputs(document: dict, binary: memoryview, signature: Signature, shared_memory,
+                  limits: Limits) -> dict[str, np.ndarray]:
+    """The input tensors; each one's decoded size is checked against the limit before it is allocated."""
     entries = document.get("inputs")
     if not isinstance(entries, list) or not entries:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")
-    inputs, offset = {}, 0
+    inputs, offset, decoded = {}, 0, 0
     for entry in entries:
         name, shape, datatype, parameters = _tensor_header(entry)
+        decoded += _claimed_bytes(name, shape, datatype, parameters)
+        limits.check_decoded(decoded)
         spec = signature.input(name)
         if datatype != spec.datatype:
             raise InvalidInput(f"input '{name}' is {spec.datatype}; the request says {datatype}")
@@ -55,6 +61,14 @@ def decode_inputs(document: dict, binary: memoryview, signature: Signature, shar
     if offset != len(binary):
         raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     return inputs
+
+
+def _claimed_bytes(name: str, shape: list[int], datatype: str, parameters: dict) -> int:
+    """What an input will occupy once decoded: its shape's worth of elements, or for BYTES the data
+    that carries them (the elements cannot outgrow it)."""
+    if datatype == "BYTES":
+        return max(_size(parameters, "binary_data_size", name), _size(parameters, "shared_memory_byte_size", name))
+    return math.prod(shape) * (2 if datatype == "BF16" else numpy_dtype(datatype).itemsize)
 
 
 def requested_outputs(document: dict) -> list[dict] | None:
@@ -143,6 +157,8 @@ def _tensor_header(entry) -> tuple[str, list[int], str, dict]:
     name, shape, datatype = entry["name"], entry.get("shape"), entry.get("datatype")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidInput(f"input '{name}': 'shape' must be a list of non-negative whole numbers")
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"input '{name}': a shape of {len(shape)} dimensions; at most {MAX_DIMS}")
     if datatype not in DATATYPES:
         raise InvalidInput(f"input '{name}': datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
     parameters = entry.get("parameters", {})

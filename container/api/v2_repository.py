@@ -9,9 +9,10 @@ from flask import Blueprint, Flask, Response, request
 
 from container import content
 from container.errors import InvalidRequest
+from container.limits import check_name
 from container.models.overrides import build_override
 from container.models.registry import Registry, State
-from container.models.source import check_name, repository_entries, resolve_url
+from container.models.source import locate, repository_entries, resolve_url
 
 
 def register_repository_endpoints(app: Flask, registry: Registry) -> None:
@@ -42,11 +43,11 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
         if config is not None:
             if not isinstance(config, str):
                 raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-            base = None if files else resolve_url(registry.model_root, name)
+            base = None if files else resolve_url(registry.model_root, locate(registry.model_root, name))
             directory = gevent.get_hub().threadpool.apply(build_override, (config, files, base))
         elif files:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
-        registry.load(name, name, reload=True, directory=directory)
+        registry.load(name, locate(registry.model_root, name), reload=True, directory=directory)
         return Response(b"", 200)
 
     @api.post("/v2/repository/models/<name>/unload")

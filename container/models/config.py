@@ -1,5 +1,6 @@
 """Triton `ModelConfig` from `config.pbtxt` or `config.json`, parsed with Triton's published schema."""
 
+import os
 from pathlib import Path
 
 import orjson
@@ -11,19 +12,27 @@ from container.errors import InvalidModel
 PYTORCH_PLATFORMS = ("pytorch_libtorch",)
 PYTORCH_BACKENDS = ("pytorch",)
 DEFAULT_MODEL_FILENAME = "model.pt"
+MAX_PATH_BYTES = 1024  # well under PATH_MAX with the model root in front
 
 
 def read_config(directory: Path) -> tuple[pb.ModelConfig, dict[str, int]]:
     """The model's config and its version labels (our `config.json` extension `version_labels`)."""
     labels: dict[str, int] = {}
     if (directory / "config.pbtxt").is_file():
-        config = _parse_pbtxt((directory / "config.pbtxt").read_text())
+        config = _parse_pbtxt(read_text(directory / "config.pbtxt", "config"))
     elif (directory / "config.json").is_file():
         config, labels = parse_json_config((directory / "config.json").read_bytes())
     else:
         raise InvalidModel(f"{directory.name}: no config.pbtxt or config.json")
     check_config(config)
     return config, labels
+
+
+def read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_bytes().decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidModel(f"{what} {path.name!r} is not UTF-8 text: {exc}") from None
 
 
 def parse_json_config(text: bytes) -> tuple[pb.ModelConfig, dict[str, int]]:
@@ -49,8 +58,20 @@ def _parse_pbtxt(text: str) -> pb.ModelConfig:
         raise InvalidModel(f"config.pbtxt does not match Triton's ModelConfig: {exc}") from None
 
 
+def relative_path(relative: str, what: str) -> str:
+    """`relative` normalised, refusing paths that are absolute, climb out, or no file system takes."""
+    normal = os.path.normpath(relative) if relative else ""
+    if (not relative or os.path.isabs(relative) or normal == "." or normal.split(os.sep)[0] == ".."
+            or "\0" in relative or len(relative.encode()) > MAX_PATH_BYTES):
+        raise InvalidModel(f"{what} {relative[:200]!r} must be a relative path inside the model directory")
+    return normal
+
+
 def check_config(config: pb.ModelConfig) -> None:
-    """What the schema cannot say: a backend we run, named tensors with types and sane dims."""
+    """What the schema cannot say: a backend we run, named tensors with types and sane dims, and file
+    names that stay inside the model's directory."""
+    for what, path in _file_fields(config):
+        relative_path(path, what)
     if config.platform and config.platform not in PYTORCH_PLATFORMS:
         raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch'")
     if config.backend and config.backend not in PYTORCH_BACKENDS:
@@ -72,6 +93,27 @@ def check_config(config: pb.ModelConfig) -> None:
                 raise InvalidModel(f"{kind} '{tensor.name}' has no data_type")
             if any(d < -1 or d == 0 for d in tensor.dims):
                 raise InvalidModel(f"{kind} '{tensor.name}': dims must be positive or -1, got {list(tensor.dims)}")
+
+
+def _file_fields(config: pb.ModelConfig):
+    """(field, path) of every file name a config may give — those we read and those we ignore alike."""
+    if config.default_model_filename:
+        yield "default_model_filename", config.default_model_filename
+    for key, path in config.cc_model_filenames.items():
+        yield f"cc_model_filenames[{key!r}]", path
+    for output in config.output:
+        if output.label_filename:
+            yield f"output '{output.name}': label_filename", output.label_filename
+    for warmup in config.model_warmup:
+        for name, data in warmup.inputs.items():
+            if data.HasField("input_data_file"):
+                yield f"model_warmup '{warmup.name}' input '{name}': input_data_file", data.input_data_file
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.HasField("data_file"):
+                yield f"sequence_batching state '{state.input_name}': data_file", initial.data_file
+    for library in config.model_operations.op_library_filename:
+        yield "model_operations.op_library_filename", library
 
 
 def selected_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:

@@ -4,11 +4,10 @@ its `config` parameter and `file:<version>/<name>` contents."""
 import os
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from container.errors import InvalidModel, InvalidRequest
-from container.models.config import parse_json_config
-from container.models.source import inside
+from container.models.config import parse_json_config, relative_path
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
 
@@ -21,10 +20,8 @@ def build_override(config: str, files: dict[str, bytes], base: Path | None) -> P
     try:
         (directory / "config.json").write_text(config)
         if files:
-            for relative, data in files.items():
-                target = inside(directory, relative, "file:")
-                if target.relative_to(directory).as_posix() in CONFIG_FILES:
-                    raise InvalidModel(f"file:{relative}: the configuration comes from the 'config' parameter")
+            for relative, data in _file_tree(files).items():
+                target = directory / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
         else:
@@ -33,8 +30,30 @@ def build_override(config: str, files: dict[str, bytes], base: Path | None) -> P
             for entry in base.iterdir():
                 if entry.name not in CONFIG_FILES:
                     os.symlink(entry.resolve(), directory / entry.name)
+    except OSError as exc:  # a name no file system takes
+        shutil.rmtree(directory, ignore_errors=True)
+        raise InvalidRequest(f"the model's files cannot be written: {exc.strerror}: {exc.filename}") from None
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory
+
+
+def _file_tree(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`file:` parameters by their normalised path, refusing two names for one file and a file where
+    another needs a directory (`file:1` beside `file:1/model.pt`)."""
+    tree: dict[str, bytes] = {}
+    written_as: dict[str, str] = {}
+    for relative, data in files.items():
+        normal = relative_path(relative, "file:")
+        if normal in CONFIG_FILES:
+            raise InvalidModel(f"file:{relative}: the configuration comes from the 'config' parameter")
+        if normal in tree:
+            raise InvalidRequest(f"file:{relative} and file:{written_as[normal]} name the same file")
+        tree[normal], written_as[normal] = data, relative
+    for normal in tree:
+        folder = next((str(p) for p in PurePosixPath(normal).parents if str(p) in tree), None)
+        if folder is not None:
+            raise InvalidRequest(f"file:{written_as[normal]} needs {folder!r} to be a directory, but file:{written_as[folder]} is a file")
+    return tree
 

@@ -25,10 +25,12 @@ from container.errors import (
     ServeError,
 )
 from container.inference import InferRequest, InferResponse, TransformRequest
+from container.limits import Limits
 from container.models.cache import MemoryCache
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
 from container.models.statistics import Statistics
+from container.tensors import decoded_size
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class Model:
     in_flight: int = 0
     idle: Event = field(default_factory=Event)
     loaded: AsyncResult = field(default_factory=AsyncResult)
+    gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
 
     def __str__(self) -> str:
         return self.name
@@ -95,8 +98,10 @@ class Counters:
 
 
 class Registry:
-    def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, load_threads: int = 4):
+    def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, limits: Limits | None = None,
+                 load_threads: int = 4):
         self.model_root = model_root
+        self.limits = limits or Limits()
         self.cache = cache
         self.runtime = runtime
         self.models: dict[str, Model] = {}
@@ -148,8 +153,12 @@ class Registry:
         return model
 
     def ensure_loaded(self, name: str, url: str) -> Model:
-        """The model under `name`, loading it on first use; concurrent first uses share one load."""
+        """The model under `name`, loading it on first use; concurrent first uses share one load. A
+        model being unloaded or evicted is waited for, then loaded again."""
         model = self.models.get(name)
+        while model is not None and model.state is State.UNLOADING:
+            model.gone.wait()
+            model = self.models.get(name)
         if model is None:
             self.counters.misses += 1
             return self.load(name, url)
@@ -205,6 +214,7 @@ class Registry:
             version = model.version(request.model_version)
             backend, statistics = model.versions[version], model.statistics[version]
             with self._accounted(statistics) as succeeded:
+                self.limits.check_decoded(decoded_size(request.inputs.values()))
                 model.signature.check_inputs(request.inputs)
                 if request.outputs:
                     model.signature.check_outputs(request.outputs)
@@ -250,7 +260,7 @@ class Registry:
     # -- internals ---------------------------------------------------------------------------------
 
     def _load(self, model: Model, path: Path, owned: bool) -> None:
-        model.source = source = self._pool.apply(open_source, (path,))
+        model.source = source = self._pool.apply(open_source, (path, self.limits))
         if owned:
             source.scratch = path
         device = self._device_for(source)
@@ -280,12 +290,12 @@ class Registry:
         self._discard(model)
 
     def _make_room(self, model: Model, sizes: dict[str, int]) -> None:
-        victims = self.cache.reserve(model, sizes, idle=_is_idle)
+        victims = self.cache.reserve(model, sizes, idle=self._evictable)
         self._evict(victims, f"to make room for '{model.name}'")
 
     def _recover(self, device: str, keep: Model) -> None:
         """After an out-of-memory error: evict every idle model on the device and drop cached blocks."""
-        self._evict(self.cache.idle_on(device, _is_idle, keep=keep), f"after {device} ran out of memory")
+        self._evict(self.cache.idle_on(device, self._evictable, keep=keep), f"after {device} ran out of memory")
         self._pool.apply(self.runtime.release_memory)
 
     def _evict(self, victims: dict[Model, dict[str, int]], why: str) -> None:
@@ -309,7 +319,14 @@ class Registry:
         scheduler, model.scheduler = model.scheduler, None
         if scheduler is not None:
             scheduler.close()
-        self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
+        try:
+            self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
+        finally:
+            model.gone.set()
+
+    def _evictable(self, model: Model) -> bool:
+        """Idle, and not the serving copy of a model being reloaded: a reload never evicts what it replaces."""
+        return model.state is State.READY and not model.in_flight and model.name not in self._reloading
 
     def _device_for(self, source: ModelSource) -> str:
         gpus = [d for d in self.cache.budgets if d.startswith("cuda")]
@@ -323,10 +340,6 @@ class Registry:
                 raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
             return "cpu"
         return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
-
-
-def _is_idle(model: Model) -> bool:
-    return model.state is State.READY and not model.in_flight
 
 
 def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:

@@ -5,13 +5,17 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from container.errors import InvalidModel, InvalidRequest, SourceNotFound
+from container.limits import Limits, whole_number
 from container.models.config import (
     DEFAULT_MODEL_FILENAME,
     read_config,
+    read_text,
+    relative_path,
     selected_versions,
 )
 
@@ -50,26 +54,40 @@ class ModelSource:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def check_name(name) -> str:
-    """A model name clients may choose: a non-empty string without '/', '\\', '..' or control characters."""
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidRequest("a model name must be a non-empty string")
-    if "/" in name or "\\" in name or ".." in name or any(ord(c) < 32 for c in name):
-        raise InvalidRequest(f"model name {name!r} may not hold '/', '\\', '..' or control characters")
+def resolve_url(root: str, url: str) -> Path:
+    """The url as a path inside the model root, or a 400/404 that says why. The url is judged by its
+    text before the file system is asked anything, so no answer tells what exists outside the root;
+    then symlinks are followed and judged again."""
+    if not isinstance(url, str) or not url.strip() or "\0" in url:
+        raise InvalidRequest("'url' must be a non-empty string naming a directory or archive under the model root")
+    base = Path(root).resolve()
+    outside = InvalidRequest(f"url {url[:200]!r} is not a path inside the model root {str(base)!r}")
+    if not _within(base, Path(os.path.normpath(base / url))):  # an absolute url replaces the base
+        raise outside
+    try:
+        path = (base / url).resolve()
+        exists = path.exists()
+    except OSError as exc:  # a name longer than the file system allows
+        raise InvalidRequest(f"url {url[:200]!r} cannot name a file here: {exc.strerror}") from None
+    if not _within(base, path):
+        raise outside
+    if not exists:
+        raise SourceNotFound(f"url {url[:200]!r} does not exist under the model root")
+    return path
+
+
+def locate(root: str, name: str) -> str:
+    """The url of the repository entry `name`: its directory, or its archive (`name.tar.gz`)."""
+    base = Path(root)
+    if not (base / name).exists():
+        for suffix in ARCHIVE_SUFFIXES:
+            if (base / (name + suffix)).is_file():
+                return name + suffix
     return name
 
 
-def resolve_url(root: str, url: str) -> Path:
-    """The url as a path inside the model root (symlinks followed), or a 400/404 that says why."""
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidRequest("'url' must be a non-empty string naming a directory or archive under the model root")
-    base = Path(root).resolve()
-    path = (base / url).resolve()  # an absolute url replaces the base
-    if path != base and base not in path.parents:
-        raise InvalidRequest(f"url {url!r} resolves outside the model root {str(base)!r}")
-    if not path.exists():
-        raise SourceNotFound(f"url {url!r} does not exist")
-    return path
+def _within(base: Path, path: Path) -> bool:
+    return path == base or base in path.parents
 
 
 def repository_entries(root: str) -> list[tuple[str, str]]:
@@ -82,7 +100,7 @@ def repository_entries(root: str) -> list[tuple[str, str]]:
     return entries
 
 
-def open_source(path: Path) -> ModelSource:
+def open_source(path: Path, limits: Limits) -> ModelSource:
     """Blocking: extract an archive if need be and recognise the layout. Run it off the event loop."""
     scratch = None
     if path.is_dir():
@@ -92,21 +110,21 @@ def open_source(path: Path) -> ModelSource:
     if path.is_file():
         scratch = Path(tempfile.mkdtemp(prefix="model-"))
         try:
-            directory = _extract(path, scratch)
-            return ModelSource(directory, read_layout(directory), scratch)
+            directory = _extract(path, scratch, limits)
+            return ModelSource(directory, read_layout(directory, limits), scratch)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-    return ModelSource(path, read_layout(path))
+    return ModelSource(path, read_layout(path, limits))
 
 
-def read_layout(directory: Path) -> TritonLayout | SageMakerLayout:
+def read_layout(directory: Path, limits: Limits) -> TritonLayout | SageMakerLayout:
     """Triton's when there is a config.pbtxt, or a config.json and nothing of SageMaker's layout (weights
     at the top, code/): a SageMaker model may keep a config.json of its own beside its weights."""
     weights = _weights(directory)
     sagemaker = bool(weights) or (directory / "code").is_dir()
     if (directory / "config.pbtxt").is_file() or ((directory / "config.json").is_file() and not sagemaker):
-        return _triton_layout(directory)
+        return _triton_layout(directory, limits)
     if sagemaker:
         return SageMakerLayout(weights)
     raise InvalidModel(
@@ -119,12 +137,13 @@ def _weights(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in SAGEMAKER_WEIGHTS and p.is_file())
 
 
-def _triton_layout(directory: Path) -> TritonLayout:
+def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
+    limits.check_config(config)
     filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    available = {
-        int(p.name): p / filename for p in directory.iterdir() if p.name.isdigit() and (p / filename).is_file()
-    }
+    inside(directory, filename, "default_model_filename")
+    versions = {(whole_number(p.name), p / filename) for p in directory.iterdir()}
+    available = {version: path for version, path in versions if version is not None and path.is_file()}
     versions = {v: available[v] for v in selected_versions(config, sorted(available))}
     unknown = {k: v for k, v in labels.items() if v not in versions}
     if unknown:
@@ -139,30 +158,41 @@ def _output_labels(directory: Path, config) -> dict[str, list[str]]:
             path = inside(directory, output.label_filename, f"output '{output.name}': label_filename")
             if not path.is_file():
                 raise InvalidModel(f"output '{output.name}': label_filename {output.label_filename!r} is not a file in the model")
-            labels[output.name] = path.read_text().splitlines()
+            labels[output.name] = read_text(path, f"output '{output.name}': label_filename").splitlines()
     return labels
 
 
 def inside(directory: Path, relative: str, what: str) -> Path:
     """`directory/relative`, refusing paths that are absolute or climb out of the directory."""
-    normal = os.path.normpath(relative)
-    if not relative or os.path.isabs(relative) or normal == "." or normal.startswith("..") or "\0" in relative:
-        raise InvalidModel(f"{what} {relative!r} must be a relative path inside the model directory")
-    return directory / normal
+    return directory / relative_path(relative, what)
 
 
 def _has_model_files(path: Path) -> bool:
     return any((path / n).exists() for n in ("config.pbtxt", "config.json", "code")) or bool(_weights(path))
 
 
-def _extract(archive: Path, into: Path) -> Path:
-    """Extract with tarfile's `data` filter: no absolute paths, no `..`, no links or devices that escape."""
+def _extract(archive: Path, into: Path, limits: Limits) -> Path:
+    """Extract member by member as the archive streams in, with tarfile's `data` filter (no absolute
+    paths, no `..`, no links or devices that escape) and the limits checked before each member is
+    written: a small archive that expands without bound stops at the limit, not at a full disk."""
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(into, filter="data")
+        with tarfile.open(archive, mode="r|*") as tar:
+            members = written = 0
+            for member in tar:
+                members += 1
+                written += member.size
+                depth = len(Path(member.name).parts)
+                if members > limits.archive_members:
+                    raise InvalidModel(f"archive {archive.name!r} holds more than {limits.archive_members} members (SERVE_MAX_ARCHIVE_MEMBERS)")
+                if depth > limits.archive_depth:
+                    raise InvalidModel(f"archive {archive.name!r}: member {member.name[:100]!r}… is {depth} levels deep; "
+                                       f"the limit is {limits.archive_depth} (SERVE_MAX_ARCHIVE_DEPTH)")
+                if written > limits.archive_bytes:
+                    raise InvalidModel(f"archive {archive.name!r} expands to more than {limits.archive_bytes} bytes (SERVE_MAX_ARCHIVE_SIZE)")
+                tar.extract(member, into, filter="data")
     except tarfile.FilterError as exc:
         raise InvalidModel(f"archive {archive.name!r} refused: {exc}") from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise InvalidModel(f"archive {archive.name!r} cannot be read: {exc}") from None
     entries = list(into.iterdir())
     if len(entries) == 1 and entries[0].is_dir() and not _has_model_files(into):

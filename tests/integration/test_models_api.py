@@ -81,9 +81,9 @@ def test_concurrent_loads_of_one_name_exactly_one_succeeds(server):
     (b'{"model_name": "..", "url": "alpha"}', "may not hold"),
     (b'{"model_name": "x"}', "'url'"),
     (b'{"model_name": "x", "url": 7}', "'url'"),
-    (b'{"model_name": "x", "url": "/etc"}', "outside the model root"),
-    (b'{"model_name": "x", "url": "../../etc"}', "outside the model root"),
-    (b'{"model_name": "x", "url": "escape"}', "outside the model root"),
+    (b'{"model_name": "x", "url": "/etc"}', "not a path inside the model root"),
+    (b'{"model_name": "x", "url": "../../etc"}', "not a path inside the model root"),
+    (b'{"model_name": "x", "url": "escape"}', "not a path inside the model root"),
 ])
 def test_malformed_load_requests_are_400(server, body, message):
     answer = server.request("POST", "/models", data=body, headers={"Content-Type": "application/json"})

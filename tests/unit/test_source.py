@@ -4,6 +4,7 @@ import tarfile
 import pytest
 
 from container.errors import InvalidModel, InvalidRequest, SourceNotFound
+from container.limits import Limits
 from container.models.source import (
     SageMakerLayout,
     TritonLayout,
@@ -12,6 +13,8 @@ from container.models.source import (
     repository_entries,
     resolve_url,
 )
+
+LIMITS = Limits()
 
 
 def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] | None = None):
@@ -31,8 +34,13 @@ def test_resolve_url(tmp_path):
     (tmp_path / "m").mkdir()
     assert resolve_url(str(tmp_path), "m") == tmp_path / "m"
     assert resolve_url(str(tmp_path), str(tmp_path / "m")) == tmp_path / "m"
-    with pytest.raises(InvalidRequest, match="outside the model root"):
-        resolve_url(str(tmp_path), "../")
+    (tmp_path / "link").symlink_to("/etc")
+    for url in ("../", "/etc/passwd", "/no/such/file", "m/../../x", "link/passwd"):  # one answer, exists or not
+        with pytest.raises(InvalidRequest, match="not a path inside the model root"):
+            resolve_url(str(tmp_path), url)
+    for url in ("m\0", "x" * 5000, ""):
+        with pytest.raises(InvalidRequest):
+            resolve_url(str(tmp_path), url)
     with pytest.raises(SourceNotFound):
         resolve_url(str(tmp_path), "missing")
 
@@ -45,12 +53,12 @@ def test_resolve_url(tmp_path):
 def test_archive_members_cannot_escape(tmp_path, members, symlinks):
     archive = tar_with(tmp_path / "evil.tar.gz", {"model.pt": b"x", **members}, symlinks)
     with pytest.raises(InvalidModel, match="refused"):
-        open_source(archive)
+        open_source(archive, LIMITS)
     assert not (tmp_path.parent / "escape.txt").exists()
 
 
 def test_absolute_members_land_inside(tmp_path):
-    source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}))
+    source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}), LIMITS)
     assert source.layout.weights == [source.scratch / "model.pt"]
     source.remove_scratch()
 
@@ -58,12 +66,12 @@ def test_absolute_members_land_inside(tmp_path):
 def test_corrupt_archive(tmp_path):
     (tmp_path / "bad.tar.gz").write_bytes(b"not gzip")
     with pytest.raises(InvalidModel, match="cannot be read"):
-        open_source(tmp_path / "bad.tar.gz")
+        open_source(tmp_path / "bad.tar.gz", LIMITS)
 
 
 def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
     archive = tar_with(tmp_path / "m.tar.gz", {"inner/model.pt": b"weights", "inner/code/inference.py": b""})
-    source = open_source(archive)
+    source = open_source(archive, LIMITS)
     assert isinstance(source.layout, SageMakerLayout) and (source.directory / "code" / "inference.py").is_file()
     assert source.estimated_bytes() == len(b"weights")
     source.remove_scratch()
@@ -73,7 +81,7 @@ def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
 def test_directory_holding_only_model_tar_gz(tmp_path):
     (tmp_path / "m").mkdir()
     tar_with(tmp_path / "m" / "model.tar.gz", {"model.pth": b"w"})
-    assert [p.name for p in open_source(tmp_path / "m").layout.weights] == ["model.pth"]
+    assert [p.name for p in open_source(tmp_path / "m", LIMITS).layout.weights] == ["model.pth"]
 
 
 def test_triton_layout_versions(tmp_path):
@@ -85,9 +93,9 @@ def test_triton_layout_versions(tmp_path):
         (tmp_path / version / "model.pt").write_bytes(b"12345")
     (tmp_path / "3").mkdir()  # no model file: not a version
     with pytest.raises(InvalidModel, match="version_labels"):
-        open_source(tmp_path)
+        open_source(tmp_path, LIMITS)
     (tmp_path / "config.json").write_bytes((tmp_path / "config.json").read_bytes().replace(b"9", b"2"))
-    source = open_source(tmp_path)
+    source = open_source(tmp_path, LIMITS)
     assert isinstance(source.layout, TritonLayout) and sorted(source.layout.versions) == [1, 2]
     assert source.estimated_bytes() == 10
 
@@ -103,7 +111,7 @@ def test_sagemaker_layout_with_a_config_json_of_its_own(tmp_path):
     """Weights at the top or a code/ directory make a SageMaker model, whatever config.json holds."""
     (tmp_path / "classifier.pth").write_bytes(b"w")
     (tmp_path / "config.json").write_text('{"hidden_size": 768}')
-    assert isinstance(read_layout(tmp_path), SageMakerLayout)
+    assert isinstance(read_layout(tmp_path, LIMITS), SageMakerLayout)
     (tmp_path / "classifier.pth").unlink()
     (tmp_path / "code").mkdir()
-    assert isinstance(read_layout(tmp_path), SageMakerLayout)
+    assert isinstance(read_layout(tmp_path, LIMITS), SageMakerLayout)

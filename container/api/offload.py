@@ -1,0 +1,24 @@
+"""Codec work big enough to be felt runs on a native thread, not on the event loop: decoding a 6 MiB
+body or writing 1.5 M values as text takes seconds of pure Python, and on the loop every other
+request (`/ping` included) would wait that long. The thread still holds the GIL, but Python hands it
+back to the loop every 5 ms (`sys.getswitchinterval()`). Small bodies stay on the loop: a thread
+hand-off costs more than their whole decode."""
+
+import gevent
+
+HEAVY_BYTES = 128 << 10
+
+
+def heavy(size: int) -> bool:
+    return size >= HEAVY_BYTES
+
+
+def run(is_heavy: bool, function, *args):
+    """`function(*args)`, on the hub's thread pool when `is_heavy`."""
+    if is_heavy:
+        return gevent.get_hub().threadpool.apply(function, args)
+    return function(*args)
+
+
+def output_size(outputs: dict) -> int:
+    return sum(array.nbytes for array in outputs.values())

@@ -1,0 +1,112 @@
+"""Lifecycle races as the SageMaker platform produces them — reloads under memory pressure, requests
+racing an unload, shutdown during a load. Model code waits on gates, so the order is certain."""
+
+import os
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.builders import (
+    Gate,
+    Scale,
+    archive,
+    fp32_model,
+    gated_load,
+    handler_model,
+    sized_model,
+    wait_for,
+)
+from tests.conftest import Server
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gates")
+    return {name: Gate(directory, name) for name in ("first", "load")}
+
+
+def gated_first_predict(gate: Gate) -> str:
+    """inference.py whose predict_fn waits at `gate` for an input of 0, and answers others at once."""
+    return f"""
+def predict_fn(data, model):
+    if float(data.flatten()[0]) == 0:
+        {gate.code()}
+    return model(data)
+"""
+
+
+def test_a_reload_never_evicts_the_copy_it_replaces(start_server, tmp_path):
+    sized_model(tmp_path, "big", 12)
+    server = start_server(tmp_path, SERVE_MEMORY_LIMIT="20MiB")
+    assert server.load("big").status_code == 200
+    reload = server.request("POST", "/v2/repository/models/big/load")
+    assert reload.status_code == 507 and "big" in reload.json()["error"]  # two copies do not fit
+    assert server.loaded() == ["big"]
+    assert server.invoke("big", [[1.0, 2.0, 3.0, 4.0]]).status_code == 200  # the old copy still serves
+
+
+def test_a_reload_evicts_other_idle_models_when_it_must(start_server, tmp_path):
+    sized_model(tmp_path, "big", 8)
+    sized_model(tmp_path, "other", 8)
+    server = start_server(tmp_path, SERVE_MEMORY_LIMIT="20MiB")
+    assert server.load("big").status_code == 200 and server.load("other").status_code == 200
+    assert server.request("POST", "/v2/repository/models/big/load").status_code == 200
+    assert server.loaded() == ["big"]
+
+
+def test_invocations_racing_an_unload_load_the_target_again(start_server, tmp_path, gates):
+    handler_model(tmp_path, "target", gated_first_predict(gates["first"]), Scale())
+    server = start_server(tmp_path)
+    invocations = {"X-Amzn-SageMaker-Target-Model": "target"}
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(server.request, "POST", "/invocations", json=[[0.0]], headers=invocations)
+        gates["first"].wait_entered()
+        unloading = pool.submit(server.request, "DELETE", "/models/target")
+        wait_for(lambda: server.request("GET", "/models/target").status_code == 404, message="unload did not start")
+        racing = pool.submit(server.request, "POST", "/invocations", json=[[3.0]], headers=invocations)
+        gates["first"].release()
+        assert held.result().json() == [[0.0]]
+        assert unloading.result().status_code == 200
+        answer = racing.result()
+    assert answer.status_code == 200 and answer.json() == [[6.0]]
+    assert server.loaded() == ["target"]
+
+
+def test_the_repository_index_and_load_agree(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("index")
+    archive(fp32_model(tmp_path_factory.mktemp("src"), "packed"), root / "packed.tar.gz")
+    fp32_model(root, "plain")
+    server = start_server(root, SERVE_LOAD_MODELS="packed")
+    wait_for(lambda: server.loaded() == ["packed"], message="an archive named at start did not load")
+    index = server.request("POST", "/v2/repository/index").json()
+    assert [entry["name"] for entry in index] == ["packed", "plain"]
+    for entry in index:
+        assert server.request("POST", f"/v2/repository/models/{entry['name']}/load").status_code == 200
+    assert server.request("POST", "/v2/repository/index", json={"ready": True}).json() == [
+        {"name": "packed", "version": "1", "state": "READY", "reason": ""},
+        {"name": "plain", "version": "1", "state": "READY", "reason": ""}]
+
+
+def test_sigterm_during_a_load_finishes_it_and_refuses_what_follows(tmp_path, gates):
+    handler_model(tmp_path / "models", "slow", gated_load(gates["load"]), Scale())
+    server = Server(tmp_path / "models")
+    try:
+        body = b'{"model_name": "slow", "url": "slow"}'
+        load = (f"POST /models HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(load + b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")  # the ping waits behind the load
+            gates["load"].wait_entered()
+            os.killpg(server.process.pid, signal.SIGTERM)
+            gates["load"].release()
+            answers = b""
+            while chunk := sock.recv(65536):
+                answers += chunk
+        first, _, second = answers.partition(b"HTTP/1.1 ")[2].partition(b"HTTP/1.1 ")
+        assert first.startswith(b"200") and b'"modelName":"slow"' in first  # the load in flight finished
+        assert second.startswith(b"503") and b'"error"' in second and b"Retry-After: 1" in second
+        assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
+    finally:
+        server.stop()
