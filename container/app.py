@@ -1,6 +1,7 @@
 """create_app(settings): the Flask app with the core wired in. Nothing runs at import."""
 
 import functools
+from importlib.metadata import version as package_version
 
 import torch
 from flask import Flask
@@ -10,6 +11,7 @@ from container import resources
 from container.api.errors import register_error_handler
 from container.api.hot_paths import HotPaths
 from container.api.metrics import register_metrics_endpoint
+from container.api.openapi import register_openapi_endpoint
 from container.api.request_log import register_request_log
 from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints, sagemaker_hot_routes
 from container.api.shared_memory import (
@@ -35,7 +37,7 @@ def create_app(settings: Settings) -> Flask:
     backends = functools.partial(load_backends, options=handler_options(settings))
     runtime = Runtime(backends, release_memory, scheduler_for, new_job)
     registry = Registry(settings.model_root, memory_cache(settings), runtime, settings.limits)
-    app = Flask("container")
+    app = Flask("container", static_folder=None)  # no static files: no route that reads paths from a URL
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry
     app.extensions["started"] = started = Event()  # set once the models named at start have loaded
@@ -48,6 +50,7 @@ def create_app(settings: Settings) -> Flask:
     register_repository_endpoints(app, registry)
     register_shared_memory_endpoints(app, shared_memory)
     register_metrics_endpoint(app, registry)
+    register_openapi_endpoint(app, package_version("container"))
     hot = [*v2_hot_routes(registry, shared_memory), *sagemaker_hot_routes(registry, settings)]
     app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes)
     return app

@@ -82,6 +82,8 @@ def parse_object(body: bytes, what: str = "the request body") -> dict:
 
 
 def decode_csv(body: bytes, dtype=np.float32) -> np.ndarray:
+    if not body.strip():
+        raise InvalidRequest("empty CSV body: send rows of numbers")
     try:
         return np.loadtxt(io.StringIO(body.decode()), delimiter=",", dtype=dtype, ndmin=2)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -72,6 +72,12 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
         info = np.iinfo(target)
         if array.min() < info.min or array.max() > info.max:
             raise InvalidInput(f"input '{name}' is {datatype}: values outside [{info.min}, {info.max}]")
+    if target.kind == "f" and kind in "fiu":
+        with np.errstate(over="ignore"):
+            narrowed = array.astype(target, copy=False)
+        if np.isinf(narrowed).any() and not np.isinf(array).any():
+            raise InvalidInput(f"input '{name}' is {datatype}: values outside its range (largest {np.finfo(target).max})")
+        return narrowed
     return array.astype(target, copy=False)
 
 
@@ -88,7 +94,7 @@ def to_bytes_array(array: np.ndarray, name: str = "") -> np.ndarray:
         if isinstance(value, str):
             flat[index] = value.encode(errors="surrogatepass")
         elif not isinstance(value, bytes):
-            raise InvalidInput(f"input '{name}' is BYTES: every element must be a string, element {index} is "
+            raise InvalidInput(f"input '{name}' is BYTES: send strings; element {index} is "
                                f"{'null' if value is None else type(value).__name__}")
     out = np.empty(len(flat), dtype=object)
     out[:] = flat

@@ -100,7 +100,7 @@ class SystemSharedMemory:
             region = self._region(name)
         except RegionNotFound as exc:
             raise InvalidRequest(str(exc)) from None
-        if offset + byte_size > region.byte_size:
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidRequest(
                 f"[{offset}, {offset + byte_size}) lies outside shared memory region '{name}' of {region.byte_size} bytes"
             )

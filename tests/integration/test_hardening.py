@@ -96,9 +96,9 @@ MALFORMED = [
     ("BYTES element null", "POST", "/v2/models/upper/infer",
      {"json": v2("upper", {"name": "TEXT", "shape": [2], "datatype": "BYTES", "data": [None, "a"]})}, 400, "null"),
     ("BYTES element object", "POST", "/v2/models/upper/infer",
-     {"json": v2("upper", {"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": [{"a": 1}]})}, 400, "string"),
+     {"json": v2("upper", {"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": [{"a": 1}]})}, 400, "send strings"),
     ("BYTES element integer (bytes(n) would allocate n bytes)", "POST", "/v1/models/upper:predict",
-     {"json": {"instances": [{"b64": ""}, 808000000]}}, 400, "string"),
+     {"json": {"instances": [{"b64": ""}, 808000000]}}, 400, "send strings"),
     ("numbers with nulls", "POST", "/models/mlp/invoke", {"json": [[1, None, 3, 4]]}, 400, "numbers"),
     *[(f"NPY of {dtype}", "POST", "/models/mlp/invoke", {"data": npy(np.zeros((1, 4), dtype)), "headers": NPY}, 400, "")
       for dtype in ("U3", "S3", "M8[s]", "m8[s]", "c8", "V4", [("a", "f4"), ("b", "f4")])],

@@ -127,7 +127,7 @@ def test_bad_load_requests(server, parameters, status, message):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/v2/repository/models/a..b/load", "", "may not hold"),
+    ("/v2/repository/models/a%5Cb/load", "", "may not hold"),
     ("/v2/repository/index", '{"ready": "yes"}', "'ready' must be true or false"),
     ("/v2/repository/index", "[1]", "JSON object"),
     ("/v2/repository/models/alpha/unload", '{"parameters": {"unload_dependents": "no"}}', "unload_dependents"),

@@ -1,0 +1,95 @@
+"""The OpenAPI document: it describes every route the server has, and what it describes, sent by
+schemathesis to a live server with real models, never gets a 500."""
+
+import copy
+import re
+from importlib.metadata import version as package_version
+
+import hypothesis
+import pytest
+import schemathesis
+from schemathesis.checks import not_a_server_error
+
+from container.api import openapi
+from container.app import create_app
+from container.settings import Settings
+from tests.builders import Scale, Upper, fp32_model, handler_model, tensor, triton_model, wait_for
+
+MODELS = ["mlp", "upper", "handler"]
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "mlp")
+    triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("OUT", "TYPE_STRING", [-1])])
+    handler_model(root, "handler", None, Scale())
+    server = start_server(root, SERVE_LOAD_MODELS=",".join(MODELS))
+    wait_for(lambda: server.loaded() == sorted(MODELS), 60, "the models did not load")
+    server.pid = server.worker_pid()
+    return server
+
+
+def _documented(document: dict) -> list[tuple[str, str]]:
+    return [(method.upper(), path) for path, operations in document["paths"].items() for method in operations]
+
+
+def test_every_route_is_documented_and_every_documented_operation_is_routed(server, tmp_path):
+    document = server.request("GET", "/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    documented = _documented(document)
+    app = create_app(Settings.from_env({"SERVE_MODEL_ROOT": str(tmp_path)}))
+    flask_routes = app.url_map.bind("localhost")
+    hot_routes = app.wsgi_app.routes
+
+    def routed(method: str, path: str) -> bool:
+        concrete = re.sub(r"\{version\}", "1", re.sub(r"\{name\}", "m", path))
+        if method == "POST" and any(pattern.fullmatch(concrete) for pattern, _ in hot_routes):
+            return True
+        try:
+            endpoint, _ = flask_routes.match(concrete, method)
+        except Exception:
+            return False
+        return endpoint != "tfserving.dispatch" or concrete.startswith("/v1/models/")
+
+    assert [op for op in documented if not routed(*op)] == []
+    paths = {re.sub(r"\{(\w+)\}", r"<\1>", path) for _, path in documented}
+    undocumented = [rule.rule for rule in app.url_map.iter_rules() if rule.rule not in paths and rule.endpoint != "tfserving.dispatch"]
+    assert undocumented == []
+    for pattern, _ in hot_routes:
+        assert any(pattern.fullmatch(re.sub(r"\{\w+\}", "1", path)) for _, path in documented), pattern.pattern
+
+
+def test_the_served_document_is_the_one_schemathesis_reads(server):
+    assert server.request("GET", "/openapi.json").json() == openapi.document(package_version("container"))
+
+
+def _for_schemathesis(document: dict) -> dict:
+    """A copy of the document with model names that exist offered beside arbitrary ones, and without
+    NPY request bodies, which schemathesis cannot write (the NPY codec has its property tests)."""
+    document = copy.deepcopy(document)
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            operation.get("requestBody", {}).get("content", {}).pop("application/x-npy", None)
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "name" and parameter["in"] == "path" and "region" not in parameter.get("description", ""):
+                    parameter["schema"] = {"anyOf": [{"enum": MODELS}, {"type": "string"}]}
+    return document
+
+
+schema = schemathesis.openapi.from_dict(_for_schemathesis(openapi.document(package_version("container"))))
+
+
+@schema.parametrize()
+@hypothesis.settings(max_examples=25, deadline=None, derandomize=True,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+def test_no_request_the_document_describes_gets_a_500(case, server):
+    case.call_and_validate(base_url=server.url, checks=[not_a_server_error], timeout=60)
+
+
+def test_the_server_is_healthy_after_the_schema_run(server):
+    assert server.worker_pid() == server.pid
+    assert server.request("GET", "/ping").status_code == 200
+    assert server.load("after", "mlp").status_code == 200  # schemathesis may have unloaded any model
+    assert server.request("POST", "/v2/models/after/infer", json={"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).status_code == 200
