@@ -55,6 +55,21 @@ class Server:
         except OSError:
             return False
 
+    def pin(self) -> None:
+        """The server (gunicorn, its worker, the fork server and handler workers) on the first half of
+        the cores, this process — the load generator — on the rest, so neither measures the other."""
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            return
+        server_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])
+        pending = [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            os.sched_setaffinity(pid, server_cores)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        os.sched_setaffinity(0, client_cores)
+
     def worker_rss(self) -> int:
         """Resident bytes of the gunicorn worker, the process that holds the models."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()

@@ -13,7 +13,7 @@ from container.api import invoke_codec, offload
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest, TransformRequest
 from container.limits import check_name, whole_number
-from container.models.registry import Registry
+from container.models.registry import Registry, State
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,8 @@ def _invoke_on_demand(registry: Registry, call, default_accept: str):
         try:
             return serve_invoke(registry, call, default_accept)
         except ModelNotFound:
-            if registry.models.get(call.model) is model:
-                raise
+            if model.state is State.READY and registry.models.get(call.model) is model:
+                raise  # not a race: the model is there and serving
     raise Unavailable(f"model '{call.model}' was evicted three times before it could serve; retry")
 
 
