@@ -56,7 +56,10 @@ def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
             inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
             outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
             return _answer(offload.run(offload.heavy(offload.output_size(outputs)), _predictions, outputs, key))
-        return _answer(_regress_or_classify(registry, model, version, document, verb))
+        inputs = offload.run(heavy, _examples, document, model.signature)
+        outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+        encode = _regressions if verb == ":regress" else _classes
+        return _answer(offload.run(offload.heavy(offload.output_size(outputs)), encode, outputs, document, model))
 
     app.register_blueprint(api)
 
@@ -217,16 +220,17 @@ def _tensor(name: str, value, signature: Signature) -> np.ndarray:
     return as_datatype(name, tfjson.decode_b64(value, name), signature.input(name).datatype)
 
 
-def _regress_or_classify(registry: Registry, model: Model, version: int, document: dict, verb: str) -> bytes:
-    signature = model.signature
-    inputs = _examples(document, signature)
-    outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
+def _regressions(outputs: dict[str, np.ndarray], document: dict, model: Model) -> bytes:
+    (array,) = outputs.values()
+    count = len(document["examples"])
+    if array.size != count:
+        raise InvalidRequest(f"the model gave {array.size} values for {count} examples")
+    return tfjson.document({"results": tfjson.value(array.reshape(count))})
+
+
+def _classes(outputs: dict[str, np.ndarray], document: dict, model: Model) -> bytes:
     (name, array), = outputs.items()
     count = len(document["examples"])
-    if verb == ":regress":
-        if array.size != count:
-            raise InvalidRequest(f"the model gave {array.size} values for {count} examples")
-        return tfjson.document({"results": tfjson.value(array.reshape(count))})
     scores = array.reshape(count, -1)
     labels = model.output_labels.get(name, [])
     results = [[[labels[i] if i < len(labels) else "", score] for i, score in enumerate(row)] for row in scores]

@@ -118,7 +118,7 @@ class Registry:
         A loaded name is a 409 unless `reload`: then the old model serves until the new one is ready,
         and a failed reload leaves it serving."""
         path = directory or resolve_url(self.model_root, url)
-        current = self.models.get(name)
+        current = self._settled(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
             raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
@@ -155,15 +155,21 @@ class Registry:
     def ensure_loaded(self, name: str, url: str) -> Model:
         """The model under `name`, loading it on first use; concurrent first uses share one load. A
         model being unloaded or evicted is waited for, then loaded again."""
-        model = self.models.get(name)
-        while model is not None and model.state is State.UNLOADING:
-            model.gone.wait()
-            model = self.models.get(name)
+        model = self._settled(name)
         if model is None:
             self.counters.misses += 1
             return self.load(name, url)
         self.counters.hits += 1
         return model.loaded.get()
+
+    def _settled(self, name: str) -> Model | None:
+        """The model under `name` once any unload or eviction of it has finished: a load racing one
+        waits for it instead of answering 409."""
+        model = self.models.get(name)
+        while model is not None and model.state is State.UNLOADING:
+            model.gone.wait()
+            model = self.models.get(name)
+        return model
 
     def unload(self, name: str) -> None:
         """Refuse new requests, let the ones in flight finish, then free the memory before returning."""

@@ -192,7 +192,7 @@ def _extract(archive: Path, into: Path, limits: Limits) -> Path:
                 tar.extract(member, into, filter="data")
     except tarfile.FilterError as exc:
         raise InvalidModel(f"archive {archive.name!r} refused: {exc}") from None
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, RecursionError) as exc:  # deep paths recurse in mkdir
         raise InvalidModel(f"archive {archive.name!r} cannot be read: {exc}") from None
     entries = list(into.iterdir())
     if len(entries) == 1 and entries[0].is_dir() and not _has_model_files(into):

@@ -24,7 +24,7 @@ from tests.conftest import Server
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):
     directory = tmp_path_factory.mktemp("gates")
-    return {name: Gate(directory, name) for name in ("first", "load")}
+    return {name: Gate(directory, name) for name in ("first", "load", "busy")}
 
 
 def gated_first_predict(gate: Gate) -> str:
@@ -72,6 +72,23 @@ def test_invocations_racing_an_unload_load_the_target_again(start_server, tmp_pa
         answer = racing.result()
     assert answer.status_code == 200 and answer.json() == [[6.0]]
     assert server.loaded() == ["target"]
+
+
+def test_a_load_racing_an_unload_waits_for_it_instead_of_409(start_server, tmp_path, gates):
+    handler_model(tmp_path, "busy", gated_first_predict(gates["busy"]), Scale())
+    server = start_server(tmp_path)
+    assert server.load("busy").status_code == 200
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(server.invoke, "busy", [[0.0]])
+        gates["busy"].wait_entered()
+        unloading = pool.submit(server.request, "DELETE", "/models/busy")
+        wait_for(lambda: server.request("GET", "/models/busy").status_code == 404, message="unload did not start")
+        loading = pool.submit(server.load, "busy")
+        gates["busy"].release()
+        assert held.result().status_code == 200 and unloading.result().status_code == 200
+        assert loading.result().status_code == 200
+    assert server.loaded() == ["busy"]
+    assert server.invoke("busy", [[2.0]]).json() == [[4.0]]
 
 
 def test_the_repository_index_and_load_agree(start_server, tmp_path_factory):
