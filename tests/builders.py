@@ -130,6 +130,10 @@ class Gate:
         os.close(fd)
 
 
+def gates(directory: Path, *names: str) -> dict[str, Gate]:
+    return {name: Gate(directory, name) for name in names}
+
+
 def gated_load(gate: Gate) -> str:
     """inference.py whose model_fn waits at `gate`, then loads model.pt."""
     return f"""

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.builders import (
-    Gate,
     Scale,
     fp32_model,
     gated_load,
@@ -15,12 +14,14 @@ from tests.builders import (
     handler_model,
     wait_for,
 )
+from tests.builders import (
+    gates as make_gates,
+)
 
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gates")
-    return {name: Gate(directory, name) for name in ("load", "predict", "unload", "target")}
+    return make_gates(tmp_path_factory.mktemp("gates"), "load", "predict", "unload", "target")
 
 
 @pytest.fixture(scope="module")

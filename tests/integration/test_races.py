@@ -18,13 +18,15 @@ from tests.builders import (
     sized_model,
     wait_for,
 )
+from tests.builders import (
+    gates as make_gates,
+)
 from tests.conftest import Server
 
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gates")
-    return {name: Gate(directory, name) for name in ("first", "load", "busy")}
+    return make_gates(tmp_path_factory.mktemp("gates"), "first", "load", "busy")
 
 
 def gated_first_predict(gate: Gate) -> str:
