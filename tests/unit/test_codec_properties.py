@@ -22,7 +22,10 @@ from container.limits import Limits
 from container.models.signature import Signature
 from container.tensors import DATATYPES, numpy_dtype
 
-PROPERTIES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Derandomized, so CI runs the examples the developer ran; `PROPERTY_EXAMPLES=3000` explores fresh ones.
+_EXPLORE = os.environ.get("PROPERTY_EXAMPLES")
+PROPERTIES = settings(max_examples=int(_EXPLORE or 300), derandomize=not _EXPLORE, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 LIMITS = Limits(decoded_bytes=1 << 20)
 
 
