@@ -68,7 +68,7 @@ def _claimed_bytes(name: str, shape: list[int], datatype: str, parameters: dict)
     that carries them (the elements cannot outgrow it)."""
     if datatype == "BYTES":
         return max(_size(parameters, "binary_data_size", name), _size(parameters, "shared_memory_byte_size", name))
-    return math.prod(shape) * (2 if datatype == "BF16" else numpy_dtype(datatype).itemsize)
+    return math.prod(shape) * numpy_dtype(datatype).itemsize  # BF16 decodes to float32
 
 
 def requested_outputs(document: dict) -> list[dict] | None:
