@@ -12,22 +12,32 @@ from container.scheduling.job import Job, call, on_thread, run_batch
 class DirectScheduler:
     def __init__(self, model_name: str, instances: int = 1):
         self.model_name = model_name
+        self._instances = instances
         self._threads = ThreadPool(instances)
+        self._submitted = 0  # requests handed to the pool and not yet answered
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
-        phases, (outputs,) = self._threads.apply(on_thread, (run_batch, ([job],), job.submitted))
+        phases, (outputs,) = self._apply(run_batch, ([job],), job.submitted)
         job.statistics.record_execution(job.items, phases)
         return outputs, phases
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
         """A handler model's request: `fn(*args)` on an instance thread."""
-        phases, result = self._threads.apply(on_thread, (call, (fn, args), time.perf_counter_ns()))
+        phases, result = self._apply(call, (fn, args), time.perf_counter_ns())
         statistics.record_execution(1, phases)
         return result, phases
 
+    def _apply(self, function, args: tuple, submitted: int):
+        self._submitted += 1
+        try:
+            return self._threads.apply(on_thread, (function, args, submitted))
+        finally:
+            self._submitted -= 1
+
     def queue_depth(self) -> int:
-        """Requests waiting for an execution thread."""
-        return self._threads.task_queue.qsize()
+        """Requests waiting for an execution thread. Counted here: gevent's pool parks callers on a
+        semaphore once every thread is busy, so its task queue stays empty."""
+        return max(self._submitted - self._instances, 0)
 
     def sequences_active(self) -> int:
         """Sequences holding state (only the sequence batcher has any)."""

@@ -26,7 +26,7 @@ from tests.conftest import Server
 
 @pytest.fixture(scope="module")
 def gates(tmp_path_factory):
-    return make_gates(tmp_path_factory.mktemp("gates"), "first", "load", "busy")
+    return make_gates(tmp_path_factory.mktemp("gates"), "first", "load", "busy", "full")
 
 
 def gated_first_predict(gate: Gate) -> str:
@@ -129,3 +129,30 @@ def test_sigterm_during_a_load_finishes_it_and_refuses_what_follows(tmp_path, ga
         assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
     finally:
         server.stop()
+
+
+def test_sigterm_under_full_load_answers_every_request_in_flight(tmp_path, gates):
+    handler_model(tmp_path / "models", "queued", gated_first_predict(gates["full"]), Scale())
+    server = Server(tmp_path / "models")
+    try:
+        assert server.load("queued").status_code == 200
+        with ThreadPoolExecutor(17) as pool:
+            first = pool.submit(server.invoke, "queued", [[0.0]])
+            gates["full"].wait_entered()
+            queued = [pool.submit(server.invoke, "queued", [[float(k)]]) for k in range(1, 17)]
+            wait_for(lambda: _queued(server) == 16, message="the requests did not all arrive")
+            os.killpg(server.process.pid, signal.SIGTERM)
+            gates["full"].release()
+            assert first.result().json() == [[0.0]]
+            assert [answer.result().json() for answer in queued] == [[[2.0 * k]] for k in range(1, 17)]
+        assert server.process.wait(timeout=20) == 0
+    finally:
+        server.stop()
+
+
+def _queued(server) -> int:
+    """Requests waiting behind the one at the gate, from the server's own metrics."""
+    for line in server.request("GET", "/metrics").text.splitlines():
+        if line.startswith('serve_queue_depth{model="queued"}'):
+            return int(float(line.split()[1]))
+    return -1
