@@ -4,6 +4,7 @@ setting to raise. The rules that follow from the platform rather than from taste
 from dataclasses import dataclass
 
 from container.errors import InvalidModel, InvalidRequest, PayloadTooLarge
+from container.models.config import instance_count
 
 MAX_NAME_BYTES = 255  # a model name may become a directory name: NAME_MAX on every Linux file system
 MAX_DIMS = 32  # numpy refuses more than 64; no served model takes more than a handful
@@ -25,7 +26,7 @@ class Limits:
 
     def check_config(self, config) -> None:
         """Instance and priority counts a config may ask for: each instance is a thread, each level a queue."""
-        instances = sum(group.count or 1 for group in config.instance_group)
+        instances = instance_count(config)
         if instances > self.instances:
             raise InvalidModel(f"instance_group asks for {instances} instances; at most {self.instances} "
                                f"(SERVE_MAX_INSTANCES)")

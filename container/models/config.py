@@ -95,6 +95,11 @@ def check_config(config: pb.ModelConfig) -> None:
                 raise InvalidModel(f"{kind} '{tensor.name}': dims must be positive or -1, got {list(tensor.dims)}")
 
 
+def instance_count(config: pb.ModelConfig) -> int:
+    """The execution instances (threads) a config asks for: every group's count, 1 where unset."""
+    return max(sum(group.count or 1 for group in config.instance_group), 1)
+
+
 def _file_fields(config: pb.ModelConfig):
     """(field, path) of every file name a config may give — those we read and those we ignore alike."""
     if config.default_model_filename:

@@ -3,6 +3,7 @@ batcher (`sequence_batching`), the dynamic batcher (`dynamic_batching`), or dire
 off the event loop, on as many instance threads as `instance_group` asks for."""
 
 from container.inference import InferRequest
+from container.models.config import instance_count
 from container.models.signature import Signature
 from container.scheduling.direct import DirectScheduler
 from container.scheduling.dynamic import DynamicBatcher
@@ -11,12 +12,12 @@ from container.scheduling.sequence import SequenceBatcher
 
 
 def scheduler_for(model_name: str, config=None):
-    instances = sum(group.count or 1 for group in config.instance_group) if config is not None else 1
+    instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
-        return SequenceBatcher(model_name, config, Signature.from_config(config), max(instances, 1))
+        return SequenceBatcher(model_name, config, Signature.from_config(config), instances)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
-        return DynamicBatcher(model_name, config, max(instances, 1))
-    return DirectScheduler(model_name, max(instances, 1))
+        return DynamicBatcher(model_name, config, instances)
+    return DirectScheduler(model_name, instances)
 
 
 def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
