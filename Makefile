@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt
 
-.PHONY: install tools serve test examples bench image clean
+.PHONY: install tools serve lint test examples bench image clean
 
 install: $(VENV)/.installed
 
@@ -29,7 +29,10 @@ serve: install examples
 	PATH="$(CURDIR)/$(BIN):$$PATH" SERVE_MODEL_ROOT="$${SERVE_MODEL_ROOT:-$(CURDIR)/examples/models}" \
 		SERVE_LOAD_MODELS="$${SERVE_LOAD_MODELS-*}" ./serve
 
-test: install examples tools
+lint: install
+	$(BIN)/ruff check container tests bench examples
+
+test: install examples tools lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Speed is measured here, never asserted in tests; results go to BENCHMARKS.md.
