@@ -20,5 +20,6 @@ def run(is_heavy: bool, function, *args):
     return function(*args)
 
 
-def output_size(outputs: dict) -> int:
-    return sum(array.nbytes for array in outputs.values())
+def encode(function, outputs: dict, *args):
+    """`function(outputs, *args)`, on a thread when the outputs are large."""
+    return run(heavy(sum(array.nbytes for array in outputs.values())), function, outputs, *args)

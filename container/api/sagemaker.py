@@ -120,7 +120,7 @@ def serve_invoke(registry: Registry, call, default_accept: str) -> tuple[bytes, 
     inputs, envelope = offload.run(offload.heavy(len(call.body)), invoke_codec.decode, call.body,
                                    content.media_type(call.header("Content-Type")), model.signature)
     outputs = registry.infer(InferRequest(name, inputs)).outputs
-    body = offload.run(offload.heavy(offload.output_size(outputs)), invoke_codec.encode, outputs, response_type, envelope)
+    body = offload.encode(invoke_codec.encode, outputs, response_type, envelope)
     return body, {"Content-Type": response_type}, 200
 
 

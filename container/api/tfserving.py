@@ -55,11 +55,11 @@ def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
         if verb == ":predict":
             inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
             outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
-            return _answer(offload.run(offload.heavy(offload.output_size(outputs)), _predictions, outputs, key))
+            return _answer(offload.encode(_predictions, outputs, key))
         inputs = offload.run(heavy, _examples, document, model.signature)
         outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
         encode = _regressions if verb == ":regress" else _classes
-        return _answer(offload.run(offload.heavy(offload.output_size(outputs)), encode, outputs, document, model))
+        return _answer(offload.encode(encode, outputs, document, model))
 
     app.register_blueprint(api)
 

@@ -110,8 +110,8 @@ def serve_infer(registry: Registry, shared_memory, name: str, version: str | Non
     answer = {"model_name": name, "model_version": str(response.model_version)}
     if "id" in document:
         answer["id"] = document["id"]
-    return offload.run(offload.heavy(offload.output_size(response.outputs)), _encode, response.outputs, requested,
-                       parameters.get("binary_data_output", False), model, shared_memory, answer)
+    return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False), model,
+                          shared_memory, answer)
 
 
 def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory, answer: dict) -> tuple[bytes, dict]:

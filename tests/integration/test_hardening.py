@@ -100,6 +100,9 @@ MALFORMED = [
     ("BYTES element integer (bytes(n) would allocate n bytes)", "POST", "/v1/models/upper:predict",
      {"json": {"instances": [{"b64": ""}, 808000000]}}, 400, "send strings"),
     ("numbers with nulls", "POST", "/models/mlp/invoke", {"json": [[1, None, 3, 4]]}, 400, "numbers"),
+    ("numbers beyond FP32's range", "POST", "/models/mlp/invoke", {"json": [[1e300, 2, 3, 4]]}, 400, "range"),
+    ("numbers beyond FP32's range, V2", "POST", "/v2/models/mlp/infer", {"json": v2("mlp", fp32([1e300, 2, 3, 4], [1, 4]))}, 400, "range"),
+    ("an empty CSV body", "POST", "/models/mlp/invoke", {"data": b" \n", "headers": {"Content-Type": "text/csv"}}, 400, "CSV"),
     *[(f"NPY of {dtype}", "POST", "/models/mlp/invoke", {"data": npy(np.zeros((1, 4), dtype)), "headers": NPY}, 400, "")
       for dtype in ("U3", "S3", "M8[s]", "m8[s]", "c8", "V4", [("a", "f4"), ("b", "f4")])],
     ("NPY header claiming a huge shape", "POST", "/models/mlp/invoke",

@@ -63,6 +63,14 @@ def test_absolute_members_land_inside(tmp_path):
     source.remove_scratch()
 
 
+def test_an_archive_deeper_than_python_can_recurse_is_refused_at_any_depth_limit(tmp_path):
+    archive = tar_with(tmp_path / "deep.tar.gz", {"/".join(["d"] * 2000) + "/model.pt": b"x"})
+    with pytest.raises(InvalidModel, match="SERVE_MAX_ARCHIVE_DEPTH"):
+        open_source(archive, LIMITS)
+    with pytest.raises(InvalidModel, match="cannot be read"):  # the limit raised: still a 400, never a RecursionError
+        open_source(archive, Limits(archive_depth=100_000))
+
+
 def test_corrupt_archive(tmp_path):
     (tmp_path / "bad.tar.gz").write_bytes(b"not gzip")
     with pytest.raises(InvalidModel, match="cannot be read"):
