@@ -4,10 +4,14 @@ BYTES tensors are numpy object arrays of `bytes`. BF16 has no numpy dtype; it tr
 the backend narrows it.
 """
 
+import struct
+
 import numpy as np
 
 from container.errors import InvalidInput
 from container.limits import MAX_DIMS
+
+_LENGTH = struct.Struct("<I")
 
 _TABLE = {
     "BOOL": np.dtype(np.bool_),
@@ -105,3 +109,34 @@ def to_bytes_array(array: np.ndarray, name: str = "") -> np.ndarray:
 def _describe(dtype: np.dtype) -> str:
     names = {"c": "complex", "M": "datetime", "m": "timedelta", "V": "structured or raw", "O": "mixed or null"}
     return names.get(dtype.kind, str(dtype))
+
+
+def unpack_strings(name: str, data: bytes, count: int) -> np.ndarray:
+    """Serialized BYTES elements (each behind a 4-byte little-endian length) as an object array."""
+    values, offset = [], 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise InvalidInput(f"input '{name}': BYTES data ends inside an element's 4-byte length")
+        (length,) = _LENGTH.unpack_from(data, offset)
+        if offset + 4 + length > len(data):
+            raise InvalidInput(f"input '{name}': a BYTES element of {length} bytes runs past the data")
+        values.append(data[offset + 4: offset + 4 + length])
+        offset += 4 + length
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': {len(values)} BYTES elements for a shape of {count}")
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def pack_strings(array: np.ndarray) -> bytes:
+    """A BYTES tensor serialized: each element behind its 4-byte little-endian length."""
+    values = [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1)]
+    return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+
+
+def zeros(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor of zeros; BYTES zeros are empty strings."""
+    if datatype == "BYTES":
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, numpy_dtype(datatype))

@@ -17,8 +17,9 @@ from container.models.registry import Model, Registry, State
 from container.models.statistics import Duration, Statistics
 
 EXTENSIONS = [
-    "classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
-    "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics",
 ]
 SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
                          "priority": (int,), "timeout": (int,)}
@@ -46,8 +47,9 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
     @api.get("/v2/models/<name>")
     @api.get("/v2/models/<name>/versions/<version>")
     def model_metadata(name, version=None):
-        model, number = _model(registry, name, version)
-        metadata = {"name": model.name, "versions": [str(v) for v in sorted(model.versions)],
+        model, number = _model(registry, name, version, default_latest=False)
+        versions = [number] if number is not None else sorted(model.versions)
+        metadata = {"name": model.name, "versions": [str(v) for v in versions],
                     "platform": _platform(model), "inputs": [], "outputs": []}
         if model.signature is not None:
             metadata["inputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.inputs]
@@ -158,12 +160,14 @@ def _request_parameters(document: dict) -> dict:
 
 
 def config_document(model: Model) -> dict:
-    """The model's ModelConfig as protobuf JSON with proto field names; 64-bit integers as numbers."""
+    """The model's ModelConfig as Triton prints it: proto field names, fields at their default value
+    included (a control's `kind` of CONTROL_SEQUENCE_START is the enum's zero), 64-bit integers as numbers."""
     config = type(model.config)()
     config.CopyFrom(model.config)
     config.name = model.name
     config.platform = _platform(model)
-    return _int64_as_numbers(json_format.MessageToDict(config, preserving_proto_field_name=True), config.DESCRIPTOR)
+    return _int64_as_numbers(json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True), config.DESCRIPTOR)
 
 
 _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,

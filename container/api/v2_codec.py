@@ -3,7 +3,6 @@ tensors after a JSON header of `Inference-Header-Content-Length` bytes; BYTES el
 4-byte length), shared-memory inputs and outputs, and the classification extension."""
 
 import math
-import struct
 
 import numpy as np
 
@@ -11,10 +10,9 @@ from container import content
 from container.errors import InvalidInput, InvalidRequest
 from container.limits import MAX_DIMS, Limits, whole_number
 from container.models.signature import Signature, TensorSpec
-from container.tensors import DATATYPES, as_datatype, numpy_dtype
+from container.tensors import DATATYPES, as_datatype, numpy_dtype, pack_strings, unpack_strings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-_LENGTH = struct.Struct("<I")
 
 
 def split(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
@@ -118,7 +116,7 @@ def response_body(document: dict, chunks: list[bytes]) -> tuple[bytes, dict[str,
 def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        return _unpack_strings(name, bytes(data), count).reshape(shape)
+        return unpack_strings(name, bytes(data), count).reshape(shape)
     itemsize = 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
     if len(data) != count * itemsize:
         raise InvalidInput(f"input '{name}': {len(data)} bytes of data for {datatype}{shape}; expected {count * itemsize}")
@@ -129,7 +127,7 @@ def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
 
 def to_binary(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
-        return b"".join(_LENGTH.pack(len(v)) + v for v in (_as_bytes(x) for x in array.reshape(-1)))
+        return pack_strings(array)
     if datatype == "BF16":  # round to nearest even, keep the upper half
         bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
@@ -172,27 +170,6 @@ def _from_json(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
     if array.size != math.prod(shape):
         raise InvalidInput(f"input '{name}': {array.size} values for shape {shape} ({math.prod(shape)} expected)")
     return array.reshape(shape)
-
-
-def _unpack_strings(name: str, data: bytes, count: int) -> np.ndarray:
-    values, offset = [], 0
-    while offset < len(data):
-        if offset + 4 > len(data):
-            raise InvalidInput(f"input '{name}': BYTES data ends inside an element's 4-byte length")
-        (length,) = _LENGTH.unpack_from(data, offset)
-        if offset + 4 + length > len(data):
-            raise InvalidInput(f"input '{name}': a BYTES element of {length} bytes runs past the data")
-        values.append(data[offset + 4: offset + 4 + length])
-        offset += 4 + length
-    if len(values) != count:
-        raise InvalidInput(f"input '{name}': {len(values)} BYTES elements for a shape of {count}")
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
-
-
-def _as_bytes(value) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _size(parameters: dict, key: str, name: str) -> int:

@@ -8,7 +8,6 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 
 from container.backends.handler_worker import HandlerOptions, HandlerWorker
 from container.backends.pytorch import TorchScriptModel
-from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout
 
 
@@ -16,11 +15,10 @@ def load_backends(name: str, source: ModelSource, device: str, options: HandlerO
     """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
     layout = source.layout
     if isinstance(layout, TritonLayout):
-        signature = Signature.from_config(layout.config)
         loaded = {}
         try:
             for version, path in sorted(layout.versions.items()):
-                loaded[version] = TorchScriptModel(name, path, signature, device)
+                loaded[version] = TorchScriptModel(name, path, layout.signature, device)
         except BaseException:
             for backend in loaded.values():
                 backend.close()

@@ -74,7 +74,8 @@ def load_torchscript(path: Path, device: str):
 
 
 class TorchScriptModel:
-    """One version of a Triton-layout model: inputs bound to forward() in config order (or by name)."""
+    """One version of a Triton-layout model, its tensors bound to forward() as Triton's libtorch
+    backend binds them (see `_bind_inputs` and `_bind_outputs`)."""
 
     def __init__(self, name: str, path: Path, signature: Signature, device: str):
         self.name = name
@@ -83,8 +84,8 @@ class TorchScriptModel:
         self.module = load_torchscript(path, device)
         states = signature.states
         self._specs = {s.name: s for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in states))}
-        self._outputs = (*signature.outputs, *(s.output for s in states))
         self._order = _bind_inputs(self.module, signature)
+        self._outputs = _bind_outputs(signature)
 
     def memory(self) -> dict[str, int]:
         return module_bytes(self.module)
@@ -95,7 +96,8 @@ class TorchScriptModel:
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings."""
         start = time.perf_counter_ns()
-        args = [_to_torch(self._specs[n], inputs[n], self.device) for n in self._order]
+        tensors = {n: _to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device) for n in self._specs}
+        args = [tensors] if self._order is None else [tensors[n] for n in self._order]
         converted = time.perf_counter_ns()
         try:
             with torch.inference_mode():
@@ -112,32 +114,82 @@ class TorchScriptModel:
         return {n: produced[n] for n in wanted}
 
     def _name_outputs(self, result) -> dict[str, np.ndarray]:
-        specs = self._outputs
+        bound = self._outputs
         if isinstance(result, dict):
-            missing = [s.name for s in specs if s.name not in result]
+            missing = [s.name for s, _ in bound if s.name not in result]
             if missing:
                 raise ModelError(f"model '{self.name}' returned a dict without output(s) {missing}")
-            values = [result[s.name] for s in specs]
-        elif isinstance(result, tuple) or (isinstance(result, list) and len(specs) > 1):
+            return {s.name: self._from_model(s, result[s.name]) for s, _ in bound}
+        if isinstance(result, tuple) or (isinstance(result, list) and len(bound) > 1):
             values = list(result)
         else:
             values = [result]
-        if len(values) != len(specs):
-            raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config declares {len(specs)}")
-        return {s.name: _to_numpy(s, v, self.name) for s, v in zip(specs, values, strict=True)}
+        needed = max(index for _, index in bound) + 1
+        if len(values) < needed:
+            raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config needs {needed}")
+        return {s.name: self._from_model(s, values[index]) for s, index in bound}
+
+    def _to_model(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+        if spec.reshape is None:
+            return array
+        return _reshaped(spec, array, self.signature.max_batch_size > 0, True, self.name)
+
+    def _from_model(self, spec: TensorSpec, value) -> np.ndarray:
+        array = _to_numpy(spec, value, self.name)
+        if spec.reshape is None:
+            return array
+        return _reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
 
 
-def _bind_inputs(module, signature: Signature) -> list[str]:
-    """forward()'s argument order as input names — the config's inputs, then a sequence model's
-    control inputs and state inputs: by name when they match, else positionally."""
-    params = [a.name for a in module.forward.schema.arguments][1:]  # drop self
-    names = [s.name for s in signature.inputs] + [c.tensor.name for c in signature.controls]
-    names += [s.input.name for s in signature.states]
-    if sorted(params) == sorted(names):
-        return params
-    if len(params) != len(names):
-        raise InvalidModel(f"the config declares {len(names)} input(s) {names}; forward() takes {len(params)} {params}")
-    return names
+def tensor_index(name: str) -> int | None:
+    """The index in Triton's `<name>__<index>` naming convention (`INPUT__0` → 0), or None."""
+    _, delimiter, index = name.partition("__")
+    return int(index) if delimiter and index.isascii() and index.isdigit() else None
+
+
+def _bind_inputs(module, signature: Signature) -> list[str] | None:
+    """forward()'s arguments as tensor names in order (None: forward takes one Dict[str, Tensor]).
+
+    The config's inputs bind as Triton's libtorch backend binds them: by argument name when every
+    name is an argument, else by `<name>__<index>` when every name carries an index, else in config
+    order. Sequence control and state inputs bind by their index (Triton requires one) or, where
+    they have none, by argument name."""
+    arguments = module.forward.schema.arguments[1:]  # drop self
+    if len(arguments) == 1 and isinstance(arguments[0].type, torch.DictType):
+        return None
+    params = [a.name for a in arguments]
+    inputs = [s.name for s in signature.inputs]
+    if all(n in params for n in inputs):
+        positions = {n: params.index(n) for n in inputs}
+    elif all(tensor_index(n) is not None for n in inputs):
+        positions = {n: tensor_index(n) for n in inputs}
+    else:
+        positions = {n: i for i, n in enumerate(inputs)}
+    for name in [c.tensor.name for c in signature.controls] + [s.input.name for s in signature.states]:
+        index = tensor_index(name)
+        if index is None and name not in params:
+            raise InvalidModel(f"sequence input '{name}' must follow the <name>__<index> convention or name a "
+                               f"forward() argument ({params})")
+        positions[name] = index if index is not None else params.index(name)
+    if len(positions) != len(params):
+        raise InvalidModel(f"the config declares {len(positions)} input(s) {list(positions)}; forward() takes "
+                           f"{len(params)} {params}")
+    order = sorted(positions, key=positions.get)
+    if [positions[n] for n in order] != list(range(len(order))):
+        raise InvalidModel(f"input indexes {positions} must number forward()'s {len(params)} arguments from 0, each once")
+    return order
+
+
+def _bind_outputs(signature: Signature) -> list[tuple[TensorSpec, int]]:
+    """Each output with its place in what forward() returns: by `<name>__<index>` when every output
+    carries an index, else in config order; state outputs by their index, else after the outputs."""
+    outputs = signature.outputs
+    indexed = all(tensor_index(s.name) is not None for s in outputs)
+    bound = [(s, tensor_index(s.name) if indexed else i) for i, s in enumerate(outputs)]
+    for i, state in enumerate(signature.states):
+        index = tensor_index(state.output.name)
+        bound.append((state.output, index if index is not None else len(outputs) + i))
+    return bound
 
 
 def _to_torch(spec: TensorSpec, array: np.ndarray, device: str):
@@ -166,7 +218,24 @@ def _to_numpy(spec: TensorSpec, value, model: str) -> np.ndarray:
     value = value.detach().cpu()
     if value.dtype == torch.bfloat16:
         value = value.float()
-    return value.numpy()
+    array = value.numpy()
+    return array
+
+
+def _reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool, model: str) -> np.ndarray:
+    """A tensor with a config `reshape`, from the client's dims to the model's shape or back; the
+    batch dimension stays as it is."""
+    dims = spec.reshape if to_model else (spec.shape[1:] if batched else spec.shape)
+    if not to_model and dims.count(-1) > 1:  # the model's shape is all there is to go by
+        return array
+    try:
+        return array.reshape(((array.shape[0],) if batched else ()) + dims)
+    except (ValueError, IndexError):
+        if to_model:
+            raise InvalidInput(f"input '{spec.name}' of shape {list(array.shape)} cannot take the model's shape "
+                               f"{list(spec.reshape)} (config reshape)") from None
+        raise ModelError(f"model '{model}' output '{spec.name}' of shape {list(array.shape)} does not fit the "
+                         f"configured dims {list(dims)}") from None
 
 
 def _shape_strings(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

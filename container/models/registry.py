@@ -80,7 +80,7 @@ class Runtime:
 
     load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
     release_memory: Callable[[], None]
-    scheduler_for: Callable[[str, object], object]  # (name, config or None) → scheduler with infer()/run()/close()
+    scheduler_for: Callable  # (name, config or None, signature or None) → scheduler with infer()/run()/close()
     new_job: Callable  # (backend, statistics, InferRequest, items) → what the scheduler queues
 
 
@@ -282,11 +282,11 @@ class Registry:
         self._measured[str(path)] = measured
         if isinstance(source.layout, TritonLayout):
             model.config = source.layout.config
-            model.signature = Signature.from_config(model.config)
+            model.signature = source.layout.signature
             model.version_labels = source.layout.labels
             model.output_labels = source.layout.output_labels
         model.statistics = {version: Statistics() for version in backends}
-        model.scheduler = self.runtime.scheduler_for(model.name, model.config)
+        model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature)
 
     def _retire(self, model: Model) -> None:
         """Refuse the model's new requests, wait for those in flight, then free it."""

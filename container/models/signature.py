@@ -1,6 +1,7 @@
 """A model's tensors as clients see them, and the check every request passes before it runs."""
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
@@ -14,6 +15,7 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]  # with a leading -1 when the model batches
+    reshape: tuple[int, ...] | None = None  # the shape the model itself sees or makes (config `reshape`), batch excluded
 
     def describe(self) -> str:
         return f"{self.datatype}{list(self.shape)}"
@@ -34,6 +36,7 @@ class StateSpec:
 
     input: TensorSpec
     output: TensorSpec
+    initial: np.ndarray | None = field(default=None, compare=False)  # a new sequence's value; None: zeros
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,15 @@ class Signature:
     states: tuple[StateSpec, ...] = ()  # sequence models: after the controls (inputs) and the outputs
 
     @classmethod
-    def from_config(cls, config) -> "Signature":
+    def from_config(cls, config, initial_states: dict[str, np.ndarray] | None = None) -> "Signature":
+        """`initial_states`: state input name → the value its initial_state's data_file holds."""
         lead = (-1,) if config.max_batch_size > 0 else ()
 
-        def spec(name, data_type, dims):
-            return TensorSpec(name, from_config(pb.DataType.Name(data_type)), lead + tuple(dims))
+        def spec(name, data_type, dims, reshape=None):
+            return TensorSpec(name, from_config(pb.DataType.Name(data_type)), lead + tuple(dims), reshape)
+
+        def tensor(t):
+            return spec(t.name, t.data_type, t.dims, _reshape(t) if t.HasField("reshape") else None)
 
         controls, states = [], []
         if config.HasField("sequence_batching"):
@@ -57,13 +64,11 @@ class Signature:
                 for control in control_input.control:
                     controls.append(_control(control_input.name, control, lambda t, n=control_input.name: spec(n, t, [1])))
             for state in config.sequence_batching.state:
-                if any(initial.data_file for initial in state.initial_state):
-                    raise InvalidModel(f"state '{state.input_name}': initial_state.data_file is not supported; use zero_data")
                 states.append(StateSpec(spec(state.input_name, state.data_type, state.dims),
-                                        spec(state.output_name, state.data_type, state.dims)))
+                                        spec(state.output_name, state.data_type, state.dims),
+                                        (initial_states or {}).get(state.input_name)))
         return cls(
-            tuple(spec(t.name, t.data_type, t.dims) for t in config.input),
-            tuple(spec(t.name, t.data_type, t.dims) for t in config.output),
+            tuple(tensor(t) for t in config.input), tuple(tensor(t) for t in config.output),
             config.max_batch_size, tuple(controls), tuple(states),
         )
 
@@ -110,14 +115,24 @@ def _control(name: str, control, spec) -> ControlSpec:
     kind = pb.ModelSequenceBatching.Control.Kind.Name(control.kind).removeprefix("CONTROL_SEQUENCE_")
     if kind == "CORRID":
         return ControlSpec(spec(control.data_type), kind, ())
-    for field, data_type in (("int32_false_true", pb.TYPE_INT32), ("fp32_false_true", pb.TYPE_FP32),
-                             ("bool_false_true", pb.TYPE_BOOL)):
-        values = tuple(getattr(control, field))
+    for values_field, data_type in (("int32_false_true", pb.TYPE_INT32), ("fp32_false_true", pb.TYPE_FP32),
+                                    ("bool_false_true", pb.TYPE_BOOL)):
+        values = tuple(getattr(control, values_field))
         if values:
             if len(values) != 2:
-                raise InvalidModel(f"control input '{name}': {field} needs [false, true]")
+                raise InvalidModel(f"control input '{name}': {values_field} needs [false, true]")
             return ControlSpec(spec(data_type), kind, values)
     raise InvalidModel(f"control input '{name}' ({kind}) gives no int32_false_true, fp32_false_true or bool_false_true")
+
+
+def _reshape(tensor) -> tuple[int, ...]:
+    """The model-side shape of a tensor with `reshape`; it must hold as many elements as `dims`."""
+    shape, dims = tuple(tensor.reshape.shape), tuple(tensor.dims)
+    if -1 not in shape + dims and math.prod(shape) != math.prod(dims):
+        raise InvalidModel(f"'{tensor.name}': reshape {list(shape)} does not hold the {math.prod(dims)} elements of dims {list(dims)}")
+    if shape.count(-1) > 1:
+        raise InvalidModel(f"'{tensor.name}': reshape {list(shape)} may leave at most one dimension variable")
+    return shape
 
 
 def _shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:

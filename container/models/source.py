@@ -1,6 +1,7 @@
 """Where a model's files are: a url checked against the model root, an archive extracted safely, the
 layout recognised, and the size estimated from the files before anything is loaded."""
 
+import math
 import os
 import shutil
 import tarfile
@@ -9,7 +10,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from container.errors import InvalidModel, InvalidRequest, SourceNotFound
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as pb
+
+from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound
 from container.limits import Limits, whole_number
 from container.models.config import (
     DEFAULT_MODEL_FILENAME,
@@ -18,6 +22,8 @@ from container.models.config import (
     relative_path,
     selected_versions,
 )
+from container.models.signature import Signature
+from container.tensors import from_config, numpy_dtype, unpack_strings, zeros
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 SAGEMAKER_WEIGHTS = (".pt", ".pth")  # SageMaker's PyTorch toolkit loads the one such file at the top
@@ -29,6 +35,7 @@ class TritonLayout:
     labels: dict[str, int]  # version label → version
     versions: dict[int, Path]  # version → model file
     output_labels: dict[str, list[str]]  # output → class labels from its label_filename
+    signature: Signature  # the tensors, with implicit state's initial values from their data files
 
 
 @dataclass
@@ -148,7 +155,49 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     unknown = {k: v for k, v in labels.items() if v not in versions}
     if unknown:
         raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
-    return TritonLayout(config, labels, versions, _output_labels(directory, config))
+    signature = Signature.from_config(config, _initial_states(directory, config, limits))
+    return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
+
+
+def _initial_states(directory: Path, config, limits: Limits) -> dict[str, np.ndarray]:
+    """Each implicit state's initial value: its initial_state's zero_data or data_file (read from the
+    model's `initial_state/` directory, raw and row-major as Triton reads it), batch dimension added."""
+    states = {}
+    lead = (1,) if config.max_batch_size > 0 else ()
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state[:1]:
+            what = f"state '{state.input_name}': initial_state"
+            datatype = from_config(pb.DataType.Name(initial.data_type or state.data_type))
+            if initial.data_type and initial.data_type != state.data_type:
+                raise InvalidModel(f"{what} data_type must be the state's own")
+            if any(d < 0 for d in initial.dims):
+                raise InvalidModel(f"{what} dims must be fixed, got {list(initial.dims)}")
+            shape = lead + tuple(initial.dims)
+            if initial.HasField("data_file"):
+                path = inside(directory / "initial_state", initial.data_file, f"{what} data_file")
+                if not path.is_file():
+                    raise InvalidModel(f"{what} data_file {initial.data_file!r} is not a file in the model's initial_state/")
+                limits.check_decoded(path.stat().st_size)
+                states[state.input_name] = _from_file(what, path.read_bytes(), datatype, shape)
+            else:
+                states[state.input_name] = zeros(datatype, shape)
+    return states
+
+
+def _from_file(what: str, data: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        try:
+            return unpack_strings(what, data, count).reshape(shape)
+        except InvalidInput as exc:
+            raise InvalidModel(str(exc)) from None
+    if datatype == "BF16":
+        raise InvalidModel(f"{what}: a BF16 state cannot start from a data file; use zero_data")
+    dtype = numpy_dtype(datatype).newbyteorder("<")
+    if len(data) != count * dtype.itemsize:
+        raise InvalidModel(f"{what}: the data file holds {len(data)} bytes; {datatype}{list(shape)} takes "
+                           f"{count * dtype.itemsize}")
+    return np.frombuffer(data, dtype).reshape(shape).astype(numpy_dtype(datatype))
 
 
 def _output_labels(directory: Path, config) -> dict[str, list[str]]:

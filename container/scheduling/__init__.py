@@ -11,10 +11,11 @@ from container.scheduling.job import Job
 from container.scheduling.sequence import SequenceBatcher
 
 
-def scheduler_for(model_name: str, config=None):
+def scheduler_for(model_name: str, config=None, signature: Signature | None = None):
+    """`signature`: the model's, with its implicit states' initial values (default: the config's)."""
     instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
-        return SequenceBatcher(model_name, config, Signature.from_config(config), instances)
+        return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
         return DynamicBatcher(model_name, config, instances)
     return DirectScheduler(model_name, instances)

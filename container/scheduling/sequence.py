@@ -16,7 +16,7 @@ from container.errors import InvalidRequest
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.job import Job, on_thread, run_batch
-from container.tensors import numpy_dtype
+from container.tensors import numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
@@ -99,12 +99,9 @@ class SequenceBatcher:
         return array
 
     def _initial_state(self) -> dict[str, np.ndarray]:
-        """Zeros (initial_state with zero_data, or no initial_state at all)."""
-        states = {}
-        for state in self.signature.states:
-            shape = [1 if d == -1 else d for d in state.input.shape]
-            states[state.input.name] = np.zeros(shape, numpy_dtype(state.input.datatype))
-        return states
+        """The initial_state's value, or zeros (empty strings) shaped as the state with 1 for -1."""
+        return {s.input.name: s.initial if s.initial is not None else zeros(s.input.datatype, tuple(1 if d == -1 else d for d in s.input.shape))
+                for s in self.signature.states}
 
     def _release_idle(self) -> None:
         while True:

@@ -75,8 +75,9 @@ def test_health_and_server_metadata(client):
     metadata = client.get_server_metadata()
     assert metadata["name"] and metadata["version"]
     assert sorted(metadata["extensions"]) == sorted([
-        "classification", "model_repository", "model_repository(unload_dependents)", "model_configuration",
-        "system_shared_memory", "binary_tensor_data", "parameters", "statistics"])
+        "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+        "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+        "statistics"])
 
 
 def test_model_metadata_and_config(client):
@@ -87,7 +88,8 @@ def test_model_metadata_and_config(client):
                         "outputs": [{"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 4]},
                                     {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 4]}]}
     assert client.get_model_metadata("nobatch")["inputs"][0]["shape"] == [2, 2]
-    assert client.get_model_metadata("versions", "2")["versions"] == ["1", "2"]
+    assert client.get_model_metadata("versions")["versions"] == ["1", "2"]
+    assert client.get_model_metadata("versions", "2")["versions"] == ["2"]
     config = client.get_model_config("addsub")
     assert config["max_batch_size"] == 8 and config["input"][0]["dims"] == [4]
     assert config["input"][0]["data_type"] == "TYPE_INT32" and config["platform"] == "pytorch_libtorch"

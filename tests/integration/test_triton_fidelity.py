@@ -1,0 +1,233 @@
+"""A Triton model repository as Triton serves it: libtorch models written the way Triton's own QA
+generators write them (`qa/common/gen_qa_*.py`: `<name>__<index>` tensors, `reshape`, implicit state
+with `INPUT_STATE__1`/`START__2`/`READY__3`), driven with tritonclient."""
+
+from typing import List, Tuple
+
+import numpy as np
+import pytest
+import requests
+import torch
+import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import tensor, triton_model, wait_for
+
+
+class AddSubNet(torch.nn.Module):
+    """gen_qa_models: inputs bound by forward() argument name, outputs by their `__<index>`."""
+
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+
+class Difference(torch.nn.Module):
+    """Arguments named unlike the config: INPUT__0 must reach `a` whatever order the config lists."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a - b
+
+
+class ReshapeNet(torch.nn.Module):
+    """Sees [batch, 2, 2] (config dims [4], reshape [2, 2]); returns [batch] (dims [1], reshape [])."""
+
+    def forward(self, INPUT0: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if INPUT0.dim() != 3:
+            raise ValueError("expected the reshaped input [batch, 2, 2]")
+        return INPUT0.sum(dim=(1, 2)), INPUT0.sum(dim=2)
+
+
+class ScalarNet(torch.nn.Module):
+    """Without batching: a [2, 2] input seen as [4]; a scalar output sent as dims [1]."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        if INPUT0.dim() != 1:
+            raise ValueError("expected the reshaped input [4]")
+        return INPUT0.sum()
+
+
+class DictNet(torch.nn.Module):
+    """One Dict[str, Tensor] argument: Triton passes every input by name."""
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return inputs["x"] * 10 + inputs["y"]
+
+
+class SequenceNet(torch.nn.Module):
+    """gen_qa_implicit_models (no initial state): the state adds up INPUT__0 across a sequence."""
+
+    def forward(self, input0, input0_state, start0, ready0):
+        use_state = torch.logical_and(ready0, torch.logical_not(start0))
+        result = torch.mul(use_state, input0_state)
+        result += input0
+        return result, result
+
+
+class InitialStateNet(torch.nn.Module):
+    """gen_qa_implicit_models with an initial state: state + input, the state starting from its file."""
+
+    def forward(self, input0, input0_state, start0, ready0):
+        result = input0_state + input0
+        return result, result
+
+
+class StringSequenceNet(torch.nn.Module):
+    """gen_qa_implicit_models for TYPE_STRING: numbers as text, the state empty at the start."""
+
+    def forward(self, input0: List[str], input0_state: List[str], start0, ready0) -> Tuple[List[str], List[str]]:
+        use_state = torch.logical_and(ready0, torch.logical_not(start0))
+        state = torch.tensor([int("0" + i) for i in input0_state])
+        value = torch.tensor([int("0" + i) for i in input0])
+        total = torch.mul(use_state.reshape(-1), state) + value
+        result = [str(i.item()) for i in total]
+        return result, result
+
+
+def control(name: str, kind: str) -> dict:
+    return {"name": name, "control": [{"kind": f"CONTROL_SEQUENCE_{kind}", "int32_false_true": [0, 1]}]}
+
+
+def implicit_state(data_type: str, **initial) -> dict:
+    state = {"input_name": "INPUT_STATE__1", "output_name": "OUTPUT_STATE__1", "data_type": data_type, "dims": [1]}
+    if initial:
+        state["initial_state"] = [{"data_type": data_type, "dims": [1], "name": "initial", **initial}]
+    # READY before START: the index in the name binds them, not the order listed
+    return {"sequence_batching": {"max_sequence_idle_microseconds": 5_000_000,
+                                  "control_input": [control("READY__3", "READY"), control("START__2", "START")],
+                                  "state": [state]}}
+
+
+def sequence_model(root, name, module, data_type, **initial):
+    return triton_model(root, name, module, [tensor("INPUT__0", data_type, [1])], [tensor("OUTPUT__0", data_type, [1])],
+                        max_batch_size=8, config_format="pbtxt", **implicit_state(data_type, **initial))
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    int32 = [tensor("INPUT0", "TYPE_INT32", [4]), tensor("INPUT1", "TYPE_INT32", [4])]
+    triton_model(root, "addsub", AddSubNet(), int32,
+                 [tensor("OUTPUT__1", "TYPE_INT32", [4]), tensor("OUTPUT__0", "TYPE_INT32", [4])], max_batch_size=8,
+                 config_format="pbtxt")
+    triton_model(root, "difference", Difference(), [tensor("INPUT__1", "TYPE_INT32", [4]), tensor("INPUT__0", "TYPE_INT32", [4])],
+                 [tensor("OUTPUT__0", "TYPE_INT32", [4])], max_batch_size=8)
+    triton_model(root, "reshape", ReshapeNet(), [{**tensor("INPUT0", "TYPE_FP32", [4]), "reshape": {"shape": [2, 2]}}],
+                 [{**tensor("OUTPUT__0", "TYPE_FP32", [1]), "reshape": {"shape": []}},
+                  {**tensor("OUTPUT__1", "TYPE_FP32", [2, 1]), "reshape": {"shape": [2]}}], max_batch_size=8)
+    triton_model(root, "reshape_nobatch", ScalarNet(), [{**tensor("INPUT0", "TYPE_FP32", [2, 2]), "reshape": {"shape": [4]}}],
+                 [{**tensor("OUTPUT0", "TYPE_FP32", [1]), "reshape": {"shape": []}}])
+    triton_model(root, "dict", DictNet(), [tensor("y", "TYPE_FP32", [2]), tensor("x", "TYPE_FP32", [2])],
+                 [tensor("z", "TYPE_FP32", [2])], max_batch_size=4)
+    sequence_model(root, "sequence", SequenceNet(), "TYPE_INT32")
+    initial = sequence_model(root, "sequence_initial", InitialStateNet(), "TYPE_INT32", data_file="start_at_100")
+    (initial / "initial_state").mkdir()
+    (initial / "initial_state" / "start_at_100").write_bytes(np.array([100], "<i4").tobytes())
+    sequence_model(root, "sequence_string", StringSequenceNet(), "TYPE_STRING")
+    server = start_server(root, SERVE_LOAD_MODELS="*")
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    wait_for(client.is_server_ready, message="the models named at start did not load")
+    client.close()
+    return server
+
+
+@pytest.fixture
+def client(server):
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    yield client
+    client.close()
+
+
+def infer(client, model, named: dict, **kwargs) -> dict:
+    inputs = []
+    for name, array in named.items():
+        datatype = "BYTES" if array.dtype == object else {"i": "INT32", "f": "FP32"}[array.dtype.kind]
+        inputs.append(http.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array)
+    result = client.infer(model, inputs, **kwargs)
+    return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
+
+
+def test_outputs_bind_by_their_index_whatever_order_the_config_lists(client):
+    a, b = np.array([[1, 2, 3, 4]], np.int32), np.array([[10, 20, 30, 40]], np.int32)
+    outputs = infer(client, "addsub", {"INPUT0": a, "INPUT1": b})
+    assert outputs["OUTPUT__0"].tolist() == (a + b).tolist()
+    assert outputs["OUTPUT__1"].tolist() == (a - b).tolist()
+
+
+def test_inputs_bind_by_their_index_when_forward_names_them_otherwise(client):
+    first, second = np.array([[5, 5, 5, 5]], np.int32), np.array([[1, 2, 3, 4]], np.int32)
+    outputs = infer(client, "difference", {"INPUT__1": second, "INPUT__0": first})
+    assert outputs["OUTPUT__0"].tolist() == [[4, 3, 2, 1]]
+
+
+def test_a_single_dict_argument_gets_every_input_by_name(client):
+    outputs = infer(client, "dict", {"x": np.array([[1, 2]], np.float32), "y": np.array([[3, 4]], np.float32)})
+    assert outputs["z"].tolist() == [[13, 24]]
+
+
+def test_reshape_gives_the_model_its_shape_and_the_client_the_configured_one(client, server):
+    batch = np.arange(8, dtype=np.float32).reshape(2, 4)
+    outputs = infer(client, "reshape", {"INPUT0": batch})
+    assert outputs["OUTPUT__0"].shape == (2, 1) and outputs["OUTPUT__0"].tolist() == [[6], [22]]
+    assert outputs["OUTPUT__1"].shape == (2, 2, 1) and outputs["OUTPUT__1"].tolist() == [[[1], [5]], [[9], [13]]]
+    outputs = infer(client, "reshape_nobatch", {"INPUT0": np.ones((2, 2), np.float32)})
+    assert outputs["OUTPUT0"].shape == (1,) and outputs["OUTPUT0"].tolist() == [4]
+    metadata = client.get_model_metadata("reshape")
+    assert [o["shape"] for o in metadata["outputs"]] == [[-1, 1], [-1, 2, 1]]
+
+
+@pytest.mark.parametrize("model, values, expected, start", [
+    ("sequence", [1, 2, 3, 4], [1, 3, 6, 10], 0),
+    ("sequence_initial", [1, 2, 3], [101, 103, 106], 100),
+])
+def test_implicit_state_accumulates_across_a_sequence(client, model, values, expected, start):
+    for sequence_id in (11, 12):  # a second sequence starts afresh
+        got = []
+        for i, value in enumerate(values):
+            outputs = infer(client, model, {"INPUT__0": np.array([[value]], np.int32)}, sequence_id=sequence_id,
+                            sequence_start=i == 0, sequence_end=i == len(values) - 1)
+            assert set(outputs) == {"OUTPUT__0"}  # the state output stays inside
+            got.append(int(outputs["OUTPUT__0"][0, 0]))
+        assert got == expected
+
+
+def test_string_state_starts_empty(client):
+    got = []
+    for i, value in enumerate(["4", "5", "6"]):
+        outputs = infer(client, "sequence_string", {"INPUT__0": np.array([[value]], dtype=object)}, sequence_id=7,
+                        sequence_start=i == 0, sequence_end=i == 2)
+        got.append(outputs["OUTPUT__0"][0, 0])
+    assert got == [b"4", b"9", b"15"]
+
+
+def test_metadata_for_a_version_lists_that_version(client):
+    assert client.get_model_metadata("addsub", "1")["versions"] == ["1"]
+    with pytest.raises(InferenceServerException, match="no version 2"):
+        client.get_model_metadata("addsub", "2")
+
+
+def test_config_prints_fields_at_their_default_value(client):
+    config = client.get_model_config("sequence")
+    kinds = {c["name"]: c["control"][0]["kind"] for c in config["sequence_batching"]["control_input"]}
+    assert kinds == {"START__2": "CONTROL_SEQUENCE_START", "READY__3": "CONTROL_SEQUENCE_READY"}
+    assert config["input"][0]["is_shape_tensor"] is False and config["input"][0]["optional"] is False
+    assert config["output"][0]["label_filename"] == "" and config["model_warmup"] == []
+
+
+def test_server_metadata_lists_every_extension_served(client):
+    extensions = client.get_server_metadata()["extensions"]
+    assert {"sequence", "schedule_policy", "model_configuration", "binary_tensor_data"} <= set(extensions)
+
+
+def test_badly_bound_models_are_refused_with_the_convention_to_follow(server):
+    class Three(torch.nn.Module):
+        def forward(self, input0, input0_state, start0):
+            return input0 + input0_state + start0, input0
+
+    root = server.model_root
+    config = implicit_state("TYPE_INT32")
+    config["sequence_batching"]["control_input"] = [control("START", "START")]
+    triton_model(root, "unbound", Three(), [tensor("INPUT__0", "TYPE_INT32", [1])],
+                 [tensor("OUTPUT__0", "TYPE_INT32", [1])], max_batch_size=8, **config)
+    response = requests.post(f"{server.url}/v2/repository/models/unbound/load", timeout=60)
+    assert response.status_code == 400 and "<name>__<index>" in response.json()["error"]
