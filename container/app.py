@@ -15,7 +15,7 @@ from container.api.openapi import register_openapi_endpoint
 from container.api.request_log import register_request_log
 from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints, sagemaker_hot_routes
 from container.api.shared_memory import (
-    SystemSharedMemory,
+    SharedMemory,
     register_shared_memory_endpoints,
 )
 from container.api.tfserving import register_tfserving_endpoints
@@ -45,13 +45,13 @@ def create_app(settings: Settings) -> Flask:
     register_request_log(app)
     register_sagemaker_endpoints(app, registry, settings)
     register_tfserving_endpoints(app, registry)
-    shared_memory = SystemSharedMemory()
+    shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=gpu_count())
     register_v2_endpoints(app, registry, shared_memory, started)
     register_repository_endpoints(app, registry)
     register_shared_memory_endpoints(app, shared_memory)
     register_metrics_endpoint(app, registry)
     register_openapi_endpoint(app, package_version("container"))
-    hot = [*v2_hot_routes(registry, shared_memory), *sagemaker_hot_routes(registry, settings)]
+    hot = [*v2_hot_routes(registry, shared_memory, settings.max_payload_bytes), *sagemaker_hot_routes(registry, settings)]
     app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes)
     return app
 

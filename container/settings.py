@@ -89,6 +89,9 @@ class Settings:
     max_connections: int = _env(
         "SERVE_MAX_CONNECTIONS", "1000", "Most client connections served at once; more wait in the listen queue."
     )
+    allow_client_shm: bool = _env(
+        "SERVE_ALLOW_CLIENT_SHM", "true", "`true`: clients may register system and CUDA shared memory regions for inputs and outputs; `false` refuses them, as Triton does by default."
+    )
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
     )
@@ -126,6 +129,7 @@ class Settings:
             max_instances=_positive("SERVE_MAX_INSTANCES", raw["max_instances"]),
             max_priority_levels=_positive("SERVE_MAX_PRIORITY_LEVELS", raw["max_priority_levels"]),
             max_connections=_positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]),
+            allow_client_shm=_boolean("SERVE_ALLOW_CLIENT_SHM", raw["allow_client_shm"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
         )
 

@@ -57,6 +57,8 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
         raise InvalidInput(f"input '{name}': {exc}") from None
     if array.ndim > MAX_DIMS:
         raise InvalidInput(f"input '{name}' has {array.ndim} dimensions; at most {MAX_DIMS}")
+    if not array.size:  # `[]` parses as float64, which no integer or BOOL input would take
+        return np.empty(array.shape, _TABLE[datatype])
     kind = array.dtype.kind
     if datatype == "BYTES":
         if kind not in "OSU":

@@ -91,3 +91,14 @@ def start_server(tmp_path_factory):
     yield start
     for server in servers:
         server.stop()
+
+
+def pytest_collection_modifyitems(items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; torch sees none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

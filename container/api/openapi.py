@@ -109,6 +109,14 @@ def document(version: str) -> dict:
                 "byte_size": {"type": "integer", "minimum": 0}}, ["key", "byte_size"])), [_REGION], errors=(400,))},
         "/v2/systemsharedmemory/region/{name}/unregister": {"post": _operation("unregister one region", v2, _EMPTY, parameters=[_REGION], errors=())},
         "/v2/systemsharedmemory/unregister": {"post": _operation("unregister every region", v2, _EMPTY, errors=())},
+        "/v2/cudasharedmemory/status": {"get": _operation("every registered CUDA region", v2, _json(_NUMBERS), errors=())},
+        "/v2/cudasharedmemory/region/{name}/status": {"get": _operation("one registered CUDA region", v2, _json(_NUMBERS), parameters=[_REGION])},
+        "/v2/cudasharedmemory/region/{name}/register": {"post": _operation(
+            "register CUDA memory a client exported with cudaIpcGetMemHandle (400 without a GPU)", v2, _EMPTY, _json(_object({
+                "raw_handle": _object({"b64": {"type": "string"}}, ["b64"]), "device_id": {"type": "integer", "minimum": 0},
+                "byte_size": {"type": "integer", "minimum": 0}}, ["raw_handle", "byte_size"])), [_REGION], errors=(400,))},
+        "/v2/cudasharedmemory/region/{name}/unregister": {"post": _operation("unregister one CUDA region", v2, _EMPTY, parameters=[_REGION], errors=())},
+        "/v2/cudasharedmemory/unregister": {"post": _operation("unregister every CUDA region", v2, _EMPTY, errors=())},
         "/metrics": {"get": _operation("Prometheus metrics (Triton's names, and the server's own)", "metrics",
                                        {"content": {"text/plain": {"schema": {"type": "string"}}}}, errors=())},
         "/openapi.json": {"get": _operation("this document", "metrics", _json({"type": "object"}), errors=())},

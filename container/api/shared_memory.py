@@ -1,9 +1,17 @@
-"""The system shared memory extension: POSIX shared memory regions that clients register by key
-(as `tritonclient.utils.shared_memory` creates them under /dev/shm), read for inputs and written for
-outputs. Regions are read and written with pread/pwrite, never mapped: a client may truncate its
-object at any time, and a mapped page past the new end would kill the server with SIGBUS. Each access
-checks the object's current size, so truncation is a 400."""
+"""The shared memory extensions: client regions that infer requests name for their inputs and outputs.
 
+System shared memory: POSIX objects that clients register by key (as `tritonclient.utils.shared_memory`
+creates them under /dev/shm). They are read and written with pread/pwrite, never mapped: a client may
+truncate its object at any time, and a mapped page past the new end would kill the server with SIGBUS.
+Each access checks the object's current size, so truncation is a 400.
+
+CUDA shared memory: device memory that clients export with `cudaIpcGetMemHandle`, opened here through
+the CUDA runtime and copied to and from the host. Without a GPU, status lists nothing and registration
+is a 400. Both kinds share one namespace of region names, as in Triton. `SERVE_ALLOW_CLIENT_SHM=false`
+refuses every registration, as Triton does without `--allow-client-shm`."""
+
+import base64
+import binascii
 import os
 import stat
 from dataclasses import dataclass
@@ -12,6 +20,7 @@ from pathlib import Path
 from flask import Blueprint, Flask, Response, request
 
 from container import content
+from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
 from container.errors import InvalidRequest, ServeError
 
 SHM_ROOT = Path("/dev/shm")
@@ -22,7 +31,7 @@ class RegionNotFound(ServeError):
 
 
 @dataclass
-class Region:
+class SystemRegion:
     name: str
     key: str
     offset: int
@@ -32,21 +41,68 @@ class Region:
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
+    def read(self, offset: int, byte_size: int) -> bytes:
+        start = self._checked(offset, byte_size)
+        data = os.pread(self.fd, byte_size, start)
+        if len(data) != byte_size:  # truncated between the check and the read
+            raise self._truncated()
+        return data
 
-class SystemSharedMemory:
-    def __init__(self, root: Path = SHM_ROOT):
-        self._root = root
-        self._regions: dict[str, Region] = {}
+    def write(self, offset: int, data: bytes) -> None:
+        os.pwrite(self.fd, data, self._checked(offset, len(data)))
 
-    def register(self, name: str, key, offset, byte_size) -> None:
-        if name in self._regions:
-            raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _checked(self, offset: int, byte_size: int) -> int:
+        """The absolute position of `offset` in the object, once the object as it is now holds
+        `byte_size` bytes there."""
+        start = self.offset + offset
+        if start + byte_size > os.fstat(self.fd).st_size:
+            raise self._truncated()
+        return start
+
+    def _truncated(self) -> InvalidRequest:
+        return InvalidRequest(f"shared memory object {self.key!r} of region '{self.name}' was truncated "
+                              f"below the registered {self.offset + self.byte_size} bytes; register it again")
+
+
+@dataclass
+class CudaRegion:
+    name: str
+    device_id: int
+    byte_size: int
+    address: int
+    runtime: CudaRuntime
+
+    def status(self) -> dict:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        return self.runtime.read(self.address + offset, byte_size, self.device_id)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.runtime.write(self.address + offset, data, self.device_id)
+
+    def close(self) -> None:
+        self.runtime.close(self.address, self.device_id)
+
+
+_KINDS = {"system": SystemRegion, "cuda": CudaRegion}
+
+
+class SharedMemory:
+    def __init__(self, root: Path = SHM_ROOT, allowed: bool = True, gpus: int = 0):
+        self._root, self._allowed, self._gpus = root, allowed, gpus
+        self._regions: dict[str, SystemRegion | CudaRegion] = {}
+        self._cuda: CudaRuntime | None = None
+
+    def register_system(self, name: str, key, offset, byte_size) -> None:
+        self._check_new(name)
         if (not isinstance(key, str) or not key.strip("/") or "/" in key.strip("/") or key.strip("/") in (".", "..")
                 or "\0" in key or len(key) > 255):
             raise InvalidRequest(f"'key' must name a POSIX shared memory object such as '/my_region', got {key!r:.100}")
-        for field, value in (("offset", offset), ("byte_size", byte_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidRequest(f"'{field}' must be a non-negative whole number")
+        _check_sizes(offset=offset, byte_size=byte_size)
         try:  # O_NOFOLLOW: a symlink planted in /dev/shm must not lead the server's writes elsewhere
             fd = os.open(self._root / key.strip("/"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
@@ -60,79 +116,101 @@ class SystemSharedMemory:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = Region(name, key, offset, byte_size, fd)
+        self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
 
-    def unregister(self, name: str | None = None) -> None:
-        """Unregister one region (or all, without a name); unknown names are not an error, as in Triton."""
-        names = [name] if name is not None else list(self._regions)
-        for region_name in names:
-            region = self._regions.pop(region_name, None)
-            if region is not None:
-                os.close(region.fd)
+    def register_cuda(self, name: str, raw_handle, device_id, byte_size) -> None:
+        self._check_new(name)
+        _check_sizes(device_id=device_id, byte_size=byte_size)
+        if not self._gpus:
+            raise InvalidRequest("CUDA shared memory needs a GPU, and this server has none; use system shared memory")
+        if device_id >= self._gpus:
+            raise InvalidRequest(f"device_id {device_id} is not a GPU of this server (it has {self._gpus})")
+        b64 = raw_handle.get("b64") if isinstance(raw_handle, dict) else None
+        try:
+            handle = base64.b64decode(b64, validate=True) if isinstance(b64, str) else b""
+        except binascii.Error:
+            handle = b""
+        if len(handle) != HANDLE_BYTES:
+            raise InvalidRequest("'raw_handle' must be {\"b64\": ...} holding a base64 cudaIpcMemHandle_t")
+        self._cuda = self._cuda or CudaRuntime()
+        address = self._cuda.open(handle, device_id)
+        self._regions[name] = CudaRegion(name, device_id, byte_size, address, self._cuda)
 
-    def status(self, name: str | None = None) -> list[dict]:
-        if name is None:
-            return [r.status() for r in self._regions.values()]
-        return [self._region(name).status()]
+    def unregister(self, kind: str, name: str | None = None) -> None:
+        """Unregister one region of the kind (or all, without a name); unknown names are not an error, as in Triton."""
+        self._check_allowed()
+        for region_name in [name] if name is not None else list(self._regions):
+            region = self._regions.get(region_name)
+            if isinstance(region, _KINDS[kind]):
+                del self._regions[region_name]
+                region.close()
+
+    def status(self, kind: str, name: str | None = None) -> list[dict]:
+        regions = [r for r in self._regions.values() if isinstance(r, _KINDS[kind]) and name in (None, r.name)]
+        if name is not None and not regions:
+            raise RegionNotFound(f"{kind} shared memory region '{name}' is not registered")
+        return [r.status() for r in regions]
 
     def read(self, name: str, offset: int, byte_size: int) -> bytes:
-        region, start = self._checked(name, offset, byte_size)
-        data = os.pread(region.fd, byte_size, start)
-        if len(data) != byte_size:  # truncated between the check and the read
-            raise self._truncated(region)
-        return data
+        return self._region(name, offset, byte_size).read(offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes) -> None:
         if len(data) > byte_size:
             raise InvalidRequest(f"the output needs {len(data)} bytes; shared memory region '{name}' offers {byte_size}")
-        region, start = self._checked(name, offset, byte_size)
-        os.pwrite(region.fd, data, start)
+        self._region(name, offset, byte_size).write(offset, data)
 
-    def _region(self, name: str) -> Region:
-        if name not in self._regions:
-            raise RegionNotFound(f"shared memory region '{name}' is not registered")
-        return self._regions[name]
-
-    def _checked(self, name: str, offset: int, byte_size: int) -> tuple[Region, int]:
-        """The region and the absolute position of `offset` in its object, once both the registered
-        region and the object as it is now hold `byte_size` bytes there."""
-        try:
-            region = self._region(name)
-        except RegionNotFound as exc:
-            raise InvalidRequest(str(exc)) from None
+    def _region(self, name: str, offset: int, byte_size: int):
+        """The region, once its registered size holds `byte_size` bytes at `offset`."""
+        region = self._regions.get(name)
+        if region is None:
+            raise InvalidRequest(f"shared memory region '{name}' is not registered")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidRequest(
                 f"[{offset}, {offset + byte_size}) lies outside shared memory region '{name}' of {region.byte_size} bytes"
             )
-        start = region.offset + offset
-        if start + byte_size > os.fstat(region.fd).st_size:
-            raise self._truncated(region)
-        return region, start
+        return region
 
-    @staticmethod
-    def _truncated(region: Region) -> InvalidRequest:
-        return InvalidRequest(f"shared memory object {region.key!r} of region '{region.name}' was truncated "
-                              f"below the registered {region.offset + region.byte_size} bytes; register it again")
+    def _check_new(self, name: str) -> None:
+        self._check_allowed()
+        if name in self._regions:
+            raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
+
+    def _check_allowed(self) -> None:
+        if not self._allowed:
+            raise InvalidRequest("Client shared memory is disabled. Start the server with SERVE_ALLOW_CLIENT_SHM=true to enable.")
 
 
-def register_shared_memory_endpoints(app: Flask, shared_memory: SystemSharedMemory) -> None:
+def _check_sizes(**values) -> None:
+    for field, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidRequest(f"'{field}' must be a non-negative whole number")
+
+
+def register_shared_memory_endpoints(app: Flask, shared_memory: SharedMemory) -> None:
     api = Blueprint("shared_memory", __name__)
+    for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
+        def status(name=None, kind=kind):
+            return Response(content.encode_json(shared_memory.status(kind, name)), 200, mimetype=content.JSON)
 
-    @api.get("/v2/systemsharedmemory/status")
-    @api.get("/v2/systemsharedmemory/region/<name>/status")
-    def status(name=None):
-        return Response(content.encode_json(shared_memory.status(name)), 200, mimetype=content.JSON)
+        def unregister(name=None, kind=kind):
+            shared_memory.unregister(kind, name)
+            return Response(b"", 200)
+
+        api.add_url_rule(f"{prefix}/status", f"{kind}_status", status)
+        api.add_url_rule(f"{prefix}/region/<name>/status", f"{kind}_region_status", status)
+        api.add_url_rule(f"{prefix}/unregister", f"{kind}_unregister", unregister, methods=["POST"])
+        api.add_url_rule(f"{prefix}/region/<name>/unregister", f"{kind}_region_unregister", unregister, methods=["POST"])
 
     @api.post("/v2/systemsharedmemory/region/<name>/register")
-    def register(name):
+    def register_system(name):
         document = content.parse_object(request.get_data(), 'the body {"key": "...", "offset": 0, "byte_size": N}')
-        shared_memory.register(name, document.get("key"), document.get("offset", 0), document.get("byte_size"))
+        shared_memory.register_system(name, document.get("key"), document.get("offset", 0), document.get("byte_size"))
         return Response(b"", 200)
 
-    @api.post("/v2/systemsharedmemory/unregister")
-    @api.post("/v2/systemsharedmemory/region/<name>/unregister")
-    def unregister(name=None):
-        shared_memory.unregister(name)
+    @api.post("/v2/cudasharedmemory/region/<name>/register")
+    def register_cuda(name):
+        document = content.parse_object(request.get_data(), 'the body {"raw_handle": {"b64": "..."}, "device_id": 0, "byte_size": N}')
+        shared_memory.register_cuda(name, document.get("raw_handle"), document.get("device_id", 0), document.get("byte_size"))
         return Response(b"", 200)
 
     app.register_blueprint(api)

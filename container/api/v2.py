@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from container import content
-from container.api import offload, v2_codec
+from container.api import compression, offload, v2_codec
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest
 from container.limits import whole_number
@@ -87,11 +87,20 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
     app.register_blueprint(api)
 
 
-def v2_hot_routes(registry: Registry, shared_memory) -> list:
+def v2_hot_routes(registry: Registry, shared_memory, max_body: int) -> list:
     """Infer, served in front of Flask (hot_paths.py) because it is the hot path."""
     def infer(call):
-        version = call.match["version"]
-        return serve_infer(registry, shared_memory, call.match["name"], version, call.body, call.header(v2_codec.HEADER_LENGTH))
+        body = call.body
+        coding = call.header("Content-Encoding")
+        if coding:
+            body = offload.run(offload.heavy(len(body)), compression.inflate, body, coding, max_body)
+        answer, headers = serve_infer(registry, shared_memory, call.match["name"], call.match["version"], body,
+                                      call.header(v2_codec.HEADER_LENGTH))
+        coding = compression.negotiate(call.header("Accept-Encoding"))
+        if coding:
+            answer = offload.run(offload.heavy(len(answer)), compression.deflate, answer, coding)
+            headers["Content-Encoding"] = coding
+        return answer, headers
 
     return [(re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), infer)]
 
@@ -103,7 +112,10 @@ def serve_infer(registry: Registry, shared_memory, name: str, version: str | Non
     if model.signature is None:
         raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
     heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
-    document, binary = offload.run(heavy, v2_codec.split, body, header_length)
+    if header_length is not None and whole_number(header_length) == 0:
+        document, binary = v2_codec.raw_request(model.signature, len(body)), memoryview(body)
+    else:
+        document, binary = offload.run(heavy, v2_codec.split, body, header_length)
     parameters = _request_parameters(document)
     inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, registry.limits)
     requested = v2_codec.requested_outputs(document)
@@ -127,14 +139,20 @@ def _json(value) -> Response:
 
 
 def _model(registry: Registry, name: str, version: str | None, default_latest: bool = True) -> tuple[Model, int | None]:
-    model = registry.get(name)
+    """The model and the version asked for; a miss in Triton's words, which Triton's clients match."""
+    try:
+        model = registry.get(name)
+    except ModelNotFound:
+        known = name in registry.models or name in registry.failures
+        raise ModelNotFound(f"Request for unknown model: '{name}' "
+                            f"{'has no available versions' if known else 'is not found'}") from None
     if version is None:
         return model, model.version() if default_latest else None
     number = whole_number(version)
     if number is None:
         raise InvalidRequest(f"version {version[:40]!r} must be a whole number in ASCII digits")
     if number not in model.versions:
-        raise ModelNotFound(f"model '{name}' has no version {number}; it serves {sorted(model.versions)}")
+        raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
     return model, number
 
 
@@ -156,6 +174,8 @@ def _request_parameters(document: dict) -> dict:
             raise InvalidRequest(f"parameter '{key}' must not be negative")
     if not isinstance(parameters.get("binary_data_output", False), bool):
         raise InvalidRequest("parameter 'binary_data_output' must be true or false")
+    if any(key.startswith("triton_") for key in parameters):
+        raise InvalidRequest("parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
     return parameters
 
 

@@ -69,15 +69,45 @@ def _claimed_bytes(name: str, shape: list[int], datatype: str, parameters: dict)
     return math.prod(shape) * numpy_dtype(datatype).itemsize  # BF16 decodes to float32
 
 
+def raw_request(signature: Signature, size: int) -> dict:
+    """The document a raw binary request (`Inference-Header-Content-Length: 0`) stands for: the whole
+    body is the one input's data, a batch of one, its variable dimension (at most one) taken from the
+    body's size; every output comes back as binary data."""
+    if len(signature.inputs) != 1:
+        raise InvalidRequest(f"a raw binary request needs a model with one input; this one takes {len(signature.inputs)}")
+    spec = signature.inputs[0]
+    dims = list(spec.shape[1:] if signature.max_batch_size else spec.shape)
+    if spec.datatype == "BYTES":
+        if dims not in ([1], [-1]):
+            raise InvalidRequest(f"a raw binary request for BYTES input '{spec.name}' needs its shape to be [1], not {dims}")
+        dims = [1]
+    elif dims.count(-1) > 1:
+        raise InvalidRequest(f"a raw binary request cannot tell the shape {dims} of input '{spec.name}' from the "
+                             "body's size: at most one dimension may be variable")
+    elif -1 in dims:
+        fixed = math.prod(d for d in dims if d != -1) * (2 if spec.datatype == "BF16" else numpy_dtype(spec.datatype).itemsize)
+        if size % fixed:
+            raise InvalidInput(f"input '{spec.name}': {size} bytes are not a whole number of {spec.datatype}{dims} rows")
+        dims[dims.index(-1)] = size // fixed
+    shape = [1, *dims] if signature.max_batch_size else dims
+    return {"inputs": [{"name": spec.name, "shape": shape, "datatype": spec.datatype,
+                        "parameters": {"binary_data_size": size}}],
+            "parameters": {"binary_data_output": True}}
+
+
 def requested_outputs(document: dict) -> list[dict] | None:
     entries = document.get("outputs")
     if entries is None:
         return None
     if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
         raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+    seen = set()
     for entry in entries:
         if not isinstance(entry.get("parameters", {}), dict):
             raise InvalidRequest(f"output '{entry['name']}': 'parameters' must be an object")
+        if entry["name"] in seen:
+            raise InvalidRequest(f"output '{entry['name']}' already exists in request")
+        seen.add(entry["name"])
     return entries
 
 

@@ -2,6 +2,7 @@
 generators write them (`qa/common/gen_qa_*.py`: `<name>__<index>` tensors, `reshape`, implicit state
 with `INPUT_STATE__1`/`START__2`/`READY__3`), driven with tritonclient."""
 
+import gzip
 from typing import List, Tuple
 
 import numpy as np
@@ -12,6 +13,8 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import tensor, triton_model, wait_for
+
+FOUR = np.array([[1, 2, 3, 4]], np.float32)
 
 
 class AddSubNet(torch.nn.Module):
@@ -51,6 +54,11 @@ class DictNet(torch.nn.Module):
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return inputs["x"] * 10 + inputs["y"]
+
+
+class Flags(torch.nn.Module):
+    def forward(self, FLAGS: torch.Tensor) -> torch.Tensor:
+        return torch.logical_not(FLAGS)
 
 
 class SequenceNet(torch.nn.Module):
@@ -123,6 +131,7 @@ def server(start_server, tmp_path_factory):
     (initial / "initial_state").mkdir()
     (initial / "initial_state" / "start_at_100").write_bytes(np.array([100], "<i4").tobytes())
     sequence_model(root, "sequence_string", StringSequenceNet(), "TYPE_STRING")
+    triton_model(root, "flags", Flags(), [tensor("FLAGS", "TYPE_BOOL", [-1])], [tensor("NOT", "TYPE_BOOL", [-1])])
     server = start_server(root, SERVE_LOAD_MODELS="*")
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
     wait_for(client.is_server_ready, message="the models named at start did not load")
@@ -202,7 +211,7 @@ def test_string_state_starts_empty(client):
 
 def test_metadata_for_a_version_lists_that_version(client):
     assert client.get_model_metadata("addsub", "1")["versions"] == ["1"]
-    with pytest.raises(InferenceServerException, match="no version 2"):
+    with pytest.raises(InferenceServerException, match="version 2 is not found"):
         client.get_model_metadata("addsub", "2")
 
 
@@ -231,3 +240,84 @@ def test_badly_bound_models_are_refused_with_the_convention_to_follow(server):
                  [tensor("OUTPUT__0", "TYPE_INT32", [1])], max_batch_size=8, **config)
     response = requests.post(f"{server.url}/v2/repository/models/unbound/load", timeout=60)
     assert response.status_code == 400 and "<name>__<index>" in response.json()["error"]
+
+
+def test_raw_binary_request_is_the_one_inputs_bytes(server):
+    response = requests.post(f"{server.url}/v2/models/reshape/infer", data=FOUR.tobytes(),
+                             headers={"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"})
+    assert response.status_code == 200, response.text
+    result = http.InferenceServerClient.parse_response_body(
+        response.content, header_length=int(response.headers["Inference-Header-Content-Length"]))
+    assert result.as_numpy("OUTPUT__0").tolist() == [[10]]  # a batch of one, every output as binary data
+    assert all("binary_data_size" in o["parameters"] for o in result.get_response()["outputs"])
+
+
+@pytest.mark.parametrize("model, body, message", [
+    ("addsub", b"\0" * 32, "needs a model with one input; this one takes 2"),
+    ("reshape", b"\0" * 15, "15 bytes of data for FP32[1, 4]; expected 16"),
+    ("flags", b"\1\0\1", None),
+])
+def test_raw_binary_requests_the_model_cannot_take_say_why(server, model, body, message):
+    response = requests.post(f"{server.url}/v2/models/{model}/infer", data=body,
+                             headers={"Inference-Header-Content-Length": "0"})
+    if message is None:  # a variable dimension is taken from the body's size
+        result = http.InferenceServerClient.parse_response_body(
+            response.content, header_length=int(response.headers["Inference-Header-Content-Length"]))
+        assert result.as_numpy("NOT").tolist() == [False, True, False]
+        return
+    assert response.status_code == 400 and message in response.json()["error"]
+
+
+@pytest.mark.parametrize("request_coding, response_coding", [("gzip", None), ("deflate", "gzip"), (None, "deflate")])
+def test_compressed_requests_and_answers(client, request_coding, response_coding):
+    inputs = [http.InferInput("INPUT0", [1, 4], "FP32")]
+    inputs[0].set_data_from_numpy(FOUR)
+    result = client.infer("reshape", inputs, request_compression_algorithm=request_coding,
+                          response_compression_algorithm=response_coding)
+    assert result.as_numpy("OUTPUT__0").tolist() == [[10]]
+
+
+def test_answers_are_compressed_only_when_asked(server):
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    for accept, coding in [("gzip;q=0.5, deflate", "deflate"), ("br, *;q=0.1", "gzip"), ("gzip;q=0", None), ("br", None)]:
+        response = requests.post(f"{server.url}/v2/models/reshape/infer", json=body, headers={"Accept-Encoding": accept})
+        assert response.headers.get("Content-Encoding") == coding, accept
+        assert response.json()["outputs"][0]["data"] == [10]  # requests inflates it
+
+
+@pytest.mark.parametrize("coding, body, status, message", [
+    ("gzip", b"not gzip at all", 400, "not valid gzip data"),
+    ("gzip", gzip.compress(b'{"inputs": []}')[:-12], 400, "ends before its compressed stream"),
+    ("br", b"{}", 415, "Content-Encoding 'br' is not supported"),
+    ("gzip", gzip.compress(b" " * (8 << 20)), 413, "inflates past"),
+])
+def test_bad_compressed_bodies_are_refused(server, coding, body, status, message):
+    response = requests.post(f"{server.url}/v2/models/reshape/infer", data=body, headers={"Content-Encoding": coding})
+    assert response.status_code == status and message in response.json()["error"]
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"parameters": {"triton_enable_empty_final_response": True}},
+     "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."),
+    ({"outputs": [{"name": "OUTPUT__0"}, {"name": "OUTPUT__0"}]}, "output 'OUTPUT__0' already exists in request"),
+])
+def test_requests_triton_refuses_are_refused_in_its_words(server, document, message):
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}], **document}
+    response = requests.post(f"{server.url}/v2/models/reshape/infer", json=body)
+    assert response.status_code == 400 and response.json()["error"] == message
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_zero_element_bool_input(client, binary):
+    inputs = [http.InferInput("FLAGS", [0], "BOOL")]
+    inputs[0].set_data_from_numpy(np.zeros(0, bool), binary_data=binary)
+    assert client.infer("flags", inputs).as_numpy("NOT").shape == (0,)
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/v2/models/nobody/infer", "Request for unknown model: 'nobody' is not found"),
+    ("/v2/models/addsub/versions/9/infer", "Request for unknown model: 'addsub' version 9 is not found"),
+])
+def test_unknown_models_in_tritons_words(server, path, message):
+    response = requests.post(server.url + path, json={"inputs": []})
+    assert response.status_code == 404 and response.json()["error"] == message

@@ -1,8 +1,11 @@
 """System shared memory: regions made with tritonclient.utils.shared_memory carry inputs and outputs."""
 
+import base64
+
 import numpy as np
 import pytest
 import requests
+import torch
 import tritonclient.http as http
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
@@ -92,3 +95,58 @@ def test_duplicate_registration_and_unknown_status(server, regions):
         client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
     answer = requests.get(server.url + "/v2/systemsharedmemory/region/nothing/status")
     assert answer.status_code == 404 and "'nothing' is not registered" in answer.json()["error"]
+
+
+def test_client_shared_memory_can_be_turned_off(start_server, tmp_path):
+    fp32_model(tmp_path / "models", "double")
+    server = start_server(tmp_path / "models", SERVE_ALLOW_CLIENT_SHM="false")
+    assert server.load("double").status_code == 200
+    disabled = "Client shared memory is disabled. Start the server with SERVE_ALLOW_CLIENT_SHM=true to enable."
+    for path, body in [("/v2/systemsharedmemory/region/input/register", {"key": "/anything", "byte_size": BYTES}),
+                       ("/v2/cudasharedmemory/region/input/register", {"raw_handle": {"b64": ""}, "byte_size": BYTES}),
+                       ("/v2/systemsharedmemory/unregister", {})]:
+        response = server.request("POST", path, json=body)
+        assert response.status_code == 400 and response.json()["error"] == disabled, path
+    assert server.request("GET", "/v2/systemsharedmemory/status").json() == []
+    client = http.InferenceServerClient(server.url.removeprefix("http://"))
+    with pytest.raises(InferenceServerException, match="region 'input' is not registered"):
+        infer_through_shared_memory(client)
+    client.close()
+
+
+def test_cuda_shared_memory_refuses_what_it_cannot_open(server):
+    """Without a GPU every registration is a 400 that says so; with one, a handle no process exported."""
+    assert server.request("GET", "/v2/cudasharedmemory/status").json() == []
+    handle = base64.b64encode(bytes(64)).decode()
+    response = server.request("POST", "/v2/cudasharedmemory/region/gpu/register",
+                              json={"raw_handle": {"b64": handle}, "device_id": 0, "byte_size": BYTES})
+    expected = "cudaIpcOpenMemHandle failed" if torch.cuda.is_available() else "needs a GPU, and this server has none"
+    assert response.status_code == 400 and expected in response.json()["error"]
+    assert server.request("GET", "/v2/cudasharedmemory/region/gpu/status").status_code == 404
+    assert server.request("POST", "/v2/cudasharedmemory/unregister").status_code == 200
+
+
+@pytest.mark.gpu
+def test_cuda_shared_memory_carries_inputs_and_outputs(server):
+    """Device memory exported from this process (torch's CUDA IPC handle, as torch.multiprocessing
+    shares tensors) registered with the server; the model reads its input there and writes its output."""
+    values = torch.arange(8, dtype=torch.float32, device="cuda").reshape(2, 4)
+    result = torch.zeros(2, 4, dtype=torch.float32, device="cuda")
+    client, offsets = http.InferenceServerClient(server.url.removeprefix("http://")), {}
+    for name, tensor in (("gpu_in", values), ("gpu_out", result)):
+        _, handle, _, offset, *_ = tensor.untyped_storage()._share_cuda_()
+        response = server.request("POST", f"/v2/cudasharedmemory/region/{name}/register", json={
+            "raw_handle": {"b64": base64.b64encode(handle).decode()}, "device_id": 0, "byte_size": offset + BYTES})
+        assert response.status_code == 200, response.text
+        offsets[name] = offset
+    assert [r["name"] for r in client.get_cuda_shared_memory_status()] == ["gpu_in", "gpu_out"]
+    tensor_in = http.InferInput("x", [2, 4], "FP32")
+    tensor_in.set_shared_memory("gpu_in", BYTES, offset=offsets["gpu_in"])
+    tensor_out = http.InferRequestedOutput("y", binary_data=True)
+    tensor_out.set_shared_memory("gpu_out", BYTES, offset=offsets["gpu_out"])
+    client.infer("double", [tensor_in], outputs=[tensor_out])
+    torch.cuda.synchronize()
+    assert result.cpu().tolist() == (values * 2).cpu().tolist()
+    client.unregister_cuda_shared_memory()
+    assert client.get_cuda_shared_memory_status() == []
+    client.close()

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from container import content
 from container.api import invoke_codec, tfserving, tfserving_json, v2_codec
-from container.api.shared_memory import SystemSharedMemory
+from container.api.shared_memory import SharedMemory
 from container.errors import ServeError
 from container.limits import Limits
 from container.models.signature import Signature
@@ -78,7 +78,7 @@ def test_v2_requests_decode_or_are_client_errors(signature_, entries, binary, he
     def decode():
         document, data = v2_codec.split(body, length)
         v2_codec.requested_outputs(document)
-        return v2_codec.decode_inputs(document, data, signature_, SystemSharedMemory(), LIMITS)
+        return v2_codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
 
     client_error_or(decode)
 
@@ -86,7 +86,7 @@ def test_v2_requests_decode_or_are_client_errors(signature_, entries, binary, he
 @PROPERTIES
 @given(body=st.binary(max_size=200), header_length=st.none() | st.text(max_size=6))
 def test_v2_arbitrary_bytes_are_client_errors(body, header_length):
-    client_error_or(lambda: v2_codec.decode_inputs(*v2_codec.split(body, header_length), ONE_FP32, SystemSharedMemory(), LIMITS))
+    client_error_or(lambda: v2_codec.decode_inputs(*v2_codec.split(body, header_length), ONE_FP32, SharedMemory(), LIMITS))
 
 
 @PROPERTIES
@@ -111,10 +111,10 @@ def test_v2_bytes_tensors_round_trip(values):
 @pytest.fixture
 def region(tmp_path):
     (tmp_path / "region").write_bytes(bytes(range(256)) * 4)
-    memory = SystemSharedMemory(tmp_path)
-    memory.register("r", "/region", 100, 500)
+    memory = SharedMemory(tmp_path)
+    memory.register_system("r", "/region", 100, 500)
     yield memory, tmp_path / "region"
-    memory.unregister()
+    memory.unregister("system")
 
 
 @PROPERTIES
