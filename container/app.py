@@ -52,7 +52,7 @@ def create_app(settings: Settings) -> Flask:
     register_metrics_endpoint(app, registry)
     register_openapi_endpoint(app, package_version("container"))
     hot = [*v2_hot_routes(registry, shared_memory, settings.max_payload_bytes), *sagemaker_hot_routes(registry, settings)]
-    app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes)
+    app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes, registry.announce)
     return app
 
 

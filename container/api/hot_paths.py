@@ -43,8 +43,9 @@ Handler = Callable[[Call], tuple]  # → (body, headers) or (body, headers, stat
 
 
 class HotPaths:
-    def __init__(self, app, routes: list[tuple[re.Pattern, Handler]], max_body: int):
-        self.app, self.routes, self.max_body = app, routes, max_body
+    def __init__(self, app, routes: list[tuple[re.Pattern, Handler]], max_body: int, announce):
+        """`announce(model)`: a context manager around a request for a model, from its headers on."""
+        self.app, self.routes, self.max_body, self.announce = app, routes, max_body, announce
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -70,8 +71,9 @@ class HotPaths:
         try:
             if method != "POST":
                 raise MethodNotAllowed(valid_methods=["POST"])
-            call.body = self._body(environ)
-            answer = handler(call)
+            with self.announce(call.model):
+                call.body = self._body(environ)
+                answer = handler(call)
         except Exception as exc:
             answer = exc
         return self._respond(environ, start_response, path, call, answer, started)

@@ -200,6 +200,17 @@ class Registry:
     # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
+    def announce(self, name: str | None):
+        """Count a request for `name` with its scheduler from the moment its headers are read, before
+        its body is parsed: a batcher waits for requests on their way."""
+        model = self.models.get(name) if name else None
+        if model is None or model.scheduler is None:
+            yield
+            return
+        with model.scheduler.request():
+            yield
+
+    @contextmanager
     def lease(self, name: str):
         """Hold the model for one request: it is neither evicted nor unloaded until the request ends."""
         model = self.get(name)

@@ -6,11 +6,13 @@ import time
 from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases, Statistics
+from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, call, on_thread, run_batch
 
 
-class DirectScheduler:
+class DirectScheduler(Scheduler):
     def __init__(self, model_name: str, instances: int = 1):
+        super().__init__()
         self.model_name = model_name
         self._instances = instances
         self._threads = ThreadPool(instances)
@@ -38,10 +40,6 @@ class DirectScheduler:
         """Requests waiting for an execution thread. Counted here: gevent's pool parks callers on a
         semaphore once every thread is busy, so its task queue stays empty."""
         return max(self._submitted - self._instances, 0)
-
-    def sequences_active(self) -> int:
-        """Sequences holding state (only the sequence batcher has any)."""
-        return 0
 
     def close(self) -> None:
         self._threads.kill()

@@ -1,24 +1,25 @@
 """The dynamic batcher: requests queue by priority; whenever an instance thread is free it takes the
 next batch — the head request plus every queued request that can merge with it, up to max_batch_size,
 cut to the largest preferred_batch_size it makes exactly — so batches form from the queue under load
-and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests only
-when the last batch held several (there is concurrent traffic) and the queue is short of a preferred
-size. With preserve_ordering, responses leave in the order the requests arrived."""
+and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests while
+the queue is short of a preferred size and other requests for the model are on their way (counted
+from their headers, base.py). With preserve_ordering, responses leave in the order the requests arrived."""
 
 import time
 
 import gevent
 from gevent import Timeout
-from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases
+from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, Stage, on_thread, run_batch
 from container.scheduling.queue import JobQueue, QueueTimeout
 
 
-class DynamicBatcher:
+class DynamicBatcher(Scheduler):
     def __init__(self, model_name: str, config, instances: int = 1):
+        super().__init__()
         self.model_name = model_name
         batching = config.dynamic_batching
         self.max_batch_size = config.max_batch_size
@@ -27,8 +28,6 @@ class DynamicBatcher:
         self.preserve_ordering = batching.preserve_ordering
         self.queue = JobQueue(batching)
         self._threads = ThreadPool(instances)
-        self._arrived = Event()
-        self._concurrent = False  # the last batch held several requests, or left some queued
         self._pending: list[int] = []  # with preserve_ordering: orders of unanswered jobs, oldest first
         self._finished: dict[int, tuple] = {}  # with preserve_ordering: order → (job, outcome, ok)
         self._workers = [gevent.spawn(self._dispatch) for _ in range(instances)]
@@ -55,10 +54,6 @@ class DynamicBatcher:
         """Requests waiting for an execution thread."""
         return len(self.queue)
 
-    def sequences_active(self) -> int:
-        """Sequences holding state (only the sequence batcher has any)."""
-        return 0
-
     def close(self) -> None:
         gevent.killall(self._workers, block=False)
         self._threads.kill()
@@ -66,18 +61,20 @@ class DynamicBatcher:
     def _dispatch(self) -> None:
         while True:
             self.queue.nonempty.wait()
-            if self._concurrent and self.delay:
-                self._wait_for_more()
+            if self.delay:
+                self._wait_for_more(self.queue.__len__, (self.preferred or [self.max_batch_size])[0], self.delay)
             if not len(self.queue):
                 continue
             batch = self._cut(self.queue.take(self.max_batch_size))
-            self._concurrent = len(batch) > 1 or len(self.queue) > 0
+            self._running += len(batch)
             try:
                 phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
             except BaseException as exc:
                 for job in batch:
                     self._deliver(job, exc, ok=False)
                 continue
+            finally:
+                self._running -= len(batch)
             batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
             now = time.perf_counter_ns()
             compute = phases.input_ns + phases.infer_ns + phases.output_ns
@@ -94,13 +91,6 @@ class DynamicBatcher:
         for job in reversed(batch[exact[-1] + 1:]):
             self.queue.requeue(job)
         return batch[: exact[-1] + 1]
-
-    def _wait_for_more(self) -> None:
-        target = (self.preferred or [self.max_batch_size])[0]
-        deadline = time.monotonic() + self.delay
-        while len(self.queue) < target and (remaining := deadline - time.monotonic()) > 0:
-            self._arrived.clear()
-            self._arrived.wait(remaining)
 
     def _deliver(self, job: Job, outcome, ok: bool) -> None:
         if job.stage is Stage.DONE:

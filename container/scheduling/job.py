@@ -47,7 +47,8 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray]]]:
     started = time.perf_counter_ns()
     inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
     merged = time.perf_counter_ns()
-    outputs = backend.execute(inputs, None, phases)
+    wanted = None if any(job.outputs is None for job in jobs) else list(dict.fromkeys(n for job in jobs for n in job.outputs))
+    outputs = backend.execute(inputs, wanted, phases)
     phases.input_ns += merged - started
     bounds = np.cumsum([0] + [job.items for job in jobs])
     return phases, [

@@ -2,7 +2,11 @@
 the control inputs the config names (START, END, READY, CORRID) made by the server and implicit state
 fed back from each execution to the next. `sequence_start` (re)starts a sequence with fresh state,
 `sequence_end` releases it, and a sequence idle for max_sequence_idle_microseconds is released too.
-Different sequences run in parallel on the model's instance threads."""
+
+Requests of different sequences batch together, one per sequence, up to max_batch_size, as Triton's
+strategies do: `oldest` takes them from its max_candidate_sequences oldest sequences and cuts the
+batch to a preferred_batch_size; `direct` (the default) takes one from every sequence ready. Either
+waits up to its max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
 
 import time
 from dataclasses import dataclass, field
@@ -15,6 +19,7 @@ from gevent.threadpool import ThreadPool
 from container.errors import InvalidRequest
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
+from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, on_thread, run_batch
 from container.tensors import numpy_dtype, zeros
 
@@ -28,13 +33,23 @@ class Sequence:
     last_used: float = field(default_factory=time.monotonic)
 
 
-class SequenceBatcher:
+class SequenceBatcher(Scheduler):
     def __init__(self, model_name: str, config, signature: Signature, instances: int = 1):
+        super().__init__()
         self.model_name = model_name
         self.signature = signature
-        self.idle_limit = (config.sequence_batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
-        self.sequences: dict[object, Sequence] = {}
+        batching = config.sequence_batching
+        self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
+        oldest = batching.oldest if batching.HasField("oldest") else None
+        self.max_batch_size = max(config.max_batch_size, 1)
+        self.preferred = sorted(s for s in oldest.preferred_batch_size if s <= self.max_batch_size) if oldest else []
+        self.candidates = (oldest.max_candidate_sequences if oldest else 0) or None  # None: every sequence
+        self.delay = (oldest or batching.direct).max_queue_delay_microseconds / 1e6
+        self.sequences: dict[object, Sequence] = {}  # in the order they started: the oldest first
+        self._ready: list[tuple[Job, Sequence]] = []  # the next request of each sequence that has one
+        self._behind = 0  # requests waiting for their sequence's previous request to run
         self._threads = ThreadPool(instances)
+        self._workers = [gevent.spawn(self._dispatch) for _ in range(instances)]
         self._sweeper = gevent.spawn(self._release_idle)
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
@@ -47,31 +62,91 @@ class SequenceBatcher:
         elif sequence is None:
             raise InvalidRequest(f"sequence {sequence_id!r} is not running: start it with sequence_start "
                                  f"(an idle sequence is released after {self.idle_limit:g} s)")
-        with sequence.turn:
+        self._behind += 1  # its sequence's previous request has not run: it cannot join the next batch
+        try:
+            sequence.turn.acquire()
+        finally:
+            self._behind -= 1
+        try:
             sequence.last_used = time.monotonic()
             inputs = {**job.inputs, **self._controls(sequence_id, start, end), **sequence.state}
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
             run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted)
-            phases, (outputs,) = self._threads.apply(on_thread, (run_batch, ([run],), job.submitted))
+            self._ready.append((run, sequence))
+            self._arrived.set()
+            try:
+                outputs, phases = run.result.get()
+            except BaseException:
+                if (run, sequence) in self._ready:  # its client went away before it ran
+                    self._ready.remove((run, sequence))
+                raise
             sequence.state = {s.input.name: outputs.pop(s.output.name) for s in self.signature.states}
             sequence.last_used = time.monotonic()
+        finally:
+            sequence.turn.release()
         if end and self.sequences.get(sequence_id) is sequence:
-            del self.sequences[sequence_id]
-        job.statistics.record_execution(1, phases)
+            self._release(sequence_id)
         return outputs, phases
 
     def queue_depth(self) -> int:
         """Requests waiting for an execution thread."""
-        return self._threads.task_queue.qsize()
+        return len(self._ready)
 
     def sequences_active(self) -> int:
         """Sequences holding state (only the sequence batcher has any)."""
         return len(self.sequences)
 
     def close(self) -> None:
-        self._sweeper.kill(block=False)
+        gevent.killall([self._sweeper, *self._workers], block=False)
         self._threads.kill()
         self.sequences.clear()
+
+    def _dispatch(self) -> None:
+        while True:
+            while not self._eligible():
+                self._arrived.clear()
+                self._arrived.wait()
+            if self.delay:
+                self._wait_for_more(lambda: len(self._ready) + self._behind, (self.preferred or [self.max_batch_size])[0],
+                                    self.delay)
+            batch = self._take()
+            if not batch:
+                continue
+            self._running += len(batch)
+            try:
+                phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
+            except BaseException as exc:
+                for job in batch:
+                    job.result.set_exception(exc)
+                continue
+            finally:
+                self._running -= len(batch)
+            batch[0].statistics.record_execution(len(batch), phases)
+            for job, result in zip(batch, outputs, strict=True):
+                job.result.set((result, phases))
+
+    def _eligible(self) -> list[tuple[Job, "Sequence"]]:
+        """The ready requests of candidate sequences: with `oldest`, the max_candidate_sequences
+        oldest; the others wait in a backlog until one of those ends or is released."""
+        if self.candidates is None:
+            return self._ready
+        candidates = set(map(id, list(self.sequences.values())[: self.candidates]))
+        return [(j, s) for j, s in self._ready if id(s) in candidates]
+
+    def _take(self) -> list[Job]:
+        """The next batch: the oldest ready request and the ready requests of other (candidate)
+        sequences that can merge with it, up to max_batch_size, cut to a preferred size."""
+        ready = self._eligible()
+        if not ready:
+            return []
+        key = ready[0][0].batch_key()
+        chosen = [(j, s) for j, s in ready if j.batch_key() == key][: self.max_batch_size]
+        fits = [size for size in self.preferred if size <= len(chosen)]
+        if fits:
+            chosen = chosen[: fits[-1]]
+        for entry in chosen:
+            self._ready.remove(entry)
+        return [j for j, _ in chosen]
 
     def _flags(self, job: Job) -> tuple[object, bool, bool]:
         parameters = job.parameters
@@ -109,4 +184,8 @@ class SequenceBatcher:
             now = time.monotonic()
             for sequence_id, sequence in list(self.sequences.items()):
                 if not sequence.turn.locked() and now - sequence.last_used > self.idle_limit:
-                    del self.sequences[sequence_id]
+                    self._release(sequence_id)
+
+    def _release(self, sequence_id) -> None:
+        del self.sequences[sequence_id]
+        self._arrived.set()  # a sequence in the backlog may become a candidate

@@ -62,6 +62,23 @@ def spawn(scheduler, *jobs):
     return greenlets
 
 
+def spawn_announced(scheduler, *jobs):
+    """Requests whose headers were all read before the first is queued; each leaves once answered."""
+    announcements = [scheduler.request() for _ in jobs]
+    for announcement in announcements:
+        announcement.__enter__()
+
+    def infer(announcement, job):
+        try:
+            return scheduler.infer(job)
+        finally:
+            announcement.__exit__(None, None, None)
+
+    greenlets = [gevent.spawn(infer, a, j) for a, j in zip(announcements, jobs, strict=True)]
+    gevent.sleep(0)  # let them queue
+    return greenlets
+
+
 def values(greenlet) -> list[float]:
     return greenlet.get(timeout=30)[0]["y"][:, 0].tolist()
 
@@ -85,6 +102,31 @@ def test_a_lone_request_does_not_wait_for_the_queue_delay(backend):
     scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
     with gevent.Timeout(10):  # an hour's delay would trip this
         assert values(spawn(scheduler, job(backend, 1))[0]) == [2.0]
+    scheduler.close()
+
+
+def test_requests_on_their_way_are_waited_for(backend):
+    """Two requests have had their headers read; the first to be queued waits for the second, however
+    often the loop turns, and they run as one batch."""
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
+    with scheduler.request(), scheduler.request():
+        first = spawn(scheduler, job(backend, 1))[0]
+        for _ in range(100):
+            gevent.sleep(0)
+        assert not backend.entered.acquire(blocking=False), "the batch left without the request on its way"
+        second = spawn(scheduler, job(backend, 2))[0]
+        backend.release.set()
+        assert values(first) == [2.0] and values(second) == [4.0]
+    assert backend.batches == [[1.0, 2.0]]
+    scheduler.close()
+
+
+def test_a_request_that_never_comes_is_waited_for_only_the_delay(backend):
+    backend.hold = False
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 1000}))
+    with scheduler.request(), scheduler.request():
+        assert values(spawn(scheduler, job(backend, 1))[0]) == [2.0]
+    assert backend.batches == [[1.0]]
     scheduler.close()
 
 
@@ -215,4 +257,43 @@ def test_direct_execution_without_a_batcher(backend):
     backend.hold = False
     scheduler = scheduler_for("m", config())
     assert values(spawn(scheduler, job(backend, 5))[0]) == [10.0]
+    scheduler.close()
+
+
+def sequence_config(strategy: dict | None = None) -> pb.ModelConfig:
+    batching = {"control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}]}]}
+    return config(max_batch_size=4, sequence_batching={**batching, **(strategy or {})})
+
+
+def sequence_job(backend, value: float, sequence_id: int, start=False, end=False) -> Job:
+    return job(backend, value, sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+
+
+@pytest.mark.parametrize("strategy", [
+    {"oldest": {"max_candidate_sequences": 4, "preferred_batch_size": [2], "max_queue_delay_microseconds": 3_600_000_000}},
+    {"direct": {"max_queue_delay_microseconds": 3_600_000_000}},
+])
+def test_sequences_batch_together_one_request_each(backend, strategy):
+    """Three requests on their way: two of sequence 1, one of sequence 2. The first batch takes one of
+    each sequence; the second request of sequence 1 runs after its first, with its state."""
+    scheduler = scheduler_for("m", sequence_config(strategy))
+    queued = spawn_announced(scheduler, sequence_job(backend, 1, 1, start=True), sequence_job(backend, 3, 2, start=True),
+                             sequence_job(backend, 2, 1))
+    backend.release.set()
+    assert [values(g) for g in queued] == [[2.0], [6.0], [4.0]]
+    assert backend.batches == [[1.0, 3.0], [2.0]]
+    assert scheduler.sequences_active() == 2
+    scheduler.close()
+
+
+def test_oldest_takes_only_its_candidate_sequences(backend):
+    strategy = {"oldest": {"max_candidate_sequences": 1, "max_queue_delay_microseconds": 1000}}
+    scheduler = scheduler_for("m", sequence_config(strategy))
+    first, backlog = spawn(scheduler, sequence_job(backend, 1, 1, start=True), sequence_job(backend, 3, 2, start=True))
+    backend.release.set()
+    assert values(first) == [2.0]
+    assert not backlog.ready()  # sequence 2 waits in the backlog while sequence 1 is the candidate
+    assert values(spawn(scheduler, sequence_job(backend, 5, 1, end=True))[0]) == [10.0]
+    assert values(backlog) == [6.0]
+    assert backend.batches == [[1.0], [5.0], [3.0]]
     scheduler.close()
