@@ -28,7 +28,8 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
         for name in names:
             model = registry.models.get(name)
             if model is not None and model.state is State.READY:
-                entries += [{"name": name, "version": str(v), "state": "READY", "reason": ""} for v in sorted(model.versions)]
+                entries += [{"name": name, "version": str(v), "state": "READY", "reason": model.placement}
+                            for v in sorted(model.versions)]
             elif not ready_only:
                 entries.append(_not_ready(registry, name))
         return Response(content.encode_json(entries), 200, mimetype=content.JSON)

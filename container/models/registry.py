@@ -61,6 +61,7 @@ class Model:
     idle: Event = field(default_factory=Event)
     loaded: AsyncResult = field(default_factory=AsyncResult)
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
+    placement: str = ""  # why the model runs where it runs, when not where its config asks
 
     def __str__(self) -> str:
         return self.name
@@ -280,7 +281,9 @@ class Registry:
         model.source = source = self._pool.apply(open_source, (path, self.limits))
         if owned:
             source.scratch = path
-        device = self._device_for(source)
+        device, model.placement = self._device_for(source)
+        if model.placement:
+            log.warning("model placed on CPU", extra={"fields": {"model": model.name, "reason": model.placement}})
         self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
         try:
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
@@ -345,18 +348,23 @@ class Registry:
         """Idle, and not the serving copy of a model being reloaded: a reload never evicts what it replaces."""
         return model.state is State.READY and not model.in_flight and model.name not in self._reloading
 
-    def _device_for(self, source: ModelSource) -> str:
+    def _device_for(self, source: ModelSource) -> tuple[str, str]:
+        """The device to load on — the GPU with the most room among those instance_group allows — and,
+        when the config asks for GPUs this server lacks, why the model runs on CPU instead."""
         gpus = [d for d in self.cache.budgets if d.startswith("cuda")]
-        kinds = set()
-        if isinstance(source.layout, TritonLayout):
-            kinds = {group.kind for group in source.layout.config.instance_group}
+        groups = source.layout.config.instance_group if isinstance(source.layout, TritonLayout) else []
+        kinds = {group.kind for group in groups}
         if kinds == {2}:  # KIND_CPU
-            return "cpu"
+            return "cpu", ""
+        named = sorted({f"cuda:{index}" for group in groups for index in group.gpus})
         if not gpus:
-            if 1 in kinds:  # KIND_GPU
-                raise InvalidModel("instance_group asks for KIND_GPU but this server has no GPU")
-            return "cpu"
-        return max(gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d))
+            if 1 in kinds or named:  # KIND_GPU
+                return "cpu", f"instance_group asks for GPU(s) {named or 'of any kind'}; this server has no GPU, so the model runs on CPU"
+            return "cpu", ""
+        absent = [d for d in named if d not in gpus]
+        if absent:
+            raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
+        return max(named or gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d)), ""
 
 
 def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:

@@ -131,6 +131,8 @@ def server(start_server, tmp_path_factory):
     (initial / "initial_state").mkdir()
     (initial / "initial_state" / "start_at_100").write_bytes(np.array([100], "<i4").tobytes())
     sequence_model(root, "sequence_string", StringSequenceNet(), "TYPE_STRING")
+    triton_model(root, "on_gpu", AddSubNet(), int32, [tensor("OUTPUT__0", "TYPE_INT32", [4]), tensor("OUTPUT__1", "TYPE_INT32", [4])],
+                 max_batch_size=8, instance_group=[{"kind": "KIND_GPU", "count": 2, "gpus": [0]}])
     triton_model(root, "flags", Flags(), [tensor("FLAGS", "TYPE_BOOL", [-1])], [tensor("NOT", "TYPE_BOOL", [-1])])
     server = start_server(root, SERVE_LOAD_MODELS="*")
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
@@ -321,3 +323,14 @@ def test_zero_element_bool_input(client, binary):
 def test_unknown_models_in_tritons_words(server, path, message):
     response = requests.post(server.url + path, json={"inputs": []})
     assert response.status_code == 404 and response.json()["error"] == message
+
+
+def test_a_gpu_instance_group_loads_and_says_where_it_runs(client, server):
+    outputs = infer(client, "on_gpu", {"INPUT0": np.ones((1, 4), np.int32), "INPUT1": np.ones((1, 4), np.int32)})
+    assert outputs["OUTPUT__0"].tolist() == [[2, 2, 2, 2]]
+    entry = next(e for e in client.get_model_repository_index() if e["name"] == "on_gpu")
+    assert entry["state"] == "READY"
+    if torch.cuda.is_available():
+        assert entry["reason"] == ""
+    else:
+        assert entry["reason"] == "instance_group asks for GPU(s) ['cuda:0']; this server has no GPU, so the model runs on CPU"
