@@ -5,8 +5,10 @@ fed back from each execution to the next. `sequence_start` (re)starts a sequence
 
 Requests of different sequences batch together, one per sequence, up to max_batch_size, as Triton's
 strategies do: `oldest` takes them from its max_candidate_sequences oldest sequences and cuts the
-batch to a preferred_batch_size; `direct` (the default) takes one from every sequence ready. Either
-waits up to its max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
+batch to a preferred_batch_size; `direct` (the default) gives each sequence a batch slot of its own
+for its lifetime (sequences beyond max_batch_size wait for a free slot) and sends every batch laid out
+by slot, a slot without a request filled with READY false. Either waits up to its
+max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
 
 import time
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, on_thread, run_batch
-from container.tensors import numpy_dtype, zeros
+from container.tensors import datatype_of, numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
@@ -31,6 +33,7 @@ class Sequence:
     state: dict[str, np.ndarray]  # state input name → its next value
     turn: Semaphore = field(default_factory=Semaphore)  # one request of the sequence at a time
     last_used: float = field(default_factory=time.monotonic)
+    slot: int | None = None  # direct: its row in every batch, once it has one
 
 
 class SequenceBatcher(Scheduler):
@@ -41,6 +44,7 @@ class SequenceBatcher(Scheduler):
         batching = config.sequence_batching
         self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
         oldest = batching.oldest if batching.HasField("oldest") else None
+        self.direct = oldest is None
         self.max_batch_size = max(config.max_batch_size, 1)
         self.preferred = sorted(s for s in oldest.preferred_batch_size if s <= self.max_batch_size) if oldest else []
         self.candidates = (oldest.max_candidate_sequences if oldest else 0) or None  # None: every sequence
@@ -109,7 +113,7 @@ class SequenceBatcher(Scheduler):
             if self.delay:
                 self._wait_for_more(lambda: len(self._ready) + self._behind, (self.preferred or [self.max_batch_size])[0],
                                     self.delay)
-            batch = self._take()
+            batch, requests = self._take()
             if not batch:
                 continue
             self._running += len(batch)
@@ -121,24 +125,38 @@ class SequenceBatcher(Scheduler):
                 continue
             finally:
                 self._running -= len(batch)
-            batch[0].statistics.record_execution(len(batch), phases)
+            batch[0].statistics.record_execution(requests, phases)
             for job, result in zip(batch, outputs, strict=True):
                 job.result.set((result, phases))
 
     def _eligible(self) -> list[tuple[Job, "Sequence"]]:
-        """The ready requests of candidate sequences: with `oldest`, the max_candidate_sequences
-        oldest; the others wait in a backlog until one of those ends or is released."""
+        """The ready requests of candidate sequences: with `direct`, those with a slot; with `oldest`,
+        the max_candidate_sequences oldest. The others wait in a backlog until a sequence ends."""
+        if self.direct:
+            self._assign_slots()
+            return [(j, s) for j, s in self._ready if s.slot is not None]
         if self.candidates is None:
             return self._ready
         candidates = set(map(id, list(self.sequences.values())[: self.candidates]))
         return [(j, s) for j, s in self._ready if id(s) in candidates]
 
-    def _take(self) -> list[Job]:
-        """The next batch: the oldest ready request and the ready requests of other (candidate)
-        sequences that can merge with it, up to max_batch_size, cut to a preferred size."""
+    def _assign_slots(self) -> None:
+        """Sequences without a slot take the lowest free ones, oldest first."""
+        taken = {s.slot for s in self.sequences.values() if s.slot is not None}
+        free = [slot for slot in range(self.max_batch_size) if slot not in taken]
+        for sequence in self.sequences.values():
+            if not free:
+                return
+            if sequence.slot is None:
+                sequence.slot = free.pop(0)
+
+    def _take(self) -> tuple[list[Job], int]:
+        """The next batch and how many requests it holds: the oldest ready request and the ready
+        requests of other (candidate) sequences that can merge with it, up to max_batch_size, cut to a
+        preferred size (oldest) or laid out by slot (direct)."""
         ready = self._eligible()
         if not ready:
-            return []
+            return [], 0
         key = ready[0][0].batch_key()
         chosen = [(j, s) for j, s in ready if j.batch_key() == key][: self.max_batch_size]
         fits = [size for size in self.preferred if size <= len(chosen)]
@@ -146,7 +164,17 @@ class SequenceBatcher(Scheduler):
             chosen = chosen[: fits[-1]]
         for entry in chosen:
             self._ready.remove(entry)
-        return [j for j, _ in chosen]
+        if not self.direct:
+            return [j for j, _ in chosen], len(chosen)
+        rows = {s.slot: j for j, s in chosen}
+        return [rows.get(slot) or self._padding(chosen[0][0]) for slot in range(max(rows) + 1)], len(chosen)
+
+    def _padding(self, template: Job) -> Job:
+        """A row for a slot without a request: zeros, READY (and every other control) false."""
+        inputs = {name: zeros(datatype_of(array), array.shape) for name, array in template.inputs.items()}
+        corrid = next((c for c in self.signature.controls if c.kind == "CORRID"), None)
+        inputs |= self._controls("" if corrid and corrid.tensor.datatype == "BYTES" else 0, False, False, ready=False)
+        return Job(template.backend, template.statistics, inputs, template.outputs, 1)
 
     def _flags(self, job: Job) -> tuple[object, bool, bool]:
         parameters = job.parameters
@@ -159,8 +187,8 @@ class SequenceBatcher(Scheduler):
             raise InvalidRequest(f"model '{self.model_name}' takes {kind} sequence_id")
         return sequence_id, bool(parameters.get("sequence_start")), bool(parameters.get("sequence_end"))
 
-    def _controls(self, sequence_id, start: bool, end: bool) -> dict[str, np.ndarray]:
-        flags = {"START": start, "END": end, "READY": True}
+    def _controls(self, sequence_id, start: bool, end: bool, ready: bool = True) -> dict[str, np.ndarray]:
+        flags = {"START": start, "END": end, "READY": ready}
         return {c.tensor.name: self._control_value(c, sequence_id, flags) for c in self.signature.controls}
 
     def _control_value(self, control: ControlSpec, sequence_id, flags: dict) -> np.ndarray:

@@ -21,6 +21,7 @@ class HeldBackend:
 
     def __init__(self):
         self.batches: list[list[float]] = []
+        self.inputs: list[dict] = []
         self.running = 0
         self.most_running = 0
         self.entered = threading.Semaphore(0)
@@ -38,6 +39,7 @@ class HeldBackend:
         with self._lock:
             self.running -= 1
             self.batches.append(inputs["x"][:, 0].tolist())
+            self.inputs.append(inputs)
         return {"y": inputs["x"] * 2}
 
     def wait_entered(self, count=1):
@@ -261,7 +263,9 @@ def test_direct_execution_without_a_batcher(backend):
 
 
 def sequence_config(strategy: dict | None = None) -> pb.ModelConfig:
-    batching = {"control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}]}]}
+    batching = {"control_input": [
+        {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}]},
+        {"name": "READY", "control": [{"kind": "CONTROL_SEQUENCE_READY", "int32_false_true": [0, 1]}]}]}
     return config(max_batch_size=4, sequence_batching={**batching, **(strategy or {})})
 
 
@@ -296,4 +300,16 @@ def test_oldest_takes_only_its_candidate_sequences(backend):
     assert values(spawn(scheduler, sequence_job(backend, 5, 1, end=True))[0]) == [10.0]
     assert values(backlog) == [6.0]
     assert backend.batches == [[1.0], [5.0], [3.0]]
+    scheduler.close()
+
+
+def test_direct_keeps_each_sequence_in_its_slot_and_fills_gaps_with_ready_false(backend):
+    backend.hold = False
+    scheduler = scheduler_for("m", sequence_config({"direct": {"max_queue_delay_microseconds": 3_600_000_000}}))
+    started = spawn_announced(scheduler, *[sequence_job(backend, v, v, start=True) for v in (1, 2, 3)])
+    assert [values(g) for g in started] == [[2.0], [4.0], [6.0]]
+    later = spawn_announced(scheduler, sequence_job(backend, 6, 3), sequence_job(backend, 4, 1))
+    assert [values(g) for g in later] == [[12.0], [8.0]]
+    assert backend.batches == [[1.0, 2.0, 3.0], [4.0, 0.0, 6.0]]  # sequence 2's slot stays empty
+    assert backend.inputs[1]["READY"][:, 0].tolist() == [1, 0, 1]
     scheduler.close()
