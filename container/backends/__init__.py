@@ -1,13 +1,15 @@
 """Frameworks, one module each. A backend object is loaded from files, executes on an execution thread,
 reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 
-- `pytorch.TorchScriptModel`: named numpy tensors in, named numpy tensors out (Triton layout).
+- `pytorch.TorchScriptModel`: named numpy tensors in, named numpy tensors out (Triton layout);
+  `pytorch.Replicas` when the config's instance groups name several GPUs: a copy on each.
 - `handler_worker.HandlerWorker`: request bytes in, response bytes out, through SageMaker's handler
   functions, in a worker process of the model's own (`handler.HandlerModel` runs there).
 """
 
 from container.backends.handler_worker import HandlerOptions, HandlerWorker
-from container.backends.pytorch import TorchScriptModel
+from container.backends.pytorch import Replicas, TorchScriptModel
+from container.models.config import instance_gpus
 from container.models.source import ModelSource, TritonLayout
 
 
@@ -16,9 +18,18 @@ def load_backends(name: str, source: ModelSource, device: str, options: HandlerO
     layout = source.layout
     if isinstance(layout, TritonLayout):
         loaded = {}
+        named = instance_gpus(layout.config)
+        devices = named if device.startswith("cuda") and len(named) > 1 else [device]
         try:
             for version, path in sorted(layout.versions.items()):
-                loaded[version] = TorchScriptModel(name, path, layout.signature, device)
+                copies = []
+                try:
+                    copies += [TorchScriptModel(name, path, layout.signature, d) for d in devices]
+                except BaseException:
+                    for copy in copies:
+                        copy.close()
+                    raise
+                loaded[version] = copies[0] if len(copies) == 1 else Replicas(copies)
         except BaseException:
             for backend in loaded.values():
                 backend.close()

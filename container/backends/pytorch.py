@@ -2,6 +2,8 @@
 
 import ctypes
 import gc
+import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import numpy as np
 import torch
 
 from container.errors import DeviceOutOfMemory, InvalidInput, InvalidModel, ModelError
+from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
 
@@ -139,6 +142,29 @@ class TorchScriptModel:
         if spec.reshape is None:
             return array
         return _reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
+
+
+class Replicas:
+    """One version loaded on each GPU its instance groups name. Each execution thread keeps to the copy
+    its first execution was dealt, round robin, so the model's instance threads spread evenly."""
+
+    def __init__(self, copies: list[TorchScriptModel]):
+        self.copies = copies
+        self._dealt = itertools.count()
+        self._local = threading.local()
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
+        copy = getattr(self._local, "copy", None)
+        if copy is None:
+            copy = self._local.copy = self.copies[next(self._dealt) % len(self.copies)]
+        return copy.execute(inputs, outputs, phases)
+
+    def memory(self) -> dict[str, int]:
+        return total_by_device(copy.memory() for copy in self.copies)
+
+    def close(self) -> None:
+        for copy in self.copies:
+            copy.close()
 
 
 def tensor_index(name: str) -> int | None:

@@ -84,3 +84,12 @@ class MemoryCache:
     def _no_room(self, name: Hashable, short: dict[str, int], why: str) -> str:
         lacking = ", ".join(f"{_mib(n)} on {d}" for d, n in short.items())
         return f"no room for model '{name}': {lacking} more is needed and {why}"
+
+
+def total_by_device(sizes_list) -> dict[str, int]:
+    """Bytes per device, summed over several {device: bytes} maps."""
+    total: dict[str, int] = {}
+    for sizes in sizes_list:
+        for device, size in sizes.items():
+            total[device] = total.get(device, 0) + size
+    return total

@@ -96,8 +96,14 @@ def check_config(config: pb.ModelConfig) -> None:
 
 
 def instance_count(config: pb.ModelConfig) -> int:
-    """The execution instances (threads) a config asks for: every group's count, 1 where unset."""
-    return max(sum(group.count or 1 for group in config.instance_group), 1)
+    """The execution instances (threads) a config asks for: every group's count (1 where unset), on
+    each GPU the group lists, as Triton counts them."""
+    return max(sum((group.count or 1) * max(len(group.gpus), 1) for group in config.instance_group), 1)
+
+
+def instance_gpus(config: pb.ModelConfig) -> list[str]:
+    """The devices the config's instance groups name, `cuda:<index>`, in order, each once."""
+    return list(dict.fromkeys(f"cuda:{index}" for group in config.instance_group for index in group.gpus))
 
 
 def _file_fields(config: pb.ModelConfig):

@@ -26,7 +26,7 @@ from container.errors import (
 )
 from container.inference import InferRequest, InferResponse, TransformRequest
 from container.limits import Limits
-from container.models.cache import MemoryCache
+from container.models.cache import MemoryCache, total_by_device
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
 from container.models.statistics import Statistics
@@ -291,7 +291,7 @@ class Registry:
             self._recover(device, keep=model)
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
         model.versions = backends
-        measured = _total(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
+        measured = total_by_device(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
         self._make_room(model, measured)
         self._measured[str(path)] = measured
         if isinstance(source.layout, TritonLayout):
@@ -374,13 +374,5 @@ def _close(backends: list, source: ModelSource | None, release_memory: Callable[
     if source is not None:
         source.remove_scratch()
     release_memory()
-
-
-def _total(sizes_list) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for sizes in sizes_list:
-        for device, n in sizes.items():
-            total[device] = total.get(device, 0) + n
-    return total
 
 

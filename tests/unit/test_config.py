@@ -1,7 +1,7 @@
 import pytest
 
 from container.errors import InvalidModel
-from container.models.config import parse_json_config, read_config, selected_versions
+from container.models.config import instance_count, instance_gpus, parse_json_config, read_config, selected_versions
 from container.models.signature import Signature
 
 BASE = b'''{"platform": "pytorch_libtorch", "max_batch_size": 4,
@@ -64,3 +64,10 @@ def test_version_policy_errors():
         selected_versions(config(b', "version_policy": {"specific": {"versions": [4]}}')[0], [1])
     with pytest.raises(InvalidModel, match="no version directory"):
         selected_versions(config()[0], [])
+
+
+def test_instances_are_counted_per_listed_gpu_as_triton_counts_them():
+    config, _ = parse_json_config(b'{"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [1, 0]}, '
+                                  b'{"kind": "KIND_GPU", "gpus": [1]}, {"count": 3}]}')
+    assert instance_count(config) == 2 * 2 + 1 + 3
+    assert instance_gpus(config) == ["cuda:1", "cuda:0"]

@@ -1,12 +1,13 @@
 """The TorchScript backend on its own: datatypes both ways, output shapes, errors of the model's own."""
 
+import threading
 from typing import List
 
 import numpy as np
 import pytest
 import torch
 
-from container.backends.pytorch import TorchScriptModel, module_bytes
+from container.backends.pytorch import Replicas, TorchScriptModel, module_bytes
 from container.errors import InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
@@ -15,6 +16,15 @@ from container.models.statistics import Phases
 class Echo(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
+
+
+class Weighted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
 
 
 class Lines(torch.nn.Module):
@@ -85,3 +95,30 @@ def test_model_errors_say_what_went_wrong_in_one_line(tmp_path):
 
 def test_tied_weights_are_counted_once():
     assert module_bytes(torch.jit.script(Tied())) == {"cpu": 4 * 4 * 4}
+
+
+def test_replicas_deal_each_execution_thread_one_copy(tmp_path):
+    """Two copies stand in for two GPUs: four instance threads split two and two, each thread keeping
+    to its copy, and the memory is both copies'."""
+    copies = [backend(tmp_path, Weighted(), "FP32") for _ in range(2)]
+    replicas = Replicas(copies)
+    used: dict[int, set[int]] = {}
+    calls = [copy.execute for copy in copies]
+    for index, copy in enumerate(copies):
+        copy.execute = lambda inputs, outputs, phases, index=index: (
+            used.setdefault(threading.get_ident(), set()).add(index), calls[index](inputs, outputs, phases))[1]
+    start = threading.Barrier(4)
+
+    def instance():
+        start.wait()
+        for _ in range(3):
+            assert run(replicas, {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[1, 1]]
+
+    threads = [threading.Thread(target=instance) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(len(indexes) == 1 for indexes in used.values()) and len(used) == 4
+    assert sorted(next(iter(i)) for i in used.values()) == [0, 0, 1, 1]
+    assert replicas.memory() == {"cpu": 2 * 2 * 4}
