@@ -6,8 +6,9 @@ fed back from each execution to the next. `sequence_start` (re)starts a sequence
 Requests of different sequences batch together, one per sequence, up to max_batch_size, as Triton's
 strategies do: `oldest` takes them from its max_candidate_sequences oldest sequences and cuts the
 batch to a preferred_batch_size; `direct` (the default) gives each sequence a batch slot of its own
-for its lifetime (sequences beyond max_batch_size wait for a free slot) and sends every batch laid out
-by slot, a slot without a request filled with READY false. Either waits up to its
+for its lifetime — max_batch_size slots (one without batching) per instance; sequences beyond them
+wait for a free slot — and each instance sends its batches laid out by slot, a slot without a request
+filled with READY false. Either waits up to its
 max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
 
 import time
@@ -53,7 +54,8 @@ class SequenceBatcher(Scheduler):
         self._ready: list[tuple[Job, Sequence]] = []  # the next request of each sequence that has one
         self._behind = 0  # requests waiting for their sequence's previous request to run
         self._threads = ThreadPool(instances)
-        self._workers = [gevent.spawn(self._dispatch) for _ in range(instances)]
+        self._slots = self.max_batch_size * instances
+        self._workers = [gevent.spawn(self._dispatch, instance) for instance in range(instances)]
         self._sweeper = gevent.spawn(self._release_idle)
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
@@ -105,18 +107,18 @@ class SequenceBatcher(Scheduler):
         self._threads.kill()
         self.sequences.clear()
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, instance: int) -> None:
         while True:
-            while not self._eligible():
+            while not self._eligible(instance):
                 self._arrived.clear()
                 self._arrived.wait()
             if self.delay:
                 self._wait_for_more(lambda: len(self._ready) + self._behind, (self.preferred or [self.max_batch_size])[0],
                                     self.delay)
-            batch, requests = self._take()
+            batch, requests = self._take(instance)
             if not batch:
                 continue
-            self._running += len(batch)
+            self._running += requests
             try:
                 phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
             except BaseException as exc:
@@ -124,17 +126,19 @@ class SequenceBatcher(Scheduler):
                     job.result.set_exception(exc)
                 continue
             finally:
-                self._running -= len(batch)
+                self._running -= requests
             batch[0].statistics.record_execution(requests, phases)
             for job, result in zip(batch, outputs, strict=True):
                 job.result.set((result, phases))
 
-    def _eligible(self) -> list[tuple[Job, "Sequence"]]:
-        """The ready requests of candidate sequences: with `direct`, those with a slot; with `oldest`,
-        the max_candidate_sequences oldest. The others wait in a backlog until a sequence ends."""
+    def _eligible(self, instance: int) -> list[tuple[Job, "Sequence"]]:
+        """The ready requests an instance may take: with `direct`, those of sequences holding one of its
+        slots; with `oldest`, those of the max_candidate_sequences oldest sequences. The others wait in
+        a backlog until a sequence ends."""
         if self.direct:
             self._assign_slots()
-            return [(j, s) for j, s in self._ready if s.slot is not None]
+            first = instance * self.max_batch_size
+            return [(j, s) for j, s in self._ready if s.slot is not None and first <= s.slot < first + self.max_batch_size]
         if self.candidates is None:
             return self._ready
         candidates = set(map(id, list(self.sequences.values())[: self.candidates]))
@@ -143,18 +147,18 @@ class SequenceBatcher(Scheduler):
     def _assign_slots(self) -> None:
         """Sequences without a slot take the lowest free ones, oldest first."""
         taken = {s.slot for s in self.sequences.values() if s.slot is not None}
-        free = [slot for slot in range(self.max_batch_size) if slot not in taken]
+        free = [slot for slot in range(self._slots) if slot not in taken]
         for sequence in self.sequences.values():
             if not free:
                 return
             if sequence.slot is None:
                 sequence.slot = free.pop(0)
 
-    def _take(self) -> tuple[list[Job], int]:
+    def _take(self, instance: int) -> tuple[list[Job], int]:
         """The next batch and how many requests it holds: the oldest ready request and the ready
         requests of other (candidate) sequences that can merge with it, up to max_batch_size, cut to a
         preferred size (oldest) or laid out by slot (direct)."""
-        ready = self._eligible()
+        ready = self._eligible(instance)
         if not ready:
             return [], 0
         key = ready[0][0].batch_key()
@@ -166,7 +170,7 @@ class SequenceBatcher(Scheduler):
             self._ready.remove(entry)
         if not self.direct:
             return [j for j, _ in chosen], len(chosen)
-        rows = {s.slot: j for j, s in chosen}
+        rows = {s.slot % self.max_batch_size: j for j, s in chosen}
         return [rows.get(slot) or self._padding(chosen[0][0]) for slot in range(max(rows) + 1)], len(chosen)
 
     def _padding(self, template: Job) -> Job:

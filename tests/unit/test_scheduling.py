@@ -313,3 +313,21 @@ def test_direct_keeps_each_sequence_in_its_slot_and_fills_gaps_with_ready_false(
     assert backend.batches == [[1.0, 2.0, 3.0], [4.0, 0.0, 6.0]]  # sequence 2's slot stays empty
     assert backend.inputs[1]["READY"][:, 0].tolist() == [1, 0, 1]
     scheduler.close()
+
+
+def test_direct_gives_each_instance_its_own_slots(backend):
+    """max_batch_size 1 on two instances: two slots, so two sequences run at once, one per instance,
+    and a third waits for a slot until one of them ends."""
+    config_ = sequence_config({"direct": {}})
+    config_.max_batch_size = 1
+    config_.instance_group.add(count=2)
+    scheduler = scheduler_for("m", config_)
+    first = spawn(scheduler, sequence_job(backend, 1, 1, start=True), sequence_job(backend, 2, 2, start=True))
+    backend.wait_entered(2)  # both executions are running together
+    third = spawn(scheduler, sequence_job(backend, 3, 3, start=True))[0]
+    backend.release.set()
+    assert [values(g) for g in first] == [[2.0], [4.0]] and backend.most_running == 2
+    assert not third.ready()  # every slot is held by a running sequence
+    assert values(spawn(scheduler, sequence_job(backend, 5, 1, end=True))[0]) == [10.0]
+    assert values(third) == [6.0]
+    scheduler.close()
