@@ -63,17 +63,20 @@ class SequenceBatcher(Scheduler):
         if job.items != 1:
             raise InvalidRequest(f"a request to sequence model '{self.model_name}' carries one item, not {job.items}")
         sequence = self.sequences.get(sequence_id)
-        if start:
+        if sequence is None and start:  # a restart keeps the sequence (its slot, its order) and resets its state
             sequence = self.sequences[sequence_id] = Sequence(self._initial_state())
         elif sequence is None:
-            raise InvalidRequest(f"sequence {sequence_id!r} is not running: start it with sequence_start "
-                                 f"(an idle sequence is released after {self.idle_limit:g} s)")
+            raise self._not_running(sequence_id)
         self._behind += 1  # its sequence's previous request has not run: it cannot join the next batch
         try:
             sequence.turn.acquire()
         finally:
             self._behind -= 1
         try:
+            if self.sequences.get(sequence_id) is not sequence:  # it ended while this request waited
+                raise self._not_running(sequence_id)
+            if start:
+                sequence.state = self._initial_state()
             sequence.last_used = time.monotonic()
             inputs = {**job.inputs, **self._controls(sequence_id, start, end), **sequence.state}
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
@@ -179,6 +182,10 @@ class SequenceBatcher(Scheduler):
         corrid = next((c for c in self.signature.controls if c.kind == "CORRID"), None)
         inputs |= self._controls("" if corrid and corrid.tensor.datatype == "BYTES" else 0, False, False, ready=False)
         return Job(template.backend, template.statistics, inputs, template.outputs, 1)
+
+    def _not_running(self, sequence_id) -> InvalidRequest:
+        return InvalidRequest(f"sequence {sequence_id!r} is not running: start it with sequence_start "
+                              f"(an idle sequence is released after {self.idle_limit:g} s)")
 
     def _flags(self, job: Job) -> tuple[object, bool, bool]:
         parameters = job.parameters

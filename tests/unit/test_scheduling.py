@@ -331,3 +331,16 @@ def test_direct_gives_each_instance_its_own_slots(backend):
     assert values(spawn(scheduler, sequence_job(backend, 5, 1, end=True))[0]) == [10.0]
     assert values(third) == [6.0]
     scheduler.close()
+
+
+def test_a_restart_waits_its_turn_and_keeps_the_slot(backend):
+    """sequence_start on a running sequence runs after the request before it, in the same slot."""
+    scheduler = scheduler_for("m", sequence_config({"direct": {}}))
+    first = spawn(scheduler, sequence_job(backend, 1, 1, start=True))[0]
+    backend.wait_entered()
+    restart = spawn(scheduler, sequence_job(backend, 2, 1, start=True))[0]
+    backend.release.set()
+    assert values(first) == [2.0] and values(restart) == [4.0]
+    assert backend.batches == [[1.0], [2.0]] and scheduler.sequences[1].slot == 0
+    assert backend.inputs[1]["START"][:, 0].tolist() == [1.0]
+    scheduler.close()
