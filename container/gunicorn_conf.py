@@ -14,4 +14,5 @@ timeout = _settings.model_server_timeout
 graceful_timeout = 30
 keepalive = 75  # longer than the load balancers' idle timeout (60 s), so they close first
 loglevel = _settings.log_level.lower()
+logger_class = "container.logs.GunicornLogger"  # its own lines as JSON, like the app's
 

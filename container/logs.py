@@ -1,10 +1,14 @@
 """Logs as JSON lines: time, level, logger, message, the record's `fields`, and any traceback — one
-object a line, for CloudWatch, Loki and jq alike."""
+object a line, for CloudWatch, Loki and jq alike. gunicorn's own lines (start, workers, signals) and
+the exceptions Python can only print ("Exception ignored in …", e.g. during interpreter shutdown)
+are written the same way, so every line on stderr parses."""
 
 import logging
+import sys
 from datetime import datetime, timezone
 
 import orjson
+from gunicorn import glogging
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,3 +31,25 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    sys.unraisablehook = _unraisable
+
+
+class GunicornLogger(glogging.Logger):
+    """gunicorn's error log in the same JSON lines (its access log stays off: the request log is ours)."""
+
+    def setup(self, cfg):
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(JsonFormatter())
+
+
+def _unraisable(unraisable, dumps=orjson.dumps, stderr=sys.stderr, now=datetime.now, utc=timezone.utc,
+                finalizing=sys.is_finalizing) -> None:
+    """An exception Python cannot raise, as a JSON line; while the interpreter shuts down (gevent's
+    patched locks meet logging's cleanup then) it is only a DEBUG line. It may run with module globals
+    gone: everything it needs is bound as a default argument."""
+    level = "DEBUG" if finalizing() else "WARNING"
+    document = {"time": now(utc).isoformat(timespec="milliseconds"), "level": level, "logger": "python",
+                "message": f"exception ignored in {unraisable.object!r}",
+                "error": f"{type(unraisable.exc_value).__name__}: {unraisable.exc_value}"}
+    stderr.write(dumps(document).decode() + "\n")

@@ -8,7 +8,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.builders import fp32_model, sized_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, sized_model, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,28 @@ def test_lifecycle_events_are_logged_with_sizes_and_durations(server):
     assert server.request("DELETE", "/models/double").status_code == 200
     unloaded = wait_for(lambda: [line for line in log_lines(server) if line["message"] == "unloaded model"])
     assert unloaded[-1]["model"] == "double" and unloaded[-1]["seconds"] >= 0 and unloaded[-1]["bytes"]
+
+
+def test_every_line_the_server_writes_is_json(start_server, tmp_path):
+    """gunicorn's own lines, the app's, a handler model's worker and the shutdown included."""
+    root = tmp_path / "models"
+    fp32_model(root, "double")
+    handler_model(root, "handler", None, Scale())
+    server = start_server(root, SERVE_LOAD_MODELS="*", SERVE_LOG_LEVEL="debug")
+    wait_for(lambda: requests.get(server.url + "/ping").status_code == 200, message="the models did not load")
+    for name in ("double", "handler", "nobody"):
+        server.invoke(name, [[1, 2, 3, 4]])
+    server.request("POST", "/models/double/invoke", data="{", headers={"Content-Type": "application/json"})
+    server.stop()
+    lines = server.log.read_text().splitlines()
+    assert lines and [line for line in lines if not _is_json_object(line)] == []
+    messages = [json.loads(line)["message"] for line in lines]
+    assert any(m.startswith("Starting gunicorn") for m in messages) and messages[-1] == "Shutting down: Master"
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        document = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(document, dict) and {"time", "level", "logger", "message"} <= set(document)
