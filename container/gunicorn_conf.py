@@ -15,4 +15,5 @@ graceful_timeout = 30
 keepalive = 75  # longer than the load balancers' idle timeout (60 s), so they close first
 loglevel = _settings.log_level.lower()
 logger_class = "container.logs.GunicornLogger"  # its own lines as JSON, like the app's
+control_socket_disable = True  # gunicorn 27's admin socket in $HOME: unused here, and $HOME may not be writable
 

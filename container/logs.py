@@ -1,12 +1,13 @@
 """Logs as JSON lines: time, level, logger, message, the record's `fields`, and any traceback — one
 object a line, for CloudWatch, Loki and jq alike. gunicorn's own lines (start, workers, signals) and
-the exceptions Python can only print ("Exception ignored in …", e.g. during interpreter shutdown)
-are written the same way, so every line on stderr parses."""
+the exceptions Python and gevent would only print ("Exception ignored in …" during interpreter
+shutdown, a greenlet that died) are written the same way, so every line on stderr parses."""
 
 import logging
 import sys
 from datetime import datetime, timezone
 
+import gevent
 import orjson
 from gunicorn import glogging
 
@@ -32,6 +33,13 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     sys.unraisablehook = _unraisable
+    gevent.get_hub().print_exception = _greenlet_failed
+
+
+def _greenlet_failed(context, kind, value, traceback) -> None:
+    """A greenlet that died of an exception: gevent would print it as plain text."""
+    logging.getLogger("gevent").error("a greenlet failed", exc_info=(kind, value, traceback),
+                                      extra={"fields": {"greenlet": repr(context)[:300]}})
 
 
 class GunicornLogger(glogging.Logger):

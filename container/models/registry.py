@@ -188,6 +188,8 @@ class Registry:
                 self.load(name, url)
             except ServeError as exc:
                 log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
+            except Exception as exc:  # a server bug, or the system failing: the other models still load
+                log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
 
     def ready(self) -> list[Model]:
         return sorted((m for m in self.models.values() if m.state is State.READY), key=lambda m: m.name)
