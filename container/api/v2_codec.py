@@ -85,7 +85,7 @@ def raw_request(signature: Signature, size: int) -> dict:
         raise InvalidRequest(f"a raw binary request cannot tell the shape {dims} of input '{spec.name}' from the "
                              "body's size: at most one dimension may be variable")
     elif -1 in dims:
-        fixed = math.prod(d for d in dims if d != -1) * (2 if spec.datatype == "BF16" else numpy_dtype(spec.datatype).itemsize)
+        fixed = math.prod(d for d in dims if d != -1) * _wire_itemsize(spec.datatype)
         if size % fixed:
             raise InvalidInput(f"input '{spec.name}': {size} bytes are not a whole number of {spec.datatype}{dims} rows")
         dims[dims.index(-1)] = size // fixed
@@ -147,7 +147,7 @@ def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         return unpack_strings(name, bytes(data), count).reshape(shape)
-    itemsize = 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
+    itemsize = _wire_itemsize(datatype)
     if len(data) != count * itemsize:
         raise InvalidInput(f"input '{name}': {len(data)} bytes of data for {datatype}{shape}; expected {count * itemsize}")
     if datatype == "BF16":  # bfloat16 is the upper half of a float32
@@ -200,6 +200,11 @@ def _from_json(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
     if array.size != math.prod(shape):
         raise InvalidInput(f"input '{name}': {array.size} values for shape {shape} ({math.prod(shape)} expected)")
     return array.reshape(shape)
+
+
+def _wire_itemsize(datatype: str) -> int:
+    """Bytes an element takes in binary data: BF16 travels as 2 (it decodes to a float32)."""
+    return 2 if datatype == "BF16" else numpy_dtype(datatype).itemsize
 
 
 def _size(parameters: dict, key: str, name: str) -> int:

@@ -138,6 +138,7 @@ def server(start_server, tmp_path_factory):
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
     wait_for(client.is_server_ready, message="the models named at start did not load")
     client.close()
+    server.first_worker = server.worker_pid()
     return server
 
 
@@ -334,3 +335,10 @@ def test_a_gpu_instance_group_loads_and_says_where_it_runs(client, server):
         assert entry["reason"] == ""
     else:
         assert entry["reason"] == "instance_group asks for GPU(s) ['cuda:0']; this server has no GPU, so the model runs on CPU"
+
+
+def test_the_same_worker_still_serves_after_every_refusal(client, server):
+    """Runs last in this module: every 4xx above came from the worker that answers here."""
+    assert server.worker_pid() == server.first_worker
+    assert infer(client, "reshape", {"INPUT0": FOUR})["OUTPUT__0"].tolist() == [[10]]
+    assert client.is_server_live() and client.is_server_ready()
