@@ -1,6 +1,7 @@
 """create_app(settings): the Flask app with the core wired in. Nothing runs at import."""
 
 import functools
+import logging
 from importlib.metadata import version as package_version
 
 import torch
@@ -33,6 +34,8 @@ from container.settings import Settings
 
 def create_app(settings: Settings) -> Flask:
     configure_logging(settings.log_level)
+    logging.getLogger("container").info("serving", extra={"fields": {
+        "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root}})
     configure_threads(resources.cpu_quota())
     backends = functools.partial(load_backends, options=handler_options(settings))
     runtime = Runtime(backends, release_memory, scheduler_for, new_job)

@@ -1,5 +1,6 @@
 """Every environment variable the server reads, typed, with its default, in one frozen object."""
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Mapping
@@ -42,10 +43,14 @@ def _env(name: str, default: str, doc: str):
 class Settings:
     port: int = _env("SAGEMAKER_BIND_TO_PORT", "8080", "TCP port the server listens on (all interfaces).")
     multi_model: bool = _env(
-        "SAGEMAKER_MULTI_MODEL", "true", "`true`: serve many models loaded through `/models`; `false`: serve the one model under the model root."
+        "SAGEMAKER_MULTI_MODEL", "",
+        "`true`: serve many models loaded through `/models` (SageMaker sets it on multi-model endpoints); `false`: serve the one model under the model root; unset: single-model when `SERVE_MODEL_ROOT` is unset and `/opt/ml/model` holds files (a single-model endpoint), multi-model otherwise.",
+    )
+    base_dir: str = _env(
+        "SAGEMAKER_BASE_DIR", "/opt/ml", "Where SageMaker puts `model/` (single-model) and `models/` (multi-model), as its toolkits read it."
     )
     model_root: str = _env(
-        "SERVE_MODEL_ROOT", "/opt/ml/models", "Directory that load urls must resolve into (`/opt/ml/model` when single-model)."
+        "SERVE_MODEL_ROOT", "", "Directory that load urls must resolve into; unset: `/opt/ml/models`, or `/opt/ml/model` when single-model."
     )
     memory_limit: int = _env(
         "SERVE_MEMORY_LIMIT", "70%", "Host RAM budget for loaded models: bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM."
@@ -99,9 +104,8 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
         raw = {f.name: environ.get(f.metadata["env"], "").strip() or f.metadata["default"] for f in fields(cls)}
-        multi_model = _boolean("SAGEMAKER_MULTI_MODEL", raw["multi_model"])
-        if "SERVE_MODEL_ROOT" not in environ and not multi_model:
-            raw["model_root"] = "/opt/ml/model"
+        multi_model = _mode(raw)
+        raw["model_root"] = raw["model_root"] or os.path.join(raw["base_dir"], "models" if multi_model else "model")
         eviction = raw["eviction"].lower()
         if eviction not in ("lru", "none"):
             raise SettingsError(f"SERVE_EVICTION={raw['eviction']!r}: expected 'lru' or 'none'")
@@ -110,6 +114,7 @@ class Settings:
         return cls(
             port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
+            base_dir=raw["base_dir"],
             model_root=raw["model_root"],
             memory_limit=memory_limit,
             gpu_memory_limit=raw["gpu_memory_limit"],
@@ -159,6 +164,22 @@ def _boolean(name: str, text: str) -> bool:
     if text.lower() in _FALSE:
         return False
     raise SettingsError(f"{name}={text!r}: expected true or false")
+
+
+def _mode(raw: dict[str, str]) -> bool:
+    """Multi-model or not. SageMaker sets SAGEMAKER_MULTI_MODEL=true on multi-model endpoints and nothing on
+    single-model ones, where it extracts the model into /opt/ml/model; its toolkits default to single-model.
+    Without the variable, a filled /opt/ml/model is that single-model endpoint; anything else (a local
+    `docker run -v models:/opt/ml/models`, a SERVE_MODEL_ROOT) is multi-model."""
+    if raw["multi_model"]:
+        return _boolean("SAGEMAKER_MULTI_MODEL", raw["multi_model"])
+    if raw["model_root"]:
+        return True
+    try:
+        with os.scandir(os.path.join(raw["base_dir"], "model")) as entries:
+            return not any(entries)
+    except OSError:  # absent, or not a directory
+        return True
 
 
 def _program(text: str) -> str:

@@ -26,8 +26,9 @@ class Server:
             "SAGEMAKER_BIND_TO_PORT": str(self.port),
             "SERVE_MODEL_ROOT": str(model_root),
             "SERVE_LOG_LEVEL": "warning",
-            **{k: str(v) for k, v in env.items()},
+            **env,
         }
+        environment = {k: str(v) for k, v in environment.items() if v is not None}  # NAME=None: left unset
         self.log = model_root.parent / f"server-{self.port}.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment,

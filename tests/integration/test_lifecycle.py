@@ -34,6 +34,30 @@ def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory
     assert answer.status_code == 200 and answer.json() == [[2.0, 4.0]]
 
 
+def test_a_filled_opt_ml_model_serves_single_model_with_no_variable(start_server, tmp_path_factory):
+    """A SageMaker single-model endpoint: the model extracted into /opt/ml/model, and no variable set
+    (SAGEMAKER_BASE_DIR, which SageMaker's toolkits also read, only moves /opt/ml into the test's folder)."""
+    base = tmp_path_factory.mktemp("opt_ml")
+    handler_model(base, "model", module=Scale())
+    server = start_server(base / "model", SAGEMAKER_BASE_DIR=base, SAGEMAKER_MULTI_MODEL=None, SERVE_MODEL_ROOT=None,
+                          SERVE_LOG_LEVEL="info")
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, message="the single model never became ready")
+    answer = server.request("POST", "/invocations", json=[[1.0, 2.0]])
+    assert answer.status_code == 200 and answer.json() == [[2.0, 4.0]]
+    assert '"mode":"single-model"' in server.log.read_text()
+
+
+def test_without_opt_ml_model_the_default_is_multi_model(start_server, tmp_path_factory):
+    """`docker run -v $PWD/models:/opt/ml/models IMAGE serve`: models under /opt/ml/models, no variable."""
+    base = tmp_path_factory.mktemp("opt_ml")
+    fp32_model(base / "models", "one")
+    server = start_server(base / "models", SAGEMAKER_BASE_DIR=base, SAGEMAKER_MULTI_MODEL=None, SERVE_MODEL_ROOT=None)
+    answer = server.request("POST", "/invocations", json=[[1.0, 2.0, 3.0, 4.0]],
+                            headers={"X-Amzn-SageMaker-Target-Model": "one"})
+    assert answer.status_code == 200, answer.text
+    assert server.loaded() == ["one"]
+
+
 def test_models_named_at_start_are_loaded(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("start")
     fp32_model(root, "one")

@@ -21,6 +21,31 @@ def test_single_model_mode_defaults_to_opt_ml_model():
     assert Settings.from_env({"SAGEMAKER_MULTI_MODEL": "false", "SERVE_MODEL_ROOT": "/m"}).model_root == "/m"
 
 
+@pytest.mark.parametrize("filled, env, multi_model, root", [
+    # A SageMaker single-model endpoint: the model extracted into /opt/ml/model, no variable.
+    (["model/model.pt"], {}, False, "model"),
+    # A multi-model endpoint: SageMaker sets the variable; /opt/ml/model plays no part.
+    (["model/model.pt"], {"SAGEMAKER_MULTI_MODEL": "true"}, True, "models"),
+    # `docker run -v models:/opt/ml/models`, with /opt/ml/model absent or empty.
+    (["models/a/model.pt"], {}, True, "models"),
+    (["models/a/model.pt", "model/"], {}, True, "models"),
+    # A model root of one's own is a multi-model root unless told otherwise.
+    (["model/model.pt"], {"SERVE_MODEL_ROOT": "/m"}, True, "/m"),
+    (["model/model.pt"], {"SERVE_MODEL_ROOT": "/m", "SAGEMAKER_MULTI_MODEL": "false"}, False, "/m"),
+    (["models/a/model.pt"], {"SAGEMAKER_MULTI_MODEL": "false"}, False, "model"),
+])
+def test_mode_follows_what_sagemaker_passes(tmp_path, filled, env, multi_model, root):
+    for path in filled:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        if not path.endswith("/"):
+            (tmp_path / path).write_bytes(b"weights")
+        else:
+            (tmp_path / path).mkdir(exist_ok=True)
+    settings = Settings.from_env({"SAGEMAKER_BASE_DIR": str(tmp_path), **env})
+    assert settings.multi_model is multi_model
+    assert settings.model_root == (root if root.startswith("/") else str(tmp_path / root))
+
+
 def test_values_from_the_environment():
     settings = Settings.from_env({
         "SAGEMAKER_BIND_TO_PORT": "9000", "SERVE_MEMORY_LIMIT": "512MiB", "SERVE_EVICTION": "NONE",
