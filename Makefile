@@ -5,16 +5,34 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt
 
-.PHONY: install tools serve lint test examples bench image clean
+.PHONY: install lock tools serve lint test examples bench image clean
 
 install: $(VENV)/.installed
 
-# One install command, shared with the Dockerfile: torch is pinned to the CPU build in pyproject.toml.
-$(VENV)/.installed: pyproject.toml
+# Installed from the lock with hashes (requirements/install: torch's CPU build from PyTorch's index
+# alone), then this project itself, built with the locked setuptools and nothing downloaded.
+$(VENV)/.installed: requirements/test.lock requirements/torch.lock requirements/install pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	requirements/install $(VENV) requirements/test.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
+
+# Regenerates every lock from pyproject.toml with pip-tools (`make lock LOCK_ARGS=--upgrade` moves
+# every pin to the newest allowed release). test.lock is the whole set; server.lock, what the image
+# installs, is held to the same pins; server-cuda.lock has PyPI's CUDA torch and its nvidia-* wheels.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+LOCK_VENV := .lock-venv
+COMPILE = $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links --pip-args '--retries 0' $(LOCK_ARGS)
+
+lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet pip-tools==7.6.2
+	$(COMPILE) --extra-index-url $(TORCH_INDEX_URL) --extra test -o requirements/test.lock pyproject.toml
+	$(COMPILE) --extra-index-url $(TORCH_INDEX_URL) -c requirements/test.lock -o requirements/server.lock pyproject.toml
+	awk '/^torch==/ {keep = 1} keep {print; if (!/\\$$/) exit}' requirements/server.lock > requirements/torch.lock
+	awk '/^torch==/ {skip = 1} skip {if (!/\\$$/) skip = 0; next} 1' requirements/server.lock > $(LOCK_VENV)/no-torch.txt
+	PIP_FIND_LINKS=" " $(COMPILE) -c $(LOCK_VENV)/no-torch.txt -o requirements/server-cuda.lock pyproject.toml
 
 # wrk, the load generator of bench/ (the test suite runs the benchmarks briefly so they cannot rot).
 tools:
@@ -39,8 +57,16 @@ test: install examples tools lint
 bench: install tools
 	$(BIN)/python -m bench $(SCENARIOS)
 
+# The image, with the Docker engine where one runs, else with buildah (rootless machines, CI without
+# Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg VARIANT=cuda" for the GPU image.
+IMAGE ?= mmc
+IMAGE_LABELS = --build-arg VERSION=$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) \
+	--build-arg REVISION=$$(git rev-parse HEAD) --build-arg SOURCE=$$(git remote get-url origin 2>/dev/null || echo unknown)
+
 image:
-	../shared/tools/build-image --run
+	@if docker info >/dev/null 2>&1; then docker build $(IMAGE_LABELS) $(IMAGE_ARGS) -t $(IMAGE) .; \
+	elif command -v buildah >/dev/null; then buildah bud --format docker $(IMAGE_LABELS) $(IMAGE_ARGS) -t $(IMAGE) .; \
+	else echo "make image needs a Docker engine or buildah" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) $(EXAMPLES)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import orjson
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as pb
+from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidModel
 

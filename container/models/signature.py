@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
+from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidInput, InvalidModel
 from container.tensors import datatype_of, from_config

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as pb
+from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound
 from container.limits import Limits, whole_number

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from tritonclient.grpc import model_config_pb2 as pb
+from container.models.triton_schema import model_config_pb2 as pb
 
 from container import content
 from container.api import invoke_codec, tfserving, tfserving_json, v2_codec

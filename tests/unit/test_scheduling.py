@@ -7,7 +7,7 @@ import gevent
 import numpy as np
 import pytest
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as pb
+from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidRequest, Unavailable
 from container.models.statistics import Statistics
