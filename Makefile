@@ -10,16 +10,18 @@ EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt ex
 install: $(VENV)/.installed
 
 # Installed from the lock with hashes (requirements/install: torch's CPU build from PyTorch's index
-# alone), then this project itself, built with the locked setuptools and nothing downloaded.
+# alone), then this project itself, built with the locked setuptools and nothing downloaded. --clear:
+# a changed lock gives a fresh environment, with nothing left over from the last one.
 $(VENV)/.installed: requirements/test.lock requirements/torch.lock requirements/install pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	requirements/install $(VENV) requirements/test.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 # Regenerates every lock from pyproject.toml with pip-tools (`make lock LOCK_ARGS=--upgrade` moves
 # every pin to the newest allowed release). test.lock is the whole set; server.lock, what the image
-# installs, is held to the same pins; server-cuda.lock has PyPI's CUDA torch and its nvidia-* wheels.
+# installs, is held to the same pins; server-cuda.lock has PyPI's CUDA torch and its nvidia-* wheels
+# (resolved without find-links: a mirror's CPU wheel there would outrank PyPI's CUDA build).
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 LOCK_VENV := .lock-venv
 COMPILE = $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
@@ -58,7 +60,7 @@ bench: install tools
 	$(BIN)/python -m bench $(SCENARIOS)
 
 # The image, with the Docker engine where one runs, else with buildah (rootless machines, CI without
-# Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg VARIANT=cuda" for the GPU image.
+# Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg RUNTIME_IMAGE=nvidia/cuda:…" for the GPU image.
 IMAGE ?= mmc
 IMAGE_LABELS = --build-arg VERSION=$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) \
 	--build-arg REVISION=$$(git rev-parse HEAD) --build-arg SOURCE=$$(git remote get-url origin 2>/dev/null || echo unknown)

@@ -11,6 +11,7 @@ from typing import Dict, List
 import orjson
 import torch
 from google.protobuf import json_format, text_format
+
 from container.models.triton_schema import model_config_pb2 as pb
 
 MIB = 1 << 20

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import orjson
 from google.protobuf import json_format, text_format
-from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidModel
+from container.models.triton_schema import model_config_pb2 as pb
 
 PYTORCH_PLATFORMS = ("pytorch_libtorch",)
 PYTORCH_BACKENDS = ("pytorch",)

@@ -4,9 +4,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidInput, InvalidModel
+from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import datatype_of, from_config
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound
 from container.limits import Limits, whole_number
@@ -23,6 +22,7 @@ from container.models.config import (
     selected_versions,
 )
 from container.models.signature import Signature
+from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import from_config, numpy_dtype, unpack_strings, zeros
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")

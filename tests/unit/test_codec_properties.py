@@ -12,7 +12,6 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from container.models.triton_schema import model_config_pb2 as pb
 
 from container import content
 from container.api import invoke_codec, tfserving, tfserving_json, v2_codec
@@ -20,6 +19,7 @@ from container.api.shared_memory import SharedMemory
 from container.errors import ServeError
 from container.limits import Limits
 from container.models.signature import Signature
+from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import DATATYPES, numpy_dtype
 
 # Derandomized, so CI runs the examples the developer ran; `PROPERTY_EXAMPLES=3000` explores fresh ones.

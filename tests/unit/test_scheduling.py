@@ -7,10 +7,10 @@ import gevent
 import numpy as np
 import pytest
 from google.protobuf import json_format
-from container.models.triton_schema import model_config_pb2 as pb
 
 from container.errors import InvalidRequest, Unavailable
 from container.models.statistics import Statistics
+from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
 from container.scheduling.job import Job
 from container.scheduling.queue import QueueTimeout
