@@ -38,15 +38,15 @@ RUN python3 -m venv /opt/venv
 # stays: `import torch` looks for it) and its C++ headers (there is no compiler here to use them).
 COPY requirements/ /tmp/requirements/
 RUN lock=server.lock; if [ -n "${CUDA_VERSION:-}" ]; then lock=server-cuda.lock; fi; \
-    TORCH_INDEX_URL="$TORCH_INDEX_URL" /tmp/requirements/install /opt/venv "/tmp/requirements/$lock" \
+    TORCH_INDEX_URL="$TORCH_INDEX_URL" /tmp/requirements/install /opt/venv "/tmp/requirements/$lock" --no-compile \
     && torch=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch \
     && rm -r "$torch/test" "$torch/include" /tmp/requirements && find "$torch/bin" -type f ! -name torch_shm_manager -delete
 
 # Not editable, no test extras, nothing resolved: the locked setuptools builds it, --no-deps installs it.
 COPY pyproject.toml README.md /tmp/source/
 COPY container/ /tmp/source/container/
-# Then bytecode, only for what the server and its handler workers import at start (requirements/install
-# writes none: for the whole environment it would be about 180 MB), and now, as the server's user
+# Then bytecode, only for what the server and its handler workers import at start (the install above
+# wrote none: for the whole environment it would be about 180 MB), and now, as the server's user
 # cannot write it later.
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --no-compile /tmp/source && rm -r /tmp/source \
     && /opt/venv/bin/python -c "import container.app, container.gunicorn_conf, container.gunicorn_worker, \
