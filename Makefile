@@ -60,14 +60,16 @@ bench: install tools
 	$(BIN)/python -m bench $(SCENARIOS)
 
 # The image, with the Docker engine where one runs, else with buildah (rootless machines, CI without
-# Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg RUNTIME_IMAGE=nvidia/cuda:…" for the GPU image.
+# Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg RUNTIME_IMAGE=nvidia/cuda:…" for the GPU image;
+# BUILDAH may carry buildah's global options (BUILDAH="buildah --storage-driver vfs").
 IMAGE ?= mmc
+BUILDAH ?= buildah
 IMAGE_LABELS = --build-arg VERSION=$$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) \
 	--build-arg REVISION=$$(git rev-parse HEAD) --build-arg SOURCE=$$(git remote get-url origin 2>/dev/null || echo unknown)
 
 image:
 	@if docker info >/dev/null 2>&1; then docker build $(IMAGE_LABELS) $(IMAGE_ARGS) -t $(IMAGE) .; \
-	elif command -v buildah >/dev/null; then buildah bud --format docker $(IMAGE_LABELS) $(IMAGE_ARGS) -t $(IMAGE) .; \
+	elif command -v buildah >/dev/null; then $(BUILDAH) bud --format docker $(IMAGE_LABELS) $(IMAGE_ARGS) -t $(IMAGE) .; \
 	else echo "make image needs a Docker engine or buildah" >&2; exit 1; fi
 
 clean:
