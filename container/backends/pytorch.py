@@ -32,10 +32,12 @@ def gpu_count() -> int:
 
 
 def module_bytes(module) -> dict[str, int]:
-    """Parameter and buffer bytes per device, each storage counted once (tied weights share one)."""
+    """Parameter, buffer and constant bytes per device, each storage counted once (tied weights share
+    one). A frozen TorchScript model (`torch.jit.freeze`) has no parameters: its weights are tensor
+    constants of its methods' graphs."""
     sizes: dict[str, int] = {}
     seen = set()
-    for tensor in [*module.parameters(), *module.buffers()]:
+    for tensor in [*module.parameters(), *module.buffers(), *_graph_constants(module)]:
         storage = tensor.untyped_storage()
         key = (tensor.device, storage.data_ptr())
         if key in seen:
@@ -43,6 +45,23 @@ def module_bytes(module) -> dict[str, int]:
         seen.add(key)
         sizes[str(tensor.device)] = sizes.get(str(tensor.device), 0) + storage.nbytes()
     return sizes
+
+
+def _graph_constants(module) -> list[torch.Tensor]:
+    if not isinstance(module, torch.jit.ScriptModule):
+        return []
+    graphs = [m._c._get_method(name).graph for m in module.modules() for name in m._c._method_names()]
+    return [tensor for graph in graphs for tensor in _tensor_constants(graph.nodes())]
+
+
+def _tensor_constants(nodes) -> list[torch.Tensor]:
+    found = []
+    for node in nodes:
+        if node.kind() == "prim::Constant" and node.output().type().kind() == "TensorType":
+            found.append(node.t("value"))
+        for block in node.blocks():  # the bodies of if and loop
+            found += _tensor_constants(block.nodes())
+    return found
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

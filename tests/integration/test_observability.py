@@ -6,6 +6,7 @@ import re
 
 import pytest
 import requests
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import Scale, fp32_model, handler_model, sized_model, wait_for
@@ -18,6 +19,8 @@ def server(start_server, tmp_path_factory):
     for name in ("small1", "small2", "small3"):
         sized_model(root, name, 8)
     sized_model(root, "huge", 40)
+    frozen = torch.jit.freeze(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 1024), torch.nn.Linear(1024, 4)).eval()))
+    fp32_model(root, "frozen", frozen)
     return start_server(root, SERVE_MEMORY_LIMIT="20MiB", SERVE_LOG_LEVEL="info")
 
 
@@ -138,3 +141,11 @@ def _is_json_object(line: str) -> bool:
     except ValueError:
         return False
     return isinstance(document, dict) and {"time", "level", "logger", "message"} <= set(document)
+
+
+def test_a_frozen_model_is_charged_its_weights(server):
+    """Freezing turns weights into graph constants: the cache still charges every byte of them."""
+    assert server.load("frozen").status_code == 200
+    assert server.invoke("frozen", [[1, 2, 3, 4]]).status_code == 200
+    held = scrape(server)[("serve_model_memory_bytes", (("device", "cpu"), ("model", "frozen")))]
+    assert held == (4 * 1024 + 1024 + 1024 * 4 + 4) * 4

@@ -97,6 +97,16 @@ def test_tied_weights_are_counted_once():
     assert module_bytes(torch.jit.script(Tied())) == {"cpu": 4 * 4 * 4}
 
 
+def test_a_frozen_model_is_charged_its_weights(tmp_path):
+    """torch.jit.freeze turns parameters into graph constants: nothing is left in parameters()."""
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).eval())
+    weights = (256 * 256 + 256 + 256 * 8 + 8) * 4
+    assert module_bytes(scripted) == {"cpu": weights}
+    torch.jit.freeze(scripted).save(str(tmp_path / "frozen.pt"))
+    frozen = torch.jit.load(str(tmp_path / "frozen.pt"))
+    assert list(frozen.parameters()) == [] and module_bytes(frozen) == {"cpu": weights}
+
+
 def test_replicas_deal_each_execution_thread_one_copy(tmp_path):
     """Two copies stand in for two GPUs: four instance threads split two and two, each thread keeping
     to its copy, and the memory is both copies'."""
