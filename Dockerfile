@@ -12,7 +12,8 @@ ARG RUNTIME_IMAGE=${BASE_IMAGE}
 FROM ${BASE_IMAGE} AS python
 
 FROM ${RUNTIME_IMAGE}
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Where torch's CPU build comes from; unset: requirements/install's default, PyTorch's CPU index.
+ARG TORCH_INDEX_URL
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG SOURCE=unknown
@@ -25,11 +26,14 @@ LABEL org.opencontainers.image.title="multi-model inference container" \
       com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 
 # Python 3.11 where the runtime base has none (a CUDA base): the official image keeps it in /usr/local,
-# which it leaves as it is. Then the shared libraries its standard library links against, if missing.
-COPY --from=python /usr/local /usr/local
-RUN ldconfig && python3 -c "import bz2, ctypes, lzma, sqlite3, ssl, uuid, zlib" 2>/dev/null \
-    || (apt-get update && apt-get install -y --no-install-recommends ca-certificates libbz2-1.0 libexpat1 libffi8 \
-        liblzma5 libsqlite3-0 libssl3t64 libuuid1 zlib1g && rm -rf /var/lib/apt/lists/*)
+# copied in with the shared libraries its standard library links against. Mounted, not COPY'd: on the
+# Python base itself a COPY would store a second copy of its /usr/local in a layer.
+RUN --mount=type=bind,from=python,source=/usr/local,target=/mnt/python \
+    python3 -c "import bz2, ctypes, lzma, sqlite3, ssl, uuid, zlib" 2>/dev/null \
+    || (cp -a /mnt/python/. /usr/local/ && ldconfig && apt-get update \
+        && apt-get install -y --no-install-recommends ca-certificates libbz2-1.0 libexpat1 libffi8 liblzma5 \
+           libsqlite3-0 libssl3t64 libuuid1 zlib1g \
+        && rm -rf /var/lib/apt/lists/*)
 
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
@@ -38,7 +42,7 @@ RUN python3 -m venv /opt/venv
 # stays: `import torch` looks for it) and its C++ headers (there is no compiler here to use them).
 COPY requirements/ /tmp/requirements/
 RUN lock=server.lock; if [ -n "${CUDA_VERSION:-}" ]; then lock=server-cuda.lock; fi; \
-    TORCH_INDEX_URL="$TORCH_INDEX_URL" /tmp/requirements/install /opt/venv "/tmp/requirements/$lock" --no-compile \
+    /tmp/requirements/install /opt/venv "/tmp/requirements/$lock" --no-compile \
     && torch=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch \
     && rm -r "$torch/test" "$torch/include" /tmp/requirements && find "$torch/bin" -type f ! -name torch_shm_manager -delete
 
