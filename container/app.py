@@ -2,6 +2,8 @@
 
 import functools
 import logging
+import os
+import signal
 from importlib.metadata import version as package_version
 
 import torch
@@ -23,7 +25,7 @@ from container.api.tfserving import register_tfserving_endpoints
 from container.api.v2 import register_v2_endpoints, v2_hot_routes
 from container.api.v2_repository import register_repository_endpoints
 from container.backends import HandlerOptions, load_backends
-from container.backends.pytorch import configure_threads, gpu_count, release_memory
+from container.backends.pytorch import configure_threads, free_memory, gpu_count, release_memory
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
@@ -38,8 +40,9 @@ def create_app(settings: Settings) -> Flask:
         "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root}})
     configure_threads(resources.cpu_quota())
     backends = functools.partial(load_backends, options=handler_options(settings))
-    runtime = Runtime(backends, release_memory, scheduler_for, new_job)
+    runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
     registry = Registry(settings.model_root, memory_cache(settings), runtime, settings.limits)
+    registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     app = Flask("container", static_folder=None)  # no static files: no route that reads paths from a URL
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
     app.extensions["registry"] = registry

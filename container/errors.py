@@ -12,8 +12,9 @@ ServeError (500)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
-│   └── DeviceOutOfMemory (507)         CUDA out of memory; the registry evicts and retries once
+│   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
 ├── ModelError (500)                    user code (model_fn, predict_fn, forward) raised, or its worker died
+│   └── DeviceFault (500)               a sticky CUDA error: the device is unusable until the process restarts
 └── HandlerError (any)                  user code chose the status (SageMaker's BaseInferenceToolkitError)
 """
 
@@ -80,11 +81,18 @@ class ModelError(ServeError):
 
 
 class DeviceOutOfMemory(InsufficientMemory):
-    """A device ran out of memory during a load or an execution; the registry frees room and retries once."""
+    """A device ran out of memory during a load or an execution. `requested`: the bytes of the allocation
+    that failed, when the allocator said (0: unknown)."""
 
-    def __init__(self, message: str, device: str):
+    def __init__(self, message: str, device: str, requested: int = 0):
         super().__init__(message)
         self.device = device
+        self.requested = requested
+
+
+class DeviceFault(ModelError):
+    """A CUDA error that poisons the process's context (an illegal address, a device-side assert): every
+    later call on the device fails too, so the worker process must be replaced."""
 
 
 class HandlerError(ServeError):

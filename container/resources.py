@@ -33,6 +33,31 @@ def memory_limit() -> int:
     return total
 
 
+def memory_available() -> int:
+    """Bytes of RAM this container can still take: what the machine has free, within the cgroup's limit."""
+    available = psutil.virtual_memory().available
+    used = _cgroup_usage()
+    return min(available, memory_limit() - used) if used is not None else available
+
+
+def memory_used() -> int:
+    """Bytes of RAM this container uses: the cgroup's count when it has one, else the machine's."""
+    used = _cgroup_usage()
+    if used is not None:
+        return used
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available
+
+
+def _cgroup_usage() -> int | None:
+    for name in ("memory.current", "memory/memory.usage_in_bytes"):
+        try:
+            return int((_CGROUP / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def gpu_totals() -> list[int]:
     """Total memory of each visible GPU in bytes; empty when there is none."""
     return [total for total, _ in gpu_usage().values()]

@@ -2,7 +2,6 @@
 dashboards work), labelled by model and version, plus the cache's own. Everything is read from the
 registry at scrape time: serving a request costs nothing extra."""
 
-import psutil
 from flask import Blueprint, Flask, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -51,9 +50,8 @@ class ServerCollector:
 
     def _memory(self):
         cache = self.registry.cache
-        memory = psutil.virtual_memory()
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "Host memory in bytes", value=resources.memory_limit())
-        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "Host memory in use in bytes", value=memory.total - memory.available)
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "Host memory in use in bytes", value=resources.memory_used())
         gpus = resources.gpu_usage()
         total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU memory in bytes", labels=["gpu_uuid"])
         used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory in use in bytes", labels=["gpu_uuid"])
@@ -92,6 +90,8 @@ class ServerCollector:
         yield CounterMetricFamily("serve_cache_hits", "Requests for a target model already loaded", value=counters.hits)
         yield CounterMetricFamily("serve_cache_misses", "Requests whose target model had to be loaded", value=counters.misses)
         yield CounterMetricFamily("serve_insufficient_memory", "Loads and executions answered 507", value=counters.insufficient_memory)
+        yield CounterMetricFamily("serve_memory_recoveries", "Device out-of-memory errors met by freeing room and trying again",
+                                  value=counters.recoveries)
         yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.registry.ready()))
 
 

@@ -90,7 +90,7 @@ def document(version: str) -> dict:
         "/v2": {"get": _operation("server metadata", v2, _json(_object({
             "name": {"type": "string"}, "version": {"type": "string"}, "extensions": {"type": "array", "items": {"type": "string"}}})),
             errors=())},
-        "/v2/health/live": {"get": _operation("liveness", v2, _EMPTY, errors=())},
+        "/v2/health/live": {"get": _operation("liveness: 503 after a sticky GPU error, while the worker restarts", v2, _EMPTY, errors=(503,))},
         "/v2/health/ready": {"get": _operation("readiness: the models named at start have loaded", v2, _EMPTY, errors=(503,))},
         "/v2/models/stats": {"get": _operation("statistics of every loaded model", v2, _json(_object({"model_stats": _NUMBERS})), errors=())},
         "/v2/repository/index": {"post": _operation(

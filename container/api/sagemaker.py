@@ -33,6 +33,7 @@ def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Setti
 
     @api.get("/ping")
     def ping():
+        registry.check_health()
         if not settings.multi_model and not registry.ready():
             failure = registry.failures.get(SINGLE_MODEL_NAME)
             raise Unavailable(f"the model failed to load: {failure}" if failure else "the model is not loaded yet")

@@ -32,10 +32,12 @@ def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started
 
     @api.get("/v2/health/live")
     def live():
+        registry.check_health()
         return Response(b"", 200)
 
     @api.get("/v2/health/ready")
     def ready():
+        registry.check_health()
         if not started.is_set():
             raise Unavailable("the models named at start are still loading")
         return Response(b"", 200)

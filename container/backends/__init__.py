@@ -2,7 +2,8 @@
 reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 
 - `pytorch.TorchScriptModel`: named numpy tensors in, named numpy tensors out (Triton layout);
-  `pytorch.Replicas` when the config's instance groups name several GPUs: a copy on each.
+  `pytorch.Replicas` when the config's instance groups name several GPUs: a copy on each, its
+  instances placed as the groups place them.
 - `handler_worker.HandlerWorker`: request bytes in, response bytes out, through SageMaker's handler
   functions, in a worker process of the model's own (`handler.HandlerModel` runs there).
 """
@@ -18,7 +19,8 @@ def load_backends(name: str, source: ModelSource, device: str, options: HandlerO
     layout = source.layout
     if isinstance(layout, TritonLayout):
         loaded = {}
-        named = instance_gpus(layout.config)
+        placed = instance_gpus(layout.config)
+        named = list(dict.fromkeys(placed))
         devices = named if device.startswith("cuda") and len(named) > 1 else [device]
         try:
             for version, path in sorted(layout.versions.items()):
@@ -29,7 +31,7 @@ def load_backends(name: str, source: ModelSource, device: str, options: HandlerO
                     for copy in copies:
                         copy.close()
                     raise
-                loaded[version] = copies[0] if len(copies) == 1 else Replicas(copies)
+                loaded[version] = copies[0] if len(copies) == 1 else Replicas(copies, [named.index(d) for d in placed])
         except BaseException:
             for backend in loaded.values():
                 backend.close()

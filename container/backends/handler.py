@@ -14,9 +14,8 @@ from sagemaker_inference.errors import BaseInferenceToolkitError
 from container import content
 from container.backends import handler_defaults
 from container.backends.handler_context import Context
-from container.backends.pytorch import is_out_of_memory, last_line
+from container.backends.pytorch import device_error, last_line
 from container.errors import (
-    DeviceOutOfMemory,
     HandlerError,
     InvalidModel,
     ModelError,
@@ -93,20 +92,25 @@ class HandlerModel:
         return self._guard(fn_name, fn, *args)
 
     def _guard(self, fn_name: str, fn, *args):
-        """Errors of user code (and of the defaults it relies on) as the answers they deserve."""
+        """Errors of user code (and of the defaults it relies on) as the answers they deserve; a device
+        failure is raised after the except block, which would keep the failed call's tensors alive."""
         try:
             return fn(*args)
         except ServeError:
             raise
         except Exception as exc:
-            if is_out_of_memory(exc):
-                raise DeviceOutOfMemory(f"{self.device} ran out of memory in {fn_name} of '{self.name}'", self.device) from exc
-            status = getattr(exc, "status_code", None)
-            if isinstance(exc, BaseInferenceToolkitError) and isinstance(status, int) and 400 <= status < 600:
-                raise HandlerError(str(getattr(exc, "message", exc)), status) from None
-            if fn is handler_defaults.predict:
-                raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
-            raise ModelError(f"{fn_name} of model '{self.name}' raised {type(exc).__name__}: {exc}") from None
+            failure = device_error(exc, self.device, f"in {fn_name} of '{self.name}'")
+            if failure is None:
+                raise self._user_error(fn_name, fn, exc) from None
+        raise failure
+
+    def _user_error(self, fn_name: str, fn, exc: Exception) -> ServeError:
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, BaseInferenceToolkitError) and isinstance(status, int) and 400 <= status < 600:
+            return HandlerError(str(getattr(exc, "message", exc)), status)
+        if fn is handler_defaults.predict:
+            return ModelError(f"model '{self.name}' failed: {last_line(exc)}")
+        return ModelError(f"{fn_name} of model '{self.name}' raised {type(exc).__name__}: {exc}")
 
 
 def _import_handlers(path: Path) -> dict:

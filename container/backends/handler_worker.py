@@ -26,7 +26,8 @@ from gevent.monkey import get_original
 
 from container import content, errors
 from container.backends.handler import HandlerModel, HandlerResponse
-from container.errors import DeviceOutOfMemory, HandlerError, ModelError, ServeError
+from container.backends.pytorch import release_memory
+from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 _forkserver = None
@@ -165,15 +166,19 @@ def _death(exit_code: int | None) -> str:
 
 def _describe(exc: BaseException) -> tuple:
     """An exception as plain values, for the parent to raise again."""
+    if isinstance(exc, DeviceOutOfMemory):
+        return type(exc).__name__, str(exc), exc.status, (exc.device, exc.requested)
+    if isinstance(exc, DeviceFault):  # the worker ends, and with it the broken context: the server is fine
+        return "ModelError", str(exc), exc.status, None
     if isinstance(exc, ServeError):
-        return type(exc).__name__, str(exc), exc.status, getattr(exc, "device", None)
+        return type(exc).__name__, str(exc), exc.status, None
     return "ModelError", f"{type(exc).__name__}: {exc}", 500, None
 
 
 def _rebuild(described: tuple) -> ServeError:
     kind, message, status, device = described
     if kind == "DeviceOutOfMemory":
-        return DeviceOutOfMemory(message, device)
+        return DeviceOutOfMemory(message, *device)
     if kind == "HandlerError":
         return HandlerError(message, status)
     cls = getattr(errors, kind, None)
@@ -204,7 +209,15 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
             reply = ("ok", model.transform(*request))
         except Exception as exc:
             reply = ("error", _describe(exc))
+            fault = isinstance(exc, DeviceFault)
+            out_of_memory = isinstance(exc, DeviceOutOfMemory)
+        else:
+            fault = out_of_memory = False
         connection.send(reply)
+        if fault:
+            return
+        if out_of_memory:  # this process's cached blocks are its own to give back
+            release_memory()
 
 
 def _load(name: str, directory: Path, device: str, options: HandlerOptions) -> HandlerModel:

@@ -1,8 +1,10 @@
 """TorchScript models in Triton layout, and the torch housekeeping every backend shares."""
 
+import contextlib
 import ctypes
 import gc
 import itertools
+import re
 import threading
 import time
 from pathlib import Path
@@ -10,12 +12,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from container.errors import DeviceOutOfMemory, InvalidInput, InvalidModel, ModelError
+from container import resources
+from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, InvalidModel, ModelError, ServeError
 from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
 
 _BF16 = "BF16"
+_OUT_OF_MEMORY = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory")
+_REQUESTED = re.compile(r"ried to allocate (\d+(?:\.\d+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+# CUDA errors after which the context stays broken: every later call fails with the same error.
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+           "illegal instruction", "uncorrectable ECC", "hardware stack error", "invalid program counter")
 
 
 def configure_threads(cores: int) -> None:
@@ -64,8 +73,61 @@ def _tensor_constants(nodes) -> list[torch.Tensor]:
     return found
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in str(exc)
+def device_error(exc: BaseException, device: str, doing: str) -> ServeError | None:
+    """The server's error for a failure of the device itself (out of memory, a sticky CUDA error), or
+    None for any other failure. Built from the message alone, so it keeps none of the failed call's
+    frames, and with them its tensors, alive."""
+    text = str(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or any(marker in text for marker in _OUT_OF_MEMORY):
+        return DeviceOutOfMemory(f"{device} ran out of memory {doing}", device, requested_bytes(text))
+    if "CUDA error" in text and any(marker in text for marker in _STICKY):
+        cause = next(line.strip() for line in text.splitlines() if "CUDA error" in line)
+        return DeviceFault(f"{cause} ({doing}); the CUDA context is unusable until its process restarts")
+    return None
+
+
+def guarded(device: str, doing: str, fn, *args):
+    """`fn(*args)`, with a device failure raised only after the except block: its traceback would keep the
+    failed call's GPU tensors alive through the recovery that follows."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        failure = device_error(exc, device, doing)
+        if failure is None:
+            raise
+    raise failure
+
+
+def requested_bytes(message: str) -> int:
+    """The size of the failed allocation, as torch's allocators report it (0: not said)."""
+    match = _REQUESTED.search(message)
+    return int(float(match[1]) * _UNITS[match[2]]) if match else 0
+
+
+def device_scope(device: str):
+    """Where code runs for a model on `device`: under that device, so `"cuda"` in model code means it,
+    and on the calling thread's own stream there, so execution instances do not serialise on the
+    default stream. A CPU model needs neither."""
+    if not device.startswith("cuda"):
+        return _NO_SCOPE
+    streams = _streams.__dict__
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(device)
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.cuda.device(device))
+    stack.enter_context(torch.cuda.stream(streams[device]))
+    return stack
+
+
+_NO_SCOPE = contextlib.nullcontext()
+_streams = threading.local()  # device → this thread's stream on it
+
+
+def free_memory(device: str) -> int:
+    """Bytes free on `device` now: the GPU's own count, or the host RAM the container can still take."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0]
+    return resources.memory_available()
 
 
 def release_memory() -> None:
@@ -87,10 +149,11 @@ def last_line(exc: BaseException) -> str:
 
 def load_torchscript(path: Path, device: str):
     try:
-        module = torch.jit.load(str(path), map_location=device)
+        with device_scope(device):
+            module = guarded(device, f"loading {path.name}", torch.jit.load, str(path), device)
+    except ServeError:
+        raise
     except Exception as exc:
-        if is_out_of_memory(exc):
-            raise DeviceOutOfMemory(f"{device} ran out of memory loading {path.name}", device) from None
         raise InvalidModel(f"{path.parent.name}/{path.name} is not a TorchScript model: {last_line(exc)}") from None
     return module.eval()
 
@@ -116,7 +179,12 @@ class TorchScriptModel:
         self.module = None
 
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
-        """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings."""
+        """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings. Every
+        device allocation, the copy of the inputs included, is inside the out-of-memory guard."""
+        with device_scope(self.device):
+            return guarded(self.device, f"running model '{self.name}'", self._execute, inputs, outputs, phases)
+
+    def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         start = time.perf_counter_ns()
         tensors = {n: _to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device) for n in self._specs}
         args = [tensors] if self._order is None else [tensors[n] for n in self._order]
@@ -125,8 +193,8 @@ class TorchScriptModel:
             with torch.inference_mode():
                 result = self.module(*args)
         except Exception as exc:
-            if is_out_of_memory(exc):
-                raise DeviceOutOfMemory(f"{self.device} ran out of memory running model '{self.name}'", self.device) from exc
+            if device_error(exc, self.device, "") is not None:
+                raise
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
         produced = self._name_outputs(result)
@@ -164,18 +232,21 @@ class TorchScriptModel:
 
 
 class Replicas:
-    """One version loaded on each GPU its instance groups name. Each execution thread keeps to the copy
-    its first execution was dealt, round robin, so the model's instance threads spread evenly."""
+    """One version loaded on each GPU its instance groups name. `placement` gives each execution
+    instance its copy (an index into `copies`), as the groups place instances per GPU; the k-th thread
+    to execute is the k-th instance and keeps to its copy."""
 
-    def __init__(self, copies: list[TorchScriptModel]):
+    def __init__(self, copies: list[TorchScriptModel], placement: list[int]):
         self.copies = copies
+        self._placement = placement
         self._dealt = itertools.count()
         self._local = threading.local()
 
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         copy = getattr(self._local, "copy", None)
         if copy is None:
-            copy = self._local.copy = self.copies[next(self._dealt) % len(self.copies)]
+            instance = next(self._dealt)
+            copy = self._local.copy = self.copies[self._placement[instance % len(self._placement)]]
         return copy.execute(inputs, outputs, phases)
 
     def memory(self) -> dict[str, int]:

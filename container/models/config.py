@@ -102,8 +102,9 @@ def instance_count(config: pb.ModelConfig) -> int:
 
 
 def instance_gpus(config: pb.ModelConfig) -> list[str]:
-    """The devices the config's instance groups name, `cuda:<index>`, in order, each once."""
-    return list(dict.fromkeys(f"cuda:{index}" for group in config.instance_group for index in group.gpus))
+    """The GPU of each execution instance the config's groups place on named GPUs, `cuda:<index>`, in
+    Triton's order: group by group, `count` instances on each GPU the group lists."""
+    return [f"cuda:{index}" for group in config.instance_group for index in group.gpus for _ in range(group.count or 1)]
 
 
 def _file_fields(config: pb.ModelConfig):

@@ -17,12 +17,14 @@ from gevent.event import AsyncResult, Event
 from gevent.threadpool import ThreadPool
 
 from container.errors import (
+    DeviceFault,
     DeviceOutOfMemory,
     InsufficientMemory,
     InvalidModel,
     ModelConflict,
     ModelNotFound,
     ServeError,
+    Unavailable,
 )
 from container.inference import InferRequest, InferResponse, TransformRequest
 from container.limits import Limits
@@ -81,7 +83,8 @@ class Runtime:
 
     load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
     release_memory: Callable[[], None]
-    scheduler_for: Callable  # (name, config or None, signature or None) → scheduler with infer()/run()/close()
+    free_memory: Callable[[str], int]  # device → bytes free on it now
+    scheduler_for: Callable  # (name, config or None, signature or None, recover) → scheduler with infer()/run()/close()
     new_job: Callable  # (backend, statistics, InferRequest, items) → what the scheduler queues
 
 
@@ -96,6 +99,7 @@ class Counters:
     hits: int = 0  # /invocations found its target model loaded
     misses: int = 0  # … or had to load it
     insufficient_memory: int = 0  # 507s: a load or execution that did not fit
+    recoveries: int = 0  # device out-of-memory errors recovered from by freeing room
 
 
 class Registry:
@@ -110,6 +114,8 @@ class Registry:
         self.counters = Counters()
         self._reloading: set[str] = set()
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
+        self.fault: str | None = None  # a sticky device error: this process can no longer serve
+        self.on_fault: Callable[[str], None] = lambda why: None  # the server replaces the process
         self._pool = ThreadPool(load_threads)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -133,6 +139,7 @@ class Registry:
             if current is not None and self.models.get(name) is not current:
                 raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
         except BaseException as exc:
+            self._note_fault(exc)
             self.failures[name] = str(exc)
             self.counters.load_failures += 1
             self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
@@ -239,8 +246,7 @@ class Registry:
                 if request.outputs:
                     model.signature.check_outputs(request.outputs)
                 items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
-                outputs, phases = self._submit(model, lambda: model.scheduler.infer(
-                    self.runtime.new_job(backend, statistics, request, items)))
+                outputs, phases = model.scheduler.infer(self.runtime.new_job(backend, statistics, request, items))
                 succeeded(items, phases)
             return InferResponse(model.name, version, outputs)
 
@@ -251,7 +257,7 @@ class Registry:
             transform, statistics = model.versions[version].transform, model.statistics[version]
             args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
             with self._accounted(statistics) as succeeded:
-                result, phases = self._submit(model, lambda: model.scheduler.run(transform, args, statistics))
+                result, phases = model.scheduler.run(transform, args, statistics)
                 succeeded(1, phases)
             return result
 
@@ -265,17 +271,19 @@ class Registry:
         except BaseException as exc:
             statistics.record_failure(time.perf_counter_ns() - start)
             self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
+            self._note_fault(exc)
             raise
 
-    def _submit(self, model: Model, submit):
-        """`submit()`; after a device out-of-memory error, free cached memory and idle models and
-        submit once more."""
-        try:
-            return submit()
-        except DeviceOutOfMemory as exc:
-            log.warning("%s; freeing cached memory and idle models, then retrying once", exc)
-            self._recover(exc.device, keep=model)
-            return submit()
+    def check_health(self) -> None:
+        """Raise Unavailable once a sticky device error has made this process unable to serve."""
+        if self.fault is not None:
+            raise Unavailable(f"{self.fault}; the server is restarting its worker")
+
+    def _note_fault(self, exc: BaseException) -> None:
+        if isinstance(exc, DeviceFault) and self.fault is None:
+            self.fault = str(exc)
+            log.error("sticky device error: restarting the worker process", extra={"fields": {"error": self.fault}})
+            self.on_fault(self.fault)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -289,8 +297,12 @@ class Registry:
         self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
         try:
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
-        except DeviceOutOfMemory:
-            self._recover(device, keep=model)
+        except DeviceOutOfMemory as exc:
+            failure = exc.with_traceback(None)
+        else:
+            failure = None
+        if failure is not None:  # recovered outside the except block, whose traceback holds the failed load
+            self._recover(model, failure.device, failure.requested)
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
         model.versions = backends
         measured = total_by_device(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
@@ -302,7 +314,8 @@ class Registry:
             model.version_labels = source.layout.labels
             model.output_labels = source.layout.output_labels
         model.statistics = {version: Statistics() for version in backends}
-        model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature)
+        model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature,
+                                                     lambda device, requested: self._recover(model, device, requested))
 
     def _retire(self, model: Model) -> None:
         """Refuse the model's new requests, wait for those in flight, then free it."""
@@ -315,10 +328,26 @@ class Registry:
         victims = self.cache.reserve(model, sizes, idle=self._evictable)
         self._evict(victims, f"to make room for '{model.name}'")
 
-    def _recover(self, device: str, keep: Model) -> None:
-        """After an out-of-memory error: evict every idle model on the device and drop cached blocks."""
-        self._evict(self.cache.idle_on(device, self._evictable, keep=keep), f"after {device} ran out of memory")
+    def _recover(self, model: Model, device: str, requested: int) -> None:
+        """After `model` ran out of memory on `device` asking for `requested` bytes: drop cached blocks,
+        then evict idle models, least recently used first, until the allocation fits both what the
+        device has free and the budget's room (every idle model when the size is unknown)."""
+        self.counters.recoveries += 1
         self._pool.apply(self.runtime.release_memory)
+        room = min(self._pool.apply(self.runtime.free_memory, (device,)),
+                   self.cache.budgets.get(device, 0) - self.cache.used(device))
+        need = requested - room if requested else float("inf")
+        victims = {}
+        for victim, sizes in self.cache.idle_on(device, self._evictable, keep=model).items():
+            if need <= 0:
+                break
+            victims[victim] = sizes
+            need -= sizes[device]
+        log.warning("device out of memory", extra={"fields": {
+            "model": model.name, "device": device, "requested": requested, "evicting": [v.name for v in victims]}})
+        if victims:
+            self._evict(victims, f"after {device} ran out of memory")
+            self._pool.apply(self.runtime.release_memory)
 
     def _evict(self, victims: dict[Model, dict[str, int]], why: str) -> None:
         """Free the victims (each with the sizes it held). Every one is marked before the first

@@ -8,17 +8,19 @@ from container.models.signature import Signature
 from container.scheduling.direct import DirectScheduler
 from container.scheduling.dynamic import DynamicBatcher
 from container.scheduling.job import Job
+from container.scheduling.recovery import Recover
 from container.scheduling.sequence import SequenceBatcher
 
 
-def scheduler_for(model_name: str, config=None, signature: Signature | None = None):
-    """`signature`: the model's, with its implicit states' initial values (default: the config's)."""
+def scheduler_for(model_name: str, config=None, signature: Signature | None = None, recover: Recover | None = None):
+    """`signature`: the model's, with its implicit states' initial values (default: the config's);
+    `recover`: frees device memory after an out-of-memory error (recovery.py)."""
     instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
-        return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances)
+        return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
-        return DynamicBatcher(model_name, config, instances)
-    return DirectScheduler(model_name, instances)
+        return DynamicBatcher(model_name, config, instances, recover)
+    return DirectScheduler(model_name, instances, recover)
 
 
 def new_job(backend, statistics, request: InferRequest, items: int) -> Job:

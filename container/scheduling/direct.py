@@ -8,26 +8,36 @@ from gevent.threadpool import ThreadPool
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, call, on_thread, run_batch
+from container.scheduling.recovery import Recover, execute
 
 
 class DirectScheduler(Scheduler):
-    def __init__(self, model_name: str, instances: int = 1):
+    def __init__(self, model_name: str, instances: int = 1, recover: Recover | None = None):
         super().__init__()
         self.model_name = model_name
         self._instances = instances
+        self._recover = recover
         self._threads = ThreadPool(instances)
         self._submitted = 0  # requests handed to the pool and not yet answered
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
-        phases, (outputs,) = self._apply(run_batch, ([job],), job.submitted)
+        phases, (outputs,) = self._one(lambda jobs: self._apply(run_batch, (jobs,), job.submitted), job)
         job.statistics.record_execution(job.items, phases)
         return outputs, phases
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
         """A handler model's request: `fn(*args)` on an instance thread."""
-        phases, result = self._apply(call, (fn, args), time.perf_counter_ns())
+        submitted = time.perf_counter_ns()
+        phases, result = self._one(lambda _: self._apply(call, (fn, args), submitted), None)
         statistics.record_execution(1, phases)
         return result, phases
+
+    def _one(self, attempt, request):
+        """One request, recovering from an out-of-memory error as any batch does."""
+        [(_, outcome, ok)] = execute(attempt, [request], self._recover)
+        if not ok:
+            raise outcome
+        return outcome
 
     def _apply(self, function, args: tuple, submitted: int):
         self._submitted += 1

@@ -13,14 +13,16 @@ from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
-from container.scheduling.job import Job, Stage, on_thread, run_batch
+from container.scheduling.job import Job, Stage, run_jobs
 from container.scheduling.queue import JobQueue, QueueTimeout
+from container.scheduling.recovery import Recover, execute
 
 
 class DynamicBatcher(Scheduler):
-    def __init__(self, model_name: str, config, instances: int = 1):
+    def __init__(self, model_name: str, config, instances: int = 1, recover: Recover | None = None):
         super().__init__()
         self.model_name = model_name
+        self._recover = recover
         batching = config.dynamic_batching
         self.max_batch_size = config.max_batch_size
         self.preferred = sorted(s for s in batching.preferred_batch_size if s <= self.max_batch_size)
@@ -68,19 +70,27 @@ class DynamicBatcher(Scheduler):
             batch = self._cut(self.queue.take(self.max_batch_size))
             self._running += len(batch)
             try:
-                phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
+                outcomes = execute(lambda jobs: run_jobs(self._threads, jobs), batch, self._recover)
             except BaseException as exc:
                 for job in batch:
                     self._deliver(job, exc, ok=False)
                 continue
             finally:
                 self._running -= len(batch)
-            batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
-            now = time.perf_counter_ns()
-            compute = phases.input_ns + phases.infer_ns + phases.output_ns
-            for job, result in zip(batch, outputs, strict=True):
-                own = Phases(now - job.submitted - compute, phases.input_ns, phases.infer_ns, phases.output_ns)
-                self._deliver(job, (result, own), ok=True)
+            for part, outcome, ok in outcomes:
+                if ok:
+                    self._answer(part, *outcome)
+                else:
+                    for job in part:
+                        self._deliver(job, outcome, ok=False)
+
+    def _answer(self, batch: list[Job], phases: Phases, outputs: list[dict]) -> None:
+        batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
+        now = time.perf_counter_ns()
+        compute = phases.input_ns + phases.infer_ns + phases.output_ns
+        for job, result in zip(batch, outputs, strict=True):
+            own = Phases(now - job.submitted - compute, phases.input_ns, phases.infer_ns, phases.output_ns)
+            self._deliver(job, (result, own), ok=True)
 
     def _cut(self, batch: list[Job]) -> list[Job]:
         """Shorten a batch to the largest preferred size it makes exactly; the jobs cut go back first."""

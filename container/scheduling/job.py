@@ -67,6 +67,11 @@ def on_thread(execute, args: tuple, submitted: int):
     return phases, result
 
 
+def run_jobs(threads, jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray]]]:
+    """`run_batch(jobs)` on one of `threads`, waited on from the event loop."""
+    return threads.apply(on_thread, (run_batch, (jobs,), min(job.submitted for job in jobs)))
+
+
 def call(fn, args: tuple) -> tuple[Phases, object]:
     """A plain call (a handler model's request) in the shape `on_thread` expects."""
     return Phases(), fn(*args)

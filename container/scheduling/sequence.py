@@ -23,7 +23,8 @@ from container.errors import InvalidRequest
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
-from container.scheduling.job import Job, on_thread, run_batch
+from container.scheduling.job import Job, run_jobs
+from container.scheduling.recovery import Recover, execute
 from container.tensors import datatype_of, numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -38,9 +39,10 @@ class Sequence:
 
 
 class SequenceBatcher(Scheduler):
-    def __init__(self, model_name: str, config, signature: Signature, instances: int = 1):
+    def __init__(self, model_name: str, config, signature: Signature, instances: int = 1, recover: Recover | None = None):
         super().__init__()
         self.model_name = model_name
+        self._recover = recover
         self.signature = signature
         batching = config.sequence_batching
         self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
@@ -123,13 +125,17 @@ class SequenceBatcher(Scheduler):
                 continue
             self._running += requests
             try:
-                phases, outputs = self._threads.apply(on_thread, (run_batch, (batch,), min(j.submitted for j in batch)))
+                # a batch is laid out by sequence slot: it recovers whole, and is never split
+                [(_, outcome, ok)] = execute(lambda jobs: run_jobs(self._threads, jobs), batch, self._recover, divisible=False)
+                if not ok:
+                    raise outcome
             except BaseException as exc:
                 for job in batch:
                     job.result.set_exception(exc)
                 continue
             finally:
                 self._running -= requests
+            phases, outputs = outcome
             batch[0].statistics.record_execution(requests, phases)
             for job, result in zip(batch, outputs, strict=True):
                 job.result.set((result, phases))

@@ -70,4 +70,4 @@ def test_instances_are_counted_per_listed_gpu_as_triton_counts_them():
     config, _ = parse_json_config(b'{"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [1, 0]}, '
                                   b'{"kind": "KIND_GPU", "gpus": [1]}, {"count": 3}]}')
     assert instance_count(config) == 2 * 2 + 1 + 3
-    assert instance_gpus(config) == ["cuda:1", "cuda:0"]
+    assert instance_gpus(config) == ["cuda:1", "cuda:1", "cuda:0", "cuda:0", "cuda:1"]

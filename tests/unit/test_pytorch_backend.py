@@ -107,28 +107,29 @@ def test_a_frozen_model_is_charged_its_weights(tmp_path):
     assert list(frozen.parameters()) == [] and module_bytes(frozen) == {"cpu": weights}
 
 
-def test_replicas_deal_each_execution_thread_one_copy(tmp_path):
-    """Two copies stand in for two GPUs: four instance threads split two and two, each thread keeping
-    to its copy, and the memory is both copies'."""
+@pytest.mark.parametrize("placement, threads, expected", [([0, 1], 4, [0, 0, 1, 1]), ([1, 1, 0], 3, [0, 1, 1])])
+def test_replicas_place_each_execution_thread_as_the_instance_groups_say(tmp_path, placement, threads, expected):
+    """Two copies stand in for two GPUs: the instance threads take the copies their placement names,
+    each thread keeping to its copy, and the memory is both copies'."""
     copies = [backend(tmp_path, Weighted(), "FP32") for _ in range(2)]
-    replicas = Replicas(copies)
+    replicas = Replicas(copies, placement)
     used: dict[int, set[int]] = {}
     calls = [copy.execute for copy in copies]
     for index, copy in enumerate(copies):
         copy.execute = lambda inputs, outputs, phases, index=index: (
             used.setdefault(threading.get_ident(), set()).add(index), calls[index](inputs, outputs, phases))[1]
-    start = threading.Barrier(4)
+    start = threading.Barrier(threads)
 
     def instance():
         start.wait()
         for _ in range(3):
             assert run(replicas, {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[1, 1]]
 
-    threads = [threading.Thread(target=instance) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert all(len(indexes) == 1 for indexes in used.values()) and len(used) == 4
-    assert sorted(next(iter(i)) for i in used.values()) == [0, 0, 1, 1]
+    workers = [threading.Thread(target=instance) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert all(len(indexes) == 1 for indexes in used.values()) and len(used) == threads
+    assert sorted(next(iter(i)) for i in used.values()) == expected
     assert replicas.memory() == {"cpu": 2 * 2 * 4}

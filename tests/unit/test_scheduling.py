@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from container.errors import InvalidRequest, Unavailable
+from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
@@ -344,3 +344,89 @@ def test_a_restart_waits_its_turn_and_keeps_the_slot(backend):
     assert backend.batches == [[1.0], [2.0]] and scheduler.sequences[1].slot == 0
     assert backend.inputs[1]["START"][:, 0].tolist() == [1.0]
     scheduler.close()
+
+
+class Cramped(HeldBackend):
+    """A device that holds `room` batch items: larger batches run out of memory, asking for what they
+    lack, until recovery (the test's `recover`) makes more room."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+        self.hold = False
+
+    def execute(self, inputs, outputs, phases):
+        rows = len(inputs["x"])
+        if rows > self.room:
+            raise DeviceOutOfMemory("cuda:0 ran out of memory", "cuda:0", (rows - self.room) * 1024)
+        return super().execute(inputs, outputs, phases)
+
+
+def batched_after_block(scheduler, backend, count):
+    """`count` one-item requests queued behind a held first request, so they form one batch."""
+    backend.hold = True
+    first = start_blocked(scheduler, backend)
+    greenlets = spawn(scheduler, *[job(backend, v) for v in range(count)])
+    backend.hold = False
+    backend.release.set()
+    first.get(timeout=30)
+    return greenlets
+
+
+def test_a_batch_out_of_memory_recovers_once_then_runs_in_halves_and_every_request_is_answered():
+    backend, recoveries = Cramped(room=2), []
+    scheduler = scheduler_for("m", config(dynamic_batching={}), recover=lambda device, need: recoveries.append((device, need)))
+    greenlets = batched_after_block(scheduler, backend, 8)
+    assert [values(g) for g in greenlets] == [[2.0 * v] for v in range(8)]
+    assert recoveries == [("cuda:0", 6 * 1024)]  # one recovery for the batch, asking what it lacked
+    assert backend.batches[1:] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+
+
+def test_recovery_that_makes_room_runs_the_batch_whole():
+    backend = Cramped(room=2)
+
+    def recover(device, need):
+        backend.room += need // 1024
+
+    scheduler = scheduler_for("m", config(dynamic_batching={}), recover=recover)
+    greenlets = batched_after_block(scheduler, backend, 4)
+    assert [values(g) for g in greenlets] == [[0.0], [2.0], [4.0], [6.0]]
+    assert backend.batches[1:] == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_a_request_that_fits_no_batch_is_answered_507_and_the_others_are_served():
+    backend, recoveries = Cramped(room=1), []
+    scheduler = scheduler_for("m", config(dynamic_batching={}), recover=lambda device, need: recoveries.append(need))
+    backend.hold = True
+    first = start_blocked(scheduler, backend)
+    small, large = spawn(scheduler, job(backend, 1), job(backend, 2, rows=2))
+    backend.hold = False
+    backend.release.set()
+    first.get(timeout=30)
+    assert values(small) == [2.0]
+    with pytest.raises(DeviceOutOfMemory) as caught:
+        large.get(timeout=30)
+    assert caught.value.status == 507 and len(recoveries) == 1
+
+
+@pytest.mark.parametrize("strategy", [None, {"direct": {}}])
+def test_direct_and_sequence_requests_recover_once_and_retry(strategy):
+    backend, recoveries = Cramped(room=0), []
+
+    def recover(device, need):  # room for the first request only
+        recoveries.append(need)
+        backend.room = int(len(recoveries) == 1)
+
+    if strategy is None:
+        scheduler = scheduler_for("m", config(), recover=recover)
+        outcome = scheduler.infer(job(backend, 3))
+    else:
+        scheduler = scheduler_for("m", sequence_config(strategy), recover=recover)
+        outcome = gevent.spawn(scheduler.infer, sequence_job(backend, 3, 1, start=True)).get(timeout=30)
+    assert outcome[0]["y"][:, 0].tolist() == [6.0] and recoveries == [1024]
+    backend.room = 0
+    recoveries.append("served")
+    with pytest.raises(DeviceOutOfMemory):
+        scheduler.infer(job(backend, 4)) if strategy is None else gevent.spawn(
+            scheduler.infer, sequence_job(backend, 4, 1)).get(timeout=30)
+    assert recoveries == [1024, "served", 1024]  # once per failed request, then 507
