@@ -75,10 +75,11 @@ class HandlerModel:
         return self._respond(handler_defaults.encode(prediction, response_type, envelope), response_type)
 
     def device_bytes(self) -> dict[str, int]:
-        """What this process holds on its GPU; its host memory is measured from outside."""
+        """The most this process has held on its GPU (torch's peak reservation, activations included);
+        its host memory is measured from outside."""
         if not self.device.startswith("cuda"):
             return {}
-        return {self.device: torch.cuda.memory_reserved(self.device)}
+        return {self.device: torch.cuda.max_memory_reserved(self.device)}
 
     def _respond(self, body: bytes, content_type: str) -> HandlerResponse:
         response = self.context.response

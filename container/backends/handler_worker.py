@@ -25,6 +25,7 @@ import psutil
 from gevent.monkey import get_original
 
 from container import content, errors
+from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
 from container.backends.pytorch import release_memory
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
@@ -66,13 +67,17 @@ class HandlerWorker:
             if self._process is None:
                 self._start()
             self._connection.send((body, content_type, accept, headers, request_id))
-            return self._receive("serving a request")
+            response, self._device_bytes = self._receive("serving a request")
+            return response
 
     def memory(self) -> dict[str, int]:
-        """The worker's own pages (USS: what ending it gives back) and what it holds on its GPU."""
+        """The worker's own pages (USS: what ending it gives back) plus the most its requests have held
+        above its resident set since it loaded (its activation peak), and torch's peak on its GPU."""
         try:
-            host = psutil.Process(self._process.pid).memory_full_info().uss if self._process else 0
-        except psutil.Error:
+            process = psutil.Process(self._process.pid)
+            peak = footprint.host_peak(process.pid) - process.memory_info().rss
+            host = process.memory_full_info().uss + max(peak, 0)
+        except (psutil.Error, AttributeError, OSError):  # no process: it died and restarts on demand
             host = 0
         return {"cpu": host, **self._device_bytes}
 
@@ -194,6 +199,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
     _isolate(options.torch_threads)
     try:
         model = _load(name, Path(directory), device, options)
+        footprint.reset_host_peak()  # from here, the high-water mark is what requests add
         connection.send(("ok", model.device_bytes()))
     except BaseException as exc:
         connection.send(("error", _describe(exc)))
@@ -206,7 +212,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         if request is None:
             return
         try:
-            reply = ("ok", model.transform(*request))
+            reply = ("ok", (model.transform(*request), model.device_bytes()))
         except Exception as exc:
             reply = ("error", _describe(exc))
             fault = isinstance(exc, DeviceFault)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from container import resources
+from container.backends import footprint
 from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, InvalidModel, ModelError, ServeError
 from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
@@ -166,21 +167,34 @@ class TorchScriptModel:
         self.name = name
         self.device = device
         self.signature = signature
-        self.module = load_torchscript(path, device)
+        self._grown: dict[str, int] = {}  # what loading it made the process hold
+        self._peak: dict[str, int] = {}  # the most its executions held above that
+        self._learning = footprint.LEARNING_RUNS
+        with footprint.load_growth(device, self._grown):
+            self.module = load_torchscript(path, device)
+        self._counted = module_bytes(self.module)
         states = signature.states
         self._specs = {s.name: s for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in states))}
         self._order = _bind_inputs(self.module, signature)
         self._outputs = _bind_outputs(signature)
 
     def memory(self) -> dict[str, int]:
-        return module_bytes(self.module)
+        return footprint.charged(self._counted, self._grown, self._peak)
 
     def close(self) -> None:
         self.module = None
 
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         """Run once; `outputs` names the outputs wanted (None: all); `phases` receives the timings. Every
-        device allocation, the copy of the inputs included, is inside the out-of-memory guard."""
+        device allocation, the copy of the inputs included, is inside the out-of-memory guard. The first
+        executions also measure the activation peak."""
+        if self._learning > 0:
+            with footprint.execution_peak(self.device, self._peak):
+                self._learning -= 1
+                return self._guarded(inputs, outputs, phases)
+        return self._guarded(inputs, outputs, phases)
+
+    def _guarded(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         with device_scope(self.device):
             return guarded(self.device, f"running model '{self.name}'", self._execute, inputs, outputs, phases)
 

@@ -43,6 +43,11 @@ class MemoryCache:
         self._sizes.move_to_end(name)
         return victims
 
+    def charge(self, name: Hashable, sizes: dict[str, int]) -> None:
+        """Account `sizes` for `name` as they are, whether they fit or not (a model measured bigger than
+        its estimate while it serves)."""
+        self._sizes[name] = dict(sizes)
+
     def release(self, name: Hashable) -> None:
         self._sizes.pop(name, None)
 

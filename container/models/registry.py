@@ -35,6 +35,9 @@ from container.models.statistics import Statistics
 from container.tensors import decoded_size
 
 log = logging.getLogger(__name__)
+# A model's first requests are charged again afterwards: backends measure the activation peak of their
+# first executions (backends/footprint.py), so what a model costs settles only then.
+_SETTLING_REQUESTS = 8
 
 
 class State(enum.Enum):
@@ -64,6 +67,7 @@ class Model:
     loaded: AsyncResult = field(default_factory=AsyncResult)
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
     placement: str = ""  # why the model runs where it runs, when not where its config asks
+    settling: int = _SETTLING_REQUESTS  # requests left after which its memory is charged again
 
     def __str__(self) -> str:
         return self.name
@@ -248,6 +252,7 @@ class Registry:
                 items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
                 outputs, phases = model.scheduler.infer(self.runtime.new_job(backend, statistics, request, items))
                 succeeded(items, phases)
+            self._settle(model)
             return InferResponse(model.name, version, outputs)
 
     def transform(self, request: TransformRequest):
@@ -259,6 +264,7 @@ class Registry:
             with self._accounted(statistics) as succeeded:
                 result, phases = model.scheduler.run(transform, args, statistics)
                 succeeded(1, phases)
+            self._settle(model)
             return result
 
     @contextmanager
@@ -317,6 +323,21 @@ class Registry:
         model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature,
                                                      lambda device, requested: self._recover(model, device, requested))
 
+    def _settle(self, model: Model) -> None:
+        """While the model's cost settles, charge what its backends measure now. A model that grew past
+        the budget makes room like a load; with no room it stays charged its true size, over budget."""
+        if model.settling <= 0 or model.state is not State.READY:
+            return
+        model.settling -= 1
+        sizes = total_by_device(b.memory() for b in model.versions.values())
+        if sizes == self.cache.size_of(model):
+            return
+        try:
+            self._make_room(model, sizes)
+        except InsufficientMemory as exc:
+            self.cache.charge(model, sizes)
+            log.warning("model is over the memory budget", extra={"fields": {"model": model.name, "error": str(exc)}})
+
     def _retire(self, model: Model) -> None:
         """Refuse the model's new requests, wait for those in flight, then free it."""
         model.state = State.UNLOADING
@@ -331,18 +352,22 @@ class Registry:
     def _recover(self, model: Model, device: str, requested: int) -> None:
         """After `model` ran out of memory on `device` asking for `requested` bytes: drop cached blocks,
         then evict idle models, least recently used first, until the allocation fits both what the
-        device has free and the budget's room (every idle model when the size is unknown)."""
+        device has free and the budget's room (every idle model when the size is unknown). An allocation
+        that evicting every idle model could not satisfy evicts none: one hostile request must not
+        empty the cache."""
         self.counters.recoveries += 1
         self._pool.apply(self.runtime.release_memory)
         room = min(self._pool.apply(self.runtime.free_memory, (device,)),
                    self.cache.budgets.get(device, 0) - self.cache.used(device))
         need = requested - room if requested else float("inf")
+        idle = self.cache.idle_on(device, self._evictable, keep=model)
         victims = {}
-        for victim, sizes in self.cache.idle_on(device, self._evictable, keep=model).items():
-            if need <= 0:
-                break
-            victims[victim] = sizes
-            need -= sizes[device]
+        if requested == 0 or need <= sum(sizes[device] for sizes in idle.values()):
+            for victim, sizes in idle.items():
+                if need <= 0:
+                    break
+                victims[victim] = sizes
+                need -= sizes[device]
         log.warning("device out of memory", extra={"fields": {
             "model": model.name, "device": device, "requested": requested, "evicting": [v.name for v in victims]}})
         if victims:

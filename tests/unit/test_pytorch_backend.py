@@ -1,16 +1,20 @@
 """The TorchScript backend on its own: datatypes both ways, output shapes, errors of the model's own."""
 
 import threading
+import weakref
 from typing import List
 
 import numpy as np
 import pytest
 import torch
 
-from container.backends.pytorch import Replicas, TorchScriptModel, module_bytes
-from container.errors import InvalidInput, ModelError
+from container.backends.footprint import charged
+from container.backends.pytorch import Replicas, TorchScriptModel, device_error, guarded, module_bytes
+from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
+
+MIB = 1 << 20
 
 
 class Echo(torch.nn.Module):
@@ -132,4 +136,88 @@ def test_replicas_place_each_execution_thread_as_the_instance_groups_say(tmp_pat
         worker.join()
     assert all(len(indexes) == 1 for indexes in used.values()) and len(used) == threads
     assert sorted(next(iter(i)) for i in used.values()) == expected
-    assert replicas.memory() == {"cpu": 2 * 2 * 4}
+    assert replicas.memory() == {"cpu": sum(copy.memory()["cpu"] for copy in copies)} and copies[0].memory()["cpu"] >= 2 * 4
+
+
+class Ballast(torch.nn.Module):
+    """32 MiB of weights; each execution also holds a 64 MiB temporary, freed before it returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weights", torch.ones(8 << 20))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.ones(16 << 20).mul_(x.sum())
+        return x + scratch.sum() * 0 + self.weights[0]
+
+
+class Allocates(torch.nn.Module):
+    """Asks the allocator for x[0] TiB: a real out-of-memory error on any machine."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grabbed = torch.empty([int(x[0, 0].item()) * (1 << 40)], dtype=torch.uint8)
+        return x + grabbed.numel() * 0
+
+
+class Crashes(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x[0, 0].item() < 0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return x
+
+
+def test_a_model_is_charged_its_measured_load_and_the_activation_peak_of_its_first_executions(tmp_path):
+    model = backend(tmp_path, Ballast(), "FP32")
+    loaded = model.memory()["cpu"]
+    assert 32 * MIB <= loaded < 32 * MIB * 1.1  # the load's growth, never less than the weights
+    run(model, {"x": np.ones((1, 2), np.float32)})
+    peak = model.memory()["cpu"] - loaded
+    assert 64 * MIB <= peak < 64 * MIB * 1.1
+    for _ in range(5):  # learned: later executions are not measured, and change nothing
+        run(model, {"x": np.ones((1, 2), np.float32)})
+    assert model.memory()["cpu"] == loaded + peak
+
+
+def test_charged_takes_the_larger_of_counted_and_grown_per_device_plus_the_peak():
+    assert charged({"cpu": 10, "cuda:0": 100}, {"cpu": 30, "cuda:0": 90}, {"cuda:0": 5}) == {"cpu": 30, "cuda:0": 105}
+
+
+def test_a_real_allocation_failure_is_a_507_naming_the_device_and_the_size(tmp_path):
+    model = backend(tmp_path, Allocates(), "FP32")
+    with pytest.raises(DeviceOutOfMemory) as caught:
+        run(model, {"x": np.full((1, 2), 64, np.float32)})
+    assert caught.value.status == 507 and caught.value.device == "cpu" and caught.value.requested == 64 << 40
+    assert run(model, {"x": np.zeros((1, 2), np.float32)})["y"].tolist() == [[0, 0]]
+
+
+def test_a_device_failure_keeps_no_frame_of_the_failed_call_alive():
+    held = []
+
+    def fails():
+        tensor = torch.ones(4)
+        held.append(weakref.ref(tensor))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79 GiB")
+
+    with pytest.raises(DeviceOutOfMemory) as caught:
+        guarded("cuda:0", "running model 'm'", fails)
+    assert held[0]() is None  # the tensor died with its frame, before anyone could recover
+    assert caught.value.requested == int(1.5 * (1 << 30)) and caught.value.__cause__ is None
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported", DeviceFault),
+    ("CUDA error: device-side assert triggered", DeviceFault),
+    ("CUDA out of memory. Tried to allocate 20.00 MiB", DeviceOutOfMemory),
+    ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1024 bytes", DeviceOutOfMemory),
+    ("CUDA error: invalid argument", None),  # not sticky: only that call failed
+    ("index 3 is out of bounds", None),
+])
+def test_device_failures_are_told_apart_from_the_model_s_own(message, kind):
+    failure = device_error(RuntimeError(message), "cuda:0", "running model 'm'")
+    assert type(failure) is kind if kind else failure is None
+
+
+def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
+    model = backend(tmp_path, Crashes(), "FP32")
+    with pytest.raises(DeviceFault, match="illegal memory access"):
+        run(model, {"x": np.full((1, 2), -1, np.float32)})

@@ -1,0 +1,84 @@
+"""What a model really costs, measured rather than counted: the memory its load made this process
+hold, and the peak its executions reach above that (activations, workspaces), on the host and on
+its GPU. Both probes see the whole process, so measurements take turns under one lock; only loads
+and a model's first few executions are measured, so serving never waits on it."""
+
+import ctypes
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import torch
+
+LEARNING_RUNS = 3  # executions of each model that measure its activation peak
+_turn = threading.Lock()
+_process = psutil.Process()
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: freed memory is whatever the allocator keeps
+    _malloc_trim = None
+
+
+@contextmanager
+def load_growth(device: str, grown: dict[str, int]):
+    """Fills `grown` with what the block left this process holding: its own host pages (USS, once the
+    C heap is trimmed of freed blocks) and, on a GPU, torch's reserved memory there."""
+    with _turn:
+        host, gpu = _own_pages(), _reserved(device)
+        yield
+        grown["cpu"] = max(_own_pages() - host, 0)
+        if device.startswith("cuda"):
+            grown[device] = max(_reserved(device) - gpu, 0)
+
+
+@contextmanager
+def execution_peak(device: str, peak: dict[str, int]):
+    """Raises `peak` to the most memory the block held above what the process held when it began: the
+    host's resident high-water mark (reset for the block) and, on a GPU, torch's peak allocation."""
+    with _turn:
+        resettable = reset_host_peak()
+        host = _process.memory_info().rss
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(device)
+            gpu = torch.cuda.memory_allocated(device)
+        yield
+        if resettable:
+            peak["cpu"] = max(peak.get("cpu", 0), host_peak(_process.pid) - host)
+        if device.startswith("cuda"):
+            peak[device] = max(peak.get(device, 0), torch.cuda.max_memory_allocated(device) - gpu)
+
+
+def charged(counted: dict[str, int], grown: dict[str, int], peak: dict[str, int]) -> dict[str, int]:
+    """Per device: the larger of the counted bytes (parameters, buffers, constants) and the load's
+    growth, plus the activation peak as headroom."""
+    devices = dict.fromkeys([*counted, *grown, *peak])
+    return {d: max(counted.get(d, 0), grown.get(d, 0)) + peak.get(d, 0) for d in devices}
+
+
+def _own_pages() -> int:
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    return _process.memory_full_info().uss
+
+
+def _reserved(device: str) -> int:
+    return torch.cuda.memory_reserved(device) if device.startswith("cuda") else 0
+
+
+def reset_host_peak() -> bool:
+    """Reset this process's resident high-water mark to its current RSS (Linux ≥ 4.0); False where
+    that is not possible, and the mark would count from the process's start."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def host_peak(pid: int) -> int:
+    """The resident high-water mark of a process (VmHWM) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
