@@ -25,7 +25,7 @@ from container.api.tfserving import register_tfserving_endpoints
 from container.api.v2 import register_v2_endpoints, v2_hot_routes
 from container.api.v2_repository import register_repository_endpoints
 from container.backends import HandlerOptions, load_backends
-from container.backends.pytorch import configure_threads, free_memory, gpu_count, release_memory
+from container.backends.pytorch import configure_threads, free_memory, gpu_count, release_memory, warm_up
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
@@ -39,6 +39,7 @@ def create_app(settings: Settings) -> Flask:
     logging.getLogger("container").info("serving", extra={"fields": {
         "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root}})
     configure_threads(resources.cpu_quota())
+    warm_up()
     backends = functools.partial(load_backends, options=handler_options(settings))
     runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
     registry = Registry(settings.model_root, memory_cache(settings), runtime, settings.limits)

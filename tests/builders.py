@@ -54,6 +54,23 @@ class Sized(torch.nn.Module):
         return x + self.weights[0]
 
 
+class Allocates(torch.nn.Module):
+    """Asks the allocator for x[0] TiB of scratch: torch's own out-of-memory error on any machine."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grabbed = torch.empty([int(x[0, 0].item()) * (1 << 40)], dtype=torch.uint8)
+        return x + grabbed.numel() * 0
+
+
+class Faults(torch.nn.Module):
+    """Fails as a broken GPU context fails, whatever its device, when x[0] is negative."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x[0, 0].item() < 0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return x
+
+
 class Upper(torch.nn.Module):
     def forward(self, TEXT: List[str]) -> List[str]:
         return [t.upper() for t in TEXT]

@@ -3,6 +3,7 @@
 import contextlib
 import ctypes
 import gc
+import io
 import itertools
 import re
 import threading
@@ -35,6 +36,19 @@ def configure_threads(cores: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set in this process (tests create several apps)
         pass
+
+
+def warm_up() -> None:
+    """Load and run a tiny TorchScript model once, so the one-time costs of the first load and the first
+    executions (lazy initialisation inside torch) belong to the idle process, not to the first model
+    measured (backends/footprint.py)."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()), buffer)
+    buffer.seek(0)
+    module = torch.jit.load(buffer)
+    with torch.inference_mode():
+        for _ in range(footprint.LEARNING_RUNS):
+            module(torch.ones(1, 4))
 
 
 def gpu_count() -> int:

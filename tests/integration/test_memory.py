@@ -8,6 +8,7 @@ import pytest
 
 from tests.builders import (
     MIB,
+    Allocates,
     Gate,
     Scale,
     Sized,
@@ -16,14 +17,15 @@ from tests.builders import (
     handler_model,
     sized_model,
 )
+from tests.integration.test_observability import scrape
 
 OOM_ONCE = """
 import torch
 calls = []
 def predict_fn(data, model):
     calls.append(1)
-    if len(calls) == 1:
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    if len(calls) == 1:  # the request says how much the failed allocation asks for, in MiB
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {data.flatten()[0].item():.2f} MiB")
     return model(data)
 """
 
@@ -129,20 +131,40 @@ def test_unload_returns_the_memory(start_server, tmp_path_factory):
     assert rss(pid) - before < 64 * MIB  # freed before the DELETE answered
 
 
-def test_out_of_memory_frees_idle_models_and_retries_once(start_server, tmp_path_factory):
+def test_out_of_memory_evicts_only_what_the_allocation_needs_then_retries_once(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("oom")
-    fp32_model(root, "idle")
+    for name in ("old", "recent"):
+        sized_model(root, name, 8)
     handler_model(root, "oomonce", OOM_ONCE, Scale())
     handler_model(root, "oomalways", OOM_ALWAYS, Scale())
     handler_model(root, "oomload", OOM_LOAD)
-    server = start_server(root)
-    for name in ("idle", "oomonce"):
+    server = start_server(root, SERVE_MEMORY_LIMIT="256MiB")
+    for name in ("old", "recent", "oomonce"):
         assert server.load(name).status_code == 200
-    assert server.invoke("oomonce", [[1.0]]).json() == [[2.0]]  # retried after recovery
-    assert "idle" not in server.loaded()  # recovery evicted the idle model on that device
+    metrics = scrape(server)
+    room = metrics[("serve_memory_budget_bytes", (("device", "cpu"),))] - metrics[("serve_memory_accounted_bytes", (("device", "cpu"),))]
+    asked = (room + 4 * MIB) / MIB  # 4 MiB more than the budget has room for: the oldest idle model covers it
+    answer = server.invoke("oomonce", [[asked]])
+    assert answer.status_code == 200 and answer.json() == [[2 * asked]]  # retried after recovery
+    assert server.loaded() == ["oomonce", "recent"]
+    assert scrape(server)[("serve_memory_recoveries_total", ())] == 1
     assert server.load("oomalways").status_code == 200
     answer = server.invoke("oomalways", [[1.0]])
     assert answer.status_code == 507 and "ran out of memory" in answer.json()["error"]
+    assert server.loaded() == ["oomalways", "oomonce", "recent"]  # 2 GiB more than all idle models hold: none evicted
     answer = server.load("oomload")
     assert answer.status_code == 507 and "oomload" not in server.loaded()
-    assert server.load("idle").status_code == 200 and invoke_ok(server, "idle")
+    assert server.load("old").status_code == 200 and invoke_ok(server, "old")
+
+
+def test_a_real_allocation_failure_is_507_and_the_model_serves_on(start_server, tmp_path_factory):
+    """The model asks the CPU allocator for 64 TiB: torch's own out-of-memory error, on any machine."""
+    root = tmp_path_factory.mktemp("alloc")
+    fp32_model(root, "greedy", Allocates(), dims=(1,))
+    sized_model(root, "bystander", 8)
+    server = start_server(root)
+    assert server.load("bystander").status_code == 200 and server.load("greedy").status_code == 200
+    answer = server.invoke("greedy", [[64.0]])
+    assert answer.status_code == 507 and "cpu ran out of memory running model 'greedy'" in answer.json()["error"]
+    assert server.loaded() == ["bystander", "greedy"]  # no eviction could give 64 TiB: nothing is evicted
+    assert server.invoke("greedy", [[0.0]]).json() == [[0.0]] and invoke_ok(server, "bystander")

@@ -19,7 +19,8 @@ def server(start_server, tmp_path_factory):
     for name in ("small1", "small2", "small3"):
         sized_model(root, name, 8)
     sized_model(root, "huge", 40)
-    frozen = torch.jit.freeze(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 1024), torch.nn.Linear(1024, 4)).eval()))
+    frozen = torch.jit.freeze(torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 1024), torch.nn.Linear(1024, 1024),
+                                                                   torch.nn.Linear(1024, 4)).eval()))
     fp32_model(root, "frozen", frozen)
     return start_server(root, SERVE_MEMORY_LIMIT="20MiB", SERVE_LOG_LEVEL="info")
 
@@ -110,9 +111,10 @@ def test_one_json_log_line_per_request(server):
 
 def test_lifecycle_events_are_logged_with_sizes_and_durations(server):
     loaded = [line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "small1"]
-    assert loaded and loaded[0]["seconds"] >= 0 and loaded[0]["bytes"] == {"cpu": 8 << 20}
+    # charged what the load measured: its 8 MiB of weights and the little else it holds
+    assert loaded and loaded[0]["seconds"] >= 0 and 8 << 20 <= loaded[0]["bytes"]["cpu"] < (8 << 20) * 1.1
     evicted = [line for line in log_lines(server) if line["message"] == "evicted idle model" and line["model"].startswith("small")]
-    assert evicted and evicted[0]["bytes"] == {"cpu": 8 << 20} and evicted[0]["seconds"] >= 0
+    assert evicted and 8 << 20 <= evicted[0]["bytes"]["cpu"] and evicted[0]["seconds"] >= 0
     assert server.request("DELETE", "/models/double").status_code == 200
     unloaded = wait_for(lambda: [line for line in log_lines(server) if line["message"] == "unloaded model"])
     assert unloaded[-1]["model"] == "double" and unloaded[-1]["seconds"] >= 0 and unloaded[-1]["bytes"]
@@ -148,4 +150,5 @@ def test_a_frozen_model_is_charged_its_weights(server):
     assert server.load("frozen").status_code == 200
     assert server.invoke("frozen", [[1, 2, 3, 4]]).status_code == 200
     held = scrape(server)[("serve_model_memory_bytes", (("device", "cpu"), ("model", "frozen")))]
-    assert held == (4 * 1024 + 1024 + 1024 * 4 + 4) * 4
+    weights = (4 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 4 + 4) * 4
+    assert weights <= held < weights * 1.25

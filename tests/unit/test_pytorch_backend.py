@@ -13,6 +13,7 @@ from container.backends.pytorch import Replicas, TorchScriptModel, device_error,
 from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
+from tests.builders import Allocates, Faults
 
 MIB = 1 << 20
 
@@ -151,21 +152,6 @@ class Ballast(torch.nn.Module):
         return x + scratch.sum() * 0 + self.weights[0]
 
 
-class Allocates(torch.nn.Module):
-    """Asks the allocator for x[0] TiB: a real out-of-memory error on any machine."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        grabbed = torch.empty([int(x[0, 0].item()) * (1 << 40)], dtype=torch.uint8)
-        return x + grabbed.numel() * 0
-
-
-class Crashes(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x[0, 0].item() < 0:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return x
-
-
 def test_a_model_is_charged_its_measured_load_and_the_activation_peak_of_its_first_executions(tmp_path):
     model = backend(tmp_path, Ballast(), "FP32")
     loaded = model.memory()["cpu"]
@@ -218,6 +204,6 @@ def test_device_failures_are_told_apart_from_the_model_s_own(message, kind):
 
 
 def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
-    model = backend(tmp_path, Crashes(), "FP32")
+    model = backend(tmp_path, Faults(), "FP32")
     with pytest.raises(DeviceFault, match="illegal memory access"):
         run(model, {"x": np.full((1, 2), -1, np.float32)})
