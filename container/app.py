@@ -6,6 +6,7 @@ import os
 import signal
 from importlib.metadata import version as package_version
 
+import psutil
 import torch
 from flask import Flask
 from gevent.event import Event
@@ -25,7 +26,8 @@ from container.api.tfserving import register_tfserving_endpoints
 from container.api.v2 import register_v2_endpoints, v2_hot_routes
 from container.api.v2_repository import register_repository_endpoints
 from container.backends import HandlerOptions, load_backends
-from container.backends.pytorch import configure_threads, free_memory, gpu_count, release_memory, warm_up
+from container.backends.gpus import Gpus
+from container.backends.pytorch import configure_threads, free_memory, release_memory, warm_up
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
@@ -40,9 +42,11 @@ def create_app(settings: Settings) -> Flask:
         "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root}})
     configure_threads(resources.cpu_quota())
     warm_up()
+    gpus = Gpus()
+    idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
     backends = functools.partial(load_backends, options=handler_options(settings))
     runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
-    registry = Registry(settings.model_root, memory_cache(settings), runtime, settings.limits)
+    registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     app = Flask("container", static_folder=None)  # no static files: no route that reads paths from a URL
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
@@ -52,11 +56,11 @@ def create_app(settings: Settings) -> Flask:
     register_request_log(app)
     register_sagemaker_endpoints(app, registry, settings)
     register_tfserving_endpoints(app, registry)
-    shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=gpu_count())
+    shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices))
     register_v2_endpoints(app, registry, shared_memory, started)
     register_repository_endpoints(app, registry)
     register_shared_memory_endpoints(app, shared_memory)
-    register_metrics_endpoint(app, registry)
+    register_metrics_endpoint(app, registry, gpus, idle.uss)
     register_openapi_endpoint(app, package_version("container"))
     hot = [*v2_hot_routes(registry, shared_memory, settings.max_payload_bytes), *sagemaker_hot_routes(registry, settings)]
     app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes, registry.announce)
@@ -68,10 +72,12 @@ def handler_options(settings: Settings) -> HandlerOptions:
                           settings.requirements_cache, torch.get_num_threads())
 
 
-def memory_cache(settings: Settings) -> MemoryCache:
-    budgets = {"cpu": settings.memory_limit}
-    for index, total in enumerate(resources.gpu_totals()[: gpu_count()]):
-        budgets[f"cuda:{index}"] = settings.gpu_budget(total)
+def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:
+    """Budgets for models: SERVE_MEMORY_LIMIT, never more than the container's RAM less the idle
+    process; on each GPU, SERVE_GPU_MEMORY_LIMIT of it less what was in use before any model."""
+    budgets = {"cpu": min(settings.memory_limit, resources.memory_limit() - idle_bytes)}
+    for device in gpus.devices:
+        budgets[device] = gpus.budget(device, settings.gpu_budget(gpus.totals[device]))
     return MemoryCache(budgets, evict=settings.eviction == "lru")
 
 

@@ -1,4 +1,4 @@
-"""What this container may use: CPU quota and memory limit from cgroups, GPUs from NVML."""
+"""What this container may use: CPU quota and memory limit from cgroups (GPUs: backends/gpus.py)."""
 
 import os
 from pathlib import Path
@@ -56,28 +56,3 @@ def _cgroup_usage() -> int | None:
         except (OSError, ValueError):
             continue
     return None
-
-
-def gpu_totals() -> list[int]:
-    """Total memory of each visible GPU in bytes; empty when there is none."""
-    return [total for total, _ in gpu_usage().values()]
-
-
-def gpu_usage() -> dict[str, tuple[int, int]]:
-    """GPU uuid → (total bytes, used bytes) from NVML; empty when there is no GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver or no library: a CPU machine
-        return {}
-    try:
-        usage = {}
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            usage[uuid.decode() if isinstance(uuid, bytes) else uuid] = (info.total, info.used)
-        return usage
-    finally:
-        pynvml.nvmlShutdown()

@@ -2,11 +2,13 @@
 dashboards work), labelled by model and version, plus the cache's own. Everything is read from the
 registry at scrape time: serving a request costs nothing extra."""
 
+import psutil
 from flask import Blueprint, Flask, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from container import resources
+from container.models.cache import total_by_device
 from container.models.registry import Registry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,8 +32,11 @@ _PER_VERSION = (
 
 
 class ServerCollector:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, gpus, idle_bytes: int):
+        """`gpus`: backends.gpus.Gpus; `idle_bytes`: the process's own pages before any model."""
         self.registry = registry
+        self.gpus = gpus
+        self.idle_bytes = idle_bytes
 
     def collect(self):
         yield from self._memory()
@@ -52,7 +57,7 @@ class ServerCollector:
         cache = self.registry.cache
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "Host memory in bytes", value=resources.memory_limit())
         yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "Host memory in use in bytes", value=resources.memory_used())
-        gpus = resources.gpu_usage()
+        gpus = self.gpus.usage()
         total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU memory in bytes", labels=["gpu_uuid"])
         used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory in use in bytes", labels=["gpu_uuid"])
         for uuid, (gpu_total, gpu_used) in gpus.items():
@@ -62,22 +67,42 @@ class ServerCollector:
         yield used
         budget = GaugeMetricFamily("serve_memory_budget_bytes", "Memory budget for models per device", labels=["device"])
         accounted = GaugeMetricFamily("serve_memory_accounted_bytes", "Memory accounted to loaded models per device", labels=["device"])
+        measured = GaugeMetricFamily("serve_memory_measured_bytes", "Memory the models really hold per device: the "
+                                     "server's own pages above its idle start plus its handler workers' (cpu), torch's "
+                                     "reservations (cuda)", labels=["device"])
+        held = self._held()
         for device, limit in cache.budgets.items():
             budget.add_metric([device], limit)
             accounted.add_metric([device], cache.used(device))
+            measured.add_metric([device], held.get(device, 0))
         yield budget
         yield accounted
+        yield measured
         per_model = GaugeMetricFamily("serve_model_memory_bytes", "Memory accounted to each model", labels=["model", "device"])
+        per_kind = GaugeMetricFamily("serve_model_measured_bytes", "What each model's accounting rests on: its weights, "
+                                     "the growth its load measured, its activation peak", labels=["model", "device", "kind"])
         depth = GaugeMetricFamily("serve_queue_depth", "Requests waiting in the model's scheduler", labels=["model"])
         sequences = GaugeMetricFamily("serve_sequences_active", "Sequences holding state", labels=["model"])
         for model in self.registry.ready():
             for device, size in cache.size_of(model).items():
                 per_model.add_metric([model.name, device], size)
+            for backend in model.versions.values():
+                for kind, sizes in backend.measured().items():
+                    for device, size in sizes.items():
+                        per_kind.add_metric([model.name, device, kind], size)
             depth.add_metric([model.name], model.scheduler.queue_depth())
             sequences.add_metric([model.name], model.scheduler.sequences_active())
         yield per_model
+        yield per_kind
         yield depth
         yield sequences
+
+    def _held(self) -> dict[str, int]:
+        held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes, 0)}
+        for device in self.gpus.devices:
+            held[device] = self.gpus.reserved(device)
+        workers = [b.measured()["load"] for m in self.registry.ready() for b in m.versions.values() if getattr(b, "own_process", False)]
+        return total_by_device([held, *workers])
 
     def _lifecycle(self):
         counters = self.registry.counters
@@ -99,8 +124,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def register_metrics_endpoint(app: Flask, registry: Registry) -> None:
-    collector = ServerCollector(registry)
+def register_metrics_endpoint(app: Flask, registry: Registry, gpus, idle_bytes: int) -> None:
+    collector = ServerCollector(registry, gpus, idle_bytes)
     metrics = CollectorRegistry(auto_describe=False)
     metrics.register(collector)
     api = Blueprint("metrics", __name__)

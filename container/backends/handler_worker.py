@@ -29,6 +29,7 @@ from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
 from container.backends.pytorch import release_memory
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
+from container.models.cache import total_by_device
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 _forkserver = None
@@ -48,6 +49,8 @@ class HandlerOptions:
 class HandlerWorker:
     """The server's side of a handler model: starts its process, relays requests, measures and ends it.
     A worker that died is started again (model_fn included) by the next request."""
+
+    own_process = True  # its memory is outside the server's: measured apart
 
     def __init__(self, name: str, directory: Path, device: str, options: HandlerOptions):
         self.name, self.device = name, device
@@ -73,13 +76,17 @@ class HandlerWorker:
     def memory(self) -> dict[str, int]:
         """The worker's own pages (USS: what ending it gives back) plus the most its requests have held
         above its resident set since it loaded (its activation peak), and torch's peak on its GPU."""
+        measured = self.measured()
+        return total_by_device([measured["load"], measured["activation_peak"]])
+
+    def measured(self) -> dict[str, dict[str, int]]:
         try:
             process = psutil.Process(self._process.pid)
-            peak = footprint.host_peak(process.pid) - process.memory_info().rss
-            host = process.memory_full_info().uss + max(peak, 0)
+            peak = max(footprint.host_peak(process.pid) - process.memory_info().rss, 0)
+            host = process.memory_full_info().uss
         except (psutil.Error, AttributeError, OSError):  # no process: it died and restarts on demand
-            host = 0
-        return {"cpu": host, **self._device_bytes}
+            host = peak = 0
+        return {"load": {"cpu": host, **self._device_bytes}, "activation_peak": {"cpu": peak}}
 
     def close(self) -> None:
         with self._lock:

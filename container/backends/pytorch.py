@@ -51,10 +51,6 @@ def warm_up() -> None:
             module(torch.ones(1, 4))
 
 
-def gpu_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def module_bytes(module) -> dict[str, int]:
     """Parameter, buffer and constant bytes per device, each storage counted once (tied weights share
     one). A frozen TorchScript model (`torch.jit.freeze`) has no parameters: its weights are tensor
@@ -195,6 +191,10 @@ class TorchScriptModel:
     def memory(self) -> dict[str, int]:
         return footprint.charged(self._counted, self._grown, self._peak)
 
+    def measured(self) -> dict[str, dict[str, int]]:
+        """The measurements behind `memory()`, per device."""
+        return {"weights": self._counted, "load": self._grown, "activation_peak": self._peak}
+
     def close(self) -> None:
         self.module = None
 
@@ -279,6 +279,10 @@ class Replicas:
 
     def memory(self) -> dict[str, int]:
         return total_by_device(copy.memory() for copy in self.copies)
+
+    def measured(self) -> dict[str, dict[str, int]]:
+        copies = [copy.measured() for copy in self.copies]
+        return {kind: total_by_device(m[kind] for m in copies) for kind in copies[0]}
 
     def close(self) -> None:
         for copy in self.copies:

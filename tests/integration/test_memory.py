@@ -168,3 +168,26 @@ def test_a_real_allocation_failure_is_507_and_the_model_serves_on(start_server, 
     assert answer.status_code == 507 and "cpu ran out of memory running model 'greedy'" in answer.json()["error"]
     assert server.loaded() == ["bystander", "greedy"]  # no eviction could give 64 TiB: nothing is evicted
     assert server.invoke("greedy", [[0.0]]).json() == [[0.0]] and invoke_ok(server, "bystander")
+
+
+TUPLE_MODEL = """
+import torch
+def model_fn(model_dir):  # not an nn.Module: a tuple holding 32 MiB of weights
+    return torch.ones(8 << 20), "scale"
+def predict_fn(data, model):
+    return data * model[0][0]
+"""
+
+
+def test_a_handler_whose_model_fn_returns_no_module_is_charged_what_its_worker_holds(start_server, tmp_path):
+    root = tmp_path / "models"
+    handler_model(root, "pair", TUPLE_MODEL)
+    server = start_server(root)
+    assert server.load("pair").status_code == 200 and server.invoke("pair", [[2.0]]).json() == [[2.0]]
+    metrics = scrape(server)
+    charged = metrics[("serve_model_memory_bytes", (("device", "cpu"), ("model", "pair")))]
+    worker = metrics[("serve_model_measured_bytes", (("device", "cpu"), ("kind", "load"), ("model", "pair")))]
+    assert 32 * MIB <= worker <= charged < 64 * MIB  # the worker's own pages, its 32 MiB among them
+    measured = metrics[("serve_memory_measured_bytes", (("device", "cpu"),))]
+    accounted = metrics[("serve_memory_accounted_bytes", (("device", "cpu"),))]
+    assert 0.8 * accounted <= measured <= 1.2 * accounted
