@@ -1,0 +1,99 @@
+"""The GPU paths on a real GPU: placement, charging, a real CUDA out-of-memory error met by eviction,
+a real device-side assert. Skipped, saying so, where torch sees no GPU (conftest.py)."""
+
+import pytest
+import torch
+
+from tests.builders import Sized, fp32_model, handler_model, wait_for
+from tests.integration.test_device_faults import _worker
+from tests.integration.test_observability import log_lines, scrape
+
+pytestmark = pytest.mark.gpu
+GIB = 1 << 30
+ON_GPU = {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}
+
+
+class Grabs(torch.nn.Module):
+    """Holds x[0] GiB of scratch on its device for the length of one execution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grabbed = torch.ones([int(x[0, 0].item()) * (1 << 30)], dtype=torch.uint8, device=x.device)
+        return x + grabbed[0].float() - 1
+
+
+class Asserts(torch.nn.Module):
+    """Indexes out of bounds on the device when x[0] is negative: a real device-side assert."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x[0, 0].item() < 0:
+            return x + x.flatten()[torch.tensor([1 << 20], device=x.device)].sum()
+        return x
+
+
+HOG = """
+import torch
+def model_fn(model_dir):  # {share} of the GPU, held by the model's own worker process
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return torch.ones(int(total * {share}), dtype=torch.uint8, device="cuda")
+def predict_fn(data, model):
+    return data
+"""
+
+
+def gpu_bytes(metrics, model: str) -> float:
+    return metrics.get(("serve_model_memory_bytes", (("device", "cuda:0"), ("model", model))), 0)
+
+
+def test_a_model_loads_on_the_gpu_and_is_charged_there(start_server, tmp_path):
+    root = tmp_path / "models"
+    fp32_model(root, "weights", Sized(256), **ON_GPU)
+    server = start_server(root)
+    assert server.load("weights").status_code == 200
+    assert server.invoke("weights", [[1, 1, 1, 1]]).status_code == 200
+    metrics = scrape(server)
+    assert 256 << 20 <= gpu_bytes(metrics, "weights") < (256 << 20) * 1.1
+    assert metrics[("serve_memory_measured_bytes", (("device", "cuda:0"),))] >= 256 << 20
+
+
+def test_a_real_cuda_out_of_memory_evicts_idle_models_then_serves(start_server, tmp_path):
+    root = tmp_path / "models"
+    for name in ("hog1", "hog2"):
+        handler_model(root, name, HOG.format(share=0.3))
+    fp32_model(root, "greedy", Grabs(), dims=(1,), **ON_GPU)
+    server = start_server(root, SERVE_GPU_MEMORY_LIMIT="100%")
+    for name in ("hog1", "hog2", "greedy"):
+        assert server.load(name).status_code == 200, name
+    total = torch.cuda.get_device_properties(0).total_memory
+    asked = int(total * 0.35 / GIB)  # fits only once a hog is gone
+    answer = server.invoke("greedy", [[float(asked)]])
+    assert answer.status_code == 200, answer.text
+    assert server.loaded() == ["greedy", "hog2"]  # the least recently used hog made room, the other stayed
+    impossible = server.invoke("greedy", [[float(2 * total // GIB)]])
+    assert impossible.status_code == 507 and "cuda:0 ran out of memory" in impossible.json()["error"]
+    assert server.loaded() == ["greedy", "hog2"] and server.invoke("greedy", [[1.0]]).status_code == 200
+
+
+def test_two_models_share_a_device_within_its_budget(start_server, tmp_path):
+    root = tmp_path / "models"
+    for name in ("first", "second", "third"):
+        fp32_model(root, name, Sized(1024), **ON_GPU)
+    total = torch.cuda.get_device_properties(0).total_memory
+    server = start_server(root, SERVE_GPU_MEMORY_LIMIT=f"{(2.5 * GIB + total - torch.cuda.mem_get_info(0)[0]) / (1 << 20):.0f}MiB")
+    for name in ("first", "second", "third"):
+        assert server.load(name).status_code == 200
+    assert len(server.loaded()) == 2  # the third evicted the least recently used
+    metrics = scrape(server)
+    assert metrics[("serve_memory_accounted_bytes", (("device", "cuda:0"),))] <= metrics[("serve_memory_budget_bytes", (("device", "cuda:0"),))]
+
+
+def test_a_device_side_assert_turns_health_red_and_the_worker_restarts(start_server, tmp_path):
+    root = tmp_path / "models"
+    fp32_model(root, "asserts", Asserts(), dims=(4,), **ON_GPU)
+    server = start_server(root, SERVE_LOAD_MODELS="asserts")
+    wait_for(lambda: server.loaded() == ["asserts"], message="the model did not load at start")
+    first = server.worker_pid()
+    answer = server.invoke("asserts", [[-1.0, 0, 0, 0]])
+    assert answer.status_code == 500 and "device-side assert" in answer.json()["error"]
+    wait_for(lambda: _worker(server) not in (None, first), 60, "gunicorn did not start a fresh worker")
+    wait_for(lambda: server.invoke("asserts", [[1.0, 2, 3, 4]], timeout=5).status_code == 200, 120)
+    assert [line for line in log_lines(server) if line["message"] == "sticky device error: restarting the worker process"]
