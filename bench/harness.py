@@ -70,10 +70,13 @@ class Server:
                 pending += [int(child) for child in (task / "children").read_text().split()]
         os.sched_setaffinity(0, client_cores)
 
+    def worker_pid(self) -> int:
+        """The gunicorn worker: the process that holds the models."""
+        return int(Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0])
+
     def worker_rss(self) -> int:
-        """Resident bytes of the gunicorn worker, the process that holds the models."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-        for line in Path(f"/proc/{children[0]}/status").read_text().splitlines():
+        """Resident bytes of the gunicorn worker."""
+        for line in Path(f"/proc/{self.worker_pid()}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
