@@ -44,7 +44,7 @@ def create_app(settings: Settings) -> Flask:
     warm_up()
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
-    backends = functools.partial(load_backends, options=handler_options(settings))
+    backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
     runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
@@ -67,9 +67,9 @@ def create_app(settings: Settings) -> Flask:
     return app
 
 
-def handler_options(settings: Settings) -> HandlerOptions:
+def handler_options(settings: Settings, cuda_contexts: dict[str, int]) -> HandlerOptions:
     return HandlerOptions(settings.program, settings.default_accept, settings.install_requirements,
-                          settings.requirements_cache, torch.get_num_threads())
+                          settings.requirements_cache, torch.get_num_threads(), cuda_contexts)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

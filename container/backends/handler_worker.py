@@ -17,7 +17,7 @@ import select
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -44,6 +44,7 @@ class HandlerOptions:
     install_requirements: bool = True
     requirements_cache: str = "/tmp/serve-requirements"
     torch_threads: int = 1
+    cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
 
 
 class HandlerWorker:
@@ -55,6 +56,7 @@ class HandlerWorker:
     def __init__(self, name: str, directory: Path, device: str, options: HandlerOptions):
         self.name, self.device = name, device
         self._spec = (name, str(directory), device, options)
+        self._options = options
         self._lock = get_original("threading", "Lock")()  # callers are native threads
         self._process = self._connection = None
         self._device_bytes: dict[str, int] = {}
@@ -86,7 +88,8 @@ class HandlerWorker:
             host = process.memory_full_info().uss
         except (psutil.Error, AttributeError, OSError):  # no process: it died and restarts on demand
             host = peak = 0
-        return {"load": {"cpu": host, **self._device_bytes}, "activation_peak": {"cpu": peak}}
+        context = {d: self._options.cuda_contexts.get(d, 0) for d in self._device_bytes}  # its own, on its GPU
+        return {"load": total_by_device([{"cpu": host}, self._device_bytes, context]), "activation_peak": {"cpu": peak}}
 
     def close(self) -> None:
         with self._lock:

@@ -297,7 +297,8 @@ class Registry:
         model.source = source = self._pool.apply(open_source, (path, self.limits))
         if owned:
             source.scratch = path
-        device, model.placement = self._device_for(source)
+        config = source.layout.config if isinstance(source.layout, TritonLayout) else None
+        device, model.placement = place(config, self.cache)
         if model.placement:
             log.warning("model placed on CPU", extra={"fields": {"model": model.name, "reason": model.placement}})
         self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
@@ -404,23 +405,24 @@ class Registry:
         """Idle, and not the serving copy of a model being reloaded: a reload never evicts what it replaces."""
         return model.state is State.READY and not model.in_flight and model.name not in self._reloading
 
-    def _device_for(self, source: ModelSource) -> tuple[str, str]:
-        """The device to load on — the GPU with the most room among those instance_group allows — and,
-        when the config asks for GPUs this server lacks, why the model runs on CPU instead."""
-        gpus = [d for d in self.cache.budgets if d.startswith("cuda")]
-        groups = source.layout.config.instance_group if isinstance(source.layout, TritonLayout) else []
-        kinds = {group.kind for group in groups}
-        if kinds == {2}:  # KIND_CPU
-            return "cpu", ""
-        named = sorted({f"cuda:{index}" for group in groups for index in group.gpus})
-        if not gpus:
-            if 1 in kinds or named:  # KIND_GPU
-                return "cpu", f"instance_group asks for GPU(s) {named or 'of any kind'}; this server has no GPU, so the model runs on CPU"
-            return "cpu", ""
-        absent = [d for d in named if d not in gpus]
-        if absent:
-            raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
-        return max(named or gpus, key=lambda d: self.cache.budgets[d] - self.cache.used(d)), ""
+def place(config, cache: MemoryCache) -> tuple[str, str]:
+    """The device to load a model on — the GPU with the most room among those its instance groups
+    allow (`config`: its Triton config, None for handler models) — and, when the config asks for GPUs
+    this server lacks, why the model runs on CPU instead."""
+    gpus = [d for d in cache.budgets if d.startswith("cuda")]
+    groups = config.instance_group if config is not None else []
+    kinds = {group.kind for group in groups}
+    if kinds == {2}:  # KIND_CPU
+        return "cpu", ""
+    named = sorted({f"cuda:{index}" for group in groups for index in group.gpus})
+    if not gpus:
+        if 1 in kinds or named:  # KIND_GPU
+            return "cpu", f"instance_group asks for GPU(s) {named or 'of any kind'}; this server has no GPU, so the model runs on CPU"
+        return "cpu", ""
+    absent = [d for d in named if d not in gpus]
+    if absent:
+        raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
+    return max(named or gpus, key=lambda d: cache.budgets[d] - cache.used(d)), ""
 
 
 def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:
