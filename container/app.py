@@ -10,6 +10,7 @@ import psutil
 import torch
 from flask import Flask
 from gevent.event import Event
+from gevent.threadpool import ThreadPool
 
 from container import resources
 from container.api.errors import register_error_handler
@@ -30,8 +31,8 @@ from container.backends.gpus import Gpus
 from container.backends.pytorch import configure_threads, free_memory, release_memory, warm_up
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
+from container.models.downloads import DownloadCache
 from container.models.registry import Registry, Runtime
-from container.models.source import locate, repository_entries
 from container.scheduling import new_job, scheduler_for
 from container.settings import Settings
 
@@ -46,7 +47,9 @@ def create_app(settings: Settings) -> Flask:
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
     backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
     runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
-    registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits)
+    downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
+    registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
+                        downloads=downloads)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     app = Flask("container", static_folder=None)  # no static files: no route that reads paths from a URL
     app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
@@ -84,15 +87,16 @@ def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache
 def load_startup_models(app: Flask, settings: Settings) -> None:
     """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
     try:
-        app.extensions["registry"].load_all(startup_models(settings))
+        registry = app.extensions["registry"]
+        registry.load_all(startup_models(settings, registry))
     finally:
         app.extensions["started"].set()
 
 
-def startup_models(settings: Settings) -> list[tuple[str, str]]:
+def startup_models(settings: Settings, registry: Registry) -> list[tuple[str, str]]:
     """(name, url) of the models to load at start: the one model, or those SERVE_LOAD_MODELS names."""
     if not settings.multi_model:
         return [(SINGLE_MODEL_NAME, ".")]
     if settings.load_models == ("*",):
-        return repository_entries(settings.model_root)
-    return [(name, locate(settings.model_root, name)) for name in settings.load_models]
+        return registry.entries()
+    return [(name, registry.locate(name)) for name in settings.load_models]

@@ -4,6 +4,7 @@ ServeError (500)
 ├── InvalidRequest (400)                a client mistake: body, shape, dtype, name, url
 │   ├── InvalidInput (400)              an input tensor that does not match the model
 │   └── InvalidModel (400)              model files or config that cannot be served
+├── Forbidden (403)                     the model's storage (S3) refused access
 ├── ModelNotFound (404)                 no such model is loaded (or no such version)
 ├── SourceNotFound (404)                the url to load from does not exist
 ├── ModelConflict (409)                 the name is already loaded or loading
@@ -11,6 +12,7 @@ ServeError (500)
 ├── UnsupportedMediaType (415)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
+├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
 ├── ModelError (500)                    user code (model_fn, predict_fn, forward) raised, or its worker died
@@ -43,6 +45,10 @@ class InvalidModel(InvalidRequest):
     pass
 
 
+class Forbidden(ServeError):
+    status = 403
+
+
 class ModelNotFound(ServeError):
     status = 404
 
@@ -73,6 +79,10 @@ class Unavailable(ServeError):
 
 
 class InsufficientMemory(ServeError):
+    status = 507
+
+
+class InsufficientStorage(ServeError):
     status = 507
 
 

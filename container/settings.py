@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 from dataclasses import dataclass, field, fields
 from typing import Mapping
 
@@ -50,7 +51,13 @@ class Settings:
         "SAGEMAKER_BASE_DIR", "/opt/ml", "Where SageMaker puts `model/` (single-model) and `models/` (multi-model), as its toolkits read it."
     )
     model_root: str = _env(
-        "SERVE_MODEL_ROOT", "", "Directory that load urls must resolve into; unset: `/opt/ml/models`, or `/opt/ml/model` when single-model."
+        "SERVE_MODEL_ROOT", "", "Directory (or `s3://bucket/prefix`) that load urls must resolve into; unset: `/opt/ml/models`, or `/opt/ml/model` when single-model."
+    )
+    download_cache: str = _env(
+        "SERVE_DOWNLOAD_CACHE", "/tmp/serve-downloads", "Directory that keeps models downloaded from S3, across restarts."
+    )
+    download_cache_size: int = _env(
+        "SERVE_DOWNLOAD_CACHE_SIZE", "50%", "Most bytes the download cache keeps: bytes with optional KiB/MiB/GiB suffix, or a percentage of its file system; least recently used models leave first."
     )
     memory_limit: int = _env(
         "SERVE_MEMORY_LIMIT", "70%", "Host RAM budget for loaded models: bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM."
@@ -116,6 +123,8 @@ class Settings:
             multi_model=multi_model,
             base_dir=raw["base_dir"],
             model_root=raw["model_root"],
+            download_cache=raw["download_cache"],
+            download_cache_size=_size("SERVE_DOWNLOAD_CACHE_SIZE", raw["download_cache_size"], _disk(raw["download_cache"])),
             memory_limit=memory_limit,
             gpu_memory_limit=raw["gpu_memory_limit"],
             eviction=eviction,
@@ -156,6 +165,14 @@ def _size(name: str, text: str, total: int) -> int:
         return parse_size(text, total)
     except SettingsError as exc:
         raise SettingsError(f"{name}={exc}") from None
+
+
+def _disk(directory: str) -> int:
+    """The size of the file system that holds `directory` (or would, once created)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).total
 
 
 def _boolean(name: str, text: str) -> bool:

@@ -118,6 +118,22 @@ class ServerCollector:
         yield CounterMetricFamily("serve_memory_recoveries", "Device out-of-memory errors met by freeing room and trying again",
                                   value=counters.recoveries)
         yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.registry.ready()))
+        yield from self._downloads()
+
+    def _downloads(self):
+        downloads = self.registry.downloads
+        if downloads is None:
+            return
+        counters = downloads.counters
+        yield GaugeMetricFamily("serve_download_cache_bytes", "Bytes the S3 download cache holds", value=downloads.used())
+        yield GaugeMetricFamily("serve_download_cache_budget_bytes", "The download cache's budget", value=downloads.budget)
+        yield GaugeMetricFamily("serve_downloads_in_progress", "S3 downloads under way", value=downloads.in_progress())
+        yield CounterMetricFamily("serve_download_cache_hits", "Loads from S3 served by a cached copy", value=counters.hits)
+        yield CounterMetricFamily("serve_download_cache_misses", "Loads from S3 that needed a download", value=counters.misses)
+        yield CounterMetricFamily("serve_downloads", "Completed S3 downloads", value=counters.downloads)
+        yield CounterMetricFamily("serve_download_bytes", "Bytes downloaded from S3", value=counters.bytes)
+        yield CounterMetricFamily("serve_download_seconds", "Time spent downloading from S3", value=counters.seconds)
+        yield CounterMetricFamily("serve_download_cache_evictions", "Unused downloads removed to make room", value=counters.evictions)
 
 
 def _escape(value: str) -> str:

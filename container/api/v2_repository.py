@@ -12,7 +12,8 @@ from container.errors import InvalidRequest
 from container.limits import check_name
 from container.models.overrides import build_override
 from container.models.registry import Registry, State
-from container.models.source import locate, repository_entries, resolve_url
+from container.models.s3 import is_s3
+from container.models.source import resolve_url
 
 
 def register_repository_endpoints(app: Flask, registry: Registry) -> None:
@@ -24,7 +25,7 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
         if not isinstance(ready_only, bool):
             raise InvalidRequest("'ready' must be true or false")
         entries = []
-        names = sorted({name for name, _ in repository_entries(registry.model_root)} | set(registry.models))
+        names = sorted({name for name, _ in registry.entries()} | set(registry.models))
         for name in names:
             model = registry.models.get(name)
             if model is not None and model.state is State.READY:
@@ -44,11 +45,13 @@ def register_repository_endpoints(app: Flask, registry: Registry) -> None:
         if config is not None:
             if not isinstance(config, str):
                 raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-            base = None if files else resolve_url(registry.model_root, locate(registry.model_root, name))
+            if not files and is_s3(registry.model_root):
+                raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
+            base = None if files else resolve_url(registry.model_root, registry.locate(name))
             directory = gevent.get_hub().threadpool.apply(build_override, (config, files, base))
         elif files:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
-        registry.load(name, locate(registry.model_root, name), reload=True, directory=directory)
+        registry.load(name, registry.locate(name), reload=True, directory=directory)
         return Response(b"", 200)
 
     @api.post("/v2/repository/models/<name>/unload")

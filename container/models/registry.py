@@ -29,8 +29,10 @@ from container.errors import (
 from container.inference import InferRequest, InferResponse, TransformRequest
 from container.limits import Limits
 from container.models.cache import MemoryCache, total_by_device
+from container.models.downloads import DownloadCache
+from container.models.s3 import S3Url, is_s3
 from container.models.signature import Signature
-from container.models.source import ModelSource, TritonLayout, open_source, resolve_url
+from container.models.source import ModelSource, TritonLayout, locate, open_source, repository_entries, resolve_url
 from container.models.statistics import Statistics
 from container.tensors import decoded_size
 
@@ -68,6 +70,7 @@ class Model:
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
     placement: str = ""  # why the model runs where it runs, when not where its config asks
     settling: int = _SETTLING_REQUESTS  # requests left after which its memory is charged again
+    download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
 
     def __str__(self) -> str:
         return self.name
@@ -108,8 +111,9 @@ class Counters:
 
 class Registry:
     def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, limits: Limits | None = None,
-                 load_threads: int = 4):
+                 load_threads: int = 4, downloads: DownloadCache | None = None):
         self.model_root = model_root
+        self.downloads = downloads
         self.limits = limits or Limits()
         self.cache = cache
         self.runtime = runtime
@@ -128,7 +132,8 @@ class Registry:
         """Load `url` (or `directory`, which then belongs to the registry) as `name`; returns when ready.
         A loaded name is a 409 unless `reload`: then the old model serves until the new one is ready,
         and a failed reload leaves it serving."""
-        path = directory or resolve_url(self.model_root, url)
+        remote = directory is None and self._remote(url)
+        path = directory or (None if remote else resolve_url(self.model_root, url))
         current = self._settled(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
@@ -139,6 +144,9 @@ class Registry:
         self._reloading.add(name)
         started = time.monotonic()
         try:
+            if remote:
+                model.download = self.downloads.fetch(remote)
+                path = model.download.path
             self._load(model, path, owned=directory is not None)
             if current is not None and self.models.get(name) is not current:
                 raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
@@ -201,6 +209,25 @@ class Registry:
                 log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
             except Exception as exc:  # a server bug, or the system failing: the other models still load
                 log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(name, url) of every model in the repository under the model root."""
+        if is_s3(self.model_root):
+            return self._pool.apply(self.downloads.s3.entries, (S3Url.parse(self.model_root),))
+        return repository_entries(self.model_root)
+
+    def locate(self, name: str) -> str:
+        """The url of the repository entry `name` (an S3 root finds its archive when it fetches it)."""
+        return name if is_s3(self.model_root) else locate(self.model_root, name)
+
+    def _remote(self, url: str) -> str | None:
+        """The S3 url a load url stands for, absolute or under an S3 model root; None for a local one."""
+        if is_s3(url):
+            S3Url.parse(url)
+            return url
+        if is_s3(self.model_root):
+            return str(S3Url.parse(self.model_root).child(url))
+        return None
 
     def ready(self) -> list[Model]:
         return sorted((m for m in self.models.values() if m.state is State.READY), key=lambda m: m.name)
@@ -399,6 +426,8 @@ class Registry:
         try:
             self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
         finally:
+            if model.download is not None:
+                model.download.release()
             model.gone.set()
 
     def _evictable(self, model: Model) -> bool:

@@ -1,0 +1,198 @@
+"""Models straight from S3: a real S3 API (moto's server, on a local port) that the server under test
+reaches over HTTP with plain boto3, through AWS_ENDPOINT_URL_S3, exactly as it would reach S3. A
+gate in front of moto holds the downloads of chosen keys, so "a download in flight" is a state the
+test controls, not a race it hopes to win."""
+
+import io
+import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from moto.server import DomainDispatcherApplication, create_backend_app
+from prometheus_client.parser import text_string_to_metric_families
+from werkzeug.serving import make_server
+
+from tests.builders import MIB, fp32_model, sized_model, wait_for
+from tests.integration.test_observability import log_lines
+
+BUCKET = "models"
+
+
+class Gate:
+    """WSGI middleware: object GETs whose key holds "/held/" wait until the test opens the gate."""
+
+    def __init__(self, app):
+        self.app = app
+        self.open = threading.Event()
+        self.open.set()
+
+    def __call__(self, environ, start_response):
+        if environ["REQUEST_METHOD"] == "GET" and "/held/" in environ.get("PATH_INFO", "") and "list-type" not in environ.get("QUERY_STRING", ""):
+            assert self.open.wait(60), "the test never opened the gate"
+        return self.app(environ, start_response)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    gate = Gate(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, gate, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    client.create_bucket(Bucket=BUCKET)
+    scratch = tmp_path_factory.mktemp("s3-sources")
+    for name, mib in (("a", 1), ("b", 2), ("c", 1)):
+        upload_directory(client, sized_model(scratch, name, mib), f"repo/{name}")
+    upload_archive(client, fp32_model(scratch, "packed"), "repo/packed.tar.gz")
+    upload_directory(client, sized_model(scratch, "big", 8), "big")
+    upload_directory(client, sized_model(scratch, "big2", 8), "big2")
+    upload_directory(client, sized_model(scratch, "big3", 8), "big3")
+    upload_directory(client, sized_model(scratch, "slow", 64), "held/slow")
+    client.put_object(Bucket=BUCKET, Key="broken.tar.gz", Body=b"not a gzip stream at all")
+    yield S3(endpoint, client, gate, tmp_path_factory)
+    server.shutdown()
+
+
+class S3:
+    def __init__(self, endpoint, client, gate, tmp_path_factory):
+        self.endpoint, self.client, self.gate = endpoint, client, gate
+        self._tmp = tmp_path_factory
+
+    def env(self, cache: Path | None = None, **more) -> dict:
+        """What the server needs to reach this S3: an endpoint, a region, credentials, a cache directory."""
+        return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "SERVE_DOWNLOAD_CACHE": str(cache or self._tmp.mktemp("cache")),
+                "SERVE_LOG_LEVEL": "info", **more}
+
+
+def upload_directory(client, directory: Path, prefix: str) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(directory)}")
+
+
+def upload_archive(client, directory: Path, key: str) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(directory, arcname=".")
+    client.put_object(Bucket=BUCKET, Key=key, Body=buffer.getvalue())
+
+
+def metrics(server) -> dict[str, float]:
+    text = requests.get(server.url + "/metrics").text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+            if not sample.labels}
+
+
+def counter(server, name: str) -> float:
+    return metrics(server).get(name, 0)
+
+
+def invoke_ok(server, name: str) -> bool:
+    answer = server.invoke(name, [[1, 1, 1, 1]])
+    return answer.status_code == 200
+
+
+def test_every_url_form_loads_and_serves(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", **s3.env())
+    forms = {"directory": "s3://models/repo/a", "slash": "s3://models/repo/b/", "archive": "s3://models/repo/packed.tar.gz"}
+    for name, url in forms.items():
+        answer = server.load(name, url)
+        assert answer.status_code == 200, answer.text
+        assert invoke_ok(server, name)
+    assert counter(server, "serve_downloads_total") == 3
+    downloaded = [line for line in log_lines(server) if line["message"] == "downloaded model"]
+    assert {line["url"] for line in downloaded} == set(forms.values())
+    assert all(line["bytes"] > 0 and line["seconds"] >= 0 and "MB/s" in line for line in downloaded)
+    assert "testing" not in server.log.read_text()  # no credential is ever logged
+
+
+def test_an_s3_model_root_serves_every_api(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", SERVE_MODEL_ROOT="s3://models/repo", SERVE_LOAD_MODELS="a", **s3.env())
+    wait_for(lambda: "a" in server.loaded(), message="SERVE_LOAD_MODELS did not load from S3")
+    index = server.request("POST", "/v2/repository/index", json={}).json()
+    assert {e["name"] for e in index} == {"a", "b", "c", "packed"}
+    assert server.request("POST", "/v2/repository/models/b/load").status_code == 200
+    assert server.request("POST", "/v2/models/b/infer", json={"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 1, 1, 1]}]}).status_code == 200
+    headers = {"X-Amzn-SageMaker-Target-Model": "packed", "Content-Type": "application/json"}  # an archive, by name
+    answer = requests.post(server.url + "/invocations", data="[[1, 2, 3, 4]]", headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert server.request("GET", "/v1/models/packed").status_code == 200  # TF Serving sees it too
+    outside = server.load("escape", "../big")
+    assert outside.status_code == 400 and "inside the model root" in outside.json()["error"]
+
+
+def test_concurrent_loads_of_one_url_share_one_download_and_ping_answers_meanwhile(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", **s3.env())
+    s3.gate.open.clear()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(server.load, "slow1", "s3://models/held/slow")
+            wait_for(lambda: counter(server, "serve_downloads_in_progress") == 1, message="the download never began")
+            second = pool.submit(server.load, "slow2", "s3://models/held/slow")
+            for _ in range(5):  # the event loop is free while the download waits at the gate
+                assert requests.get(server.url + "/ping", timeout=2).status_code == 200
+            s3.gate.open.set()
+            assert first.result().status_code == 200 and second.result().status_code == 200
+    finally:
+        s3.gate.open.set()
+    assert counter(server, "serve_downloads_total") == 1
+    assert invoke_ok(server, "slow1") and invoke_ok(server, "slow2")
+
+
+def test_the_disk_budget_evicts_unused_downloads_then_answers_507(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", SERVE_DOWNLOAD_CACHE_SIZE="20MiB", **s3.env())
+    assert server.load("big", "s3://models/big").status_code == 200
+    assert server.load("big2", "s3://models/big2").status_code == 200
+    full = server.load("big3", "s3://models/big3")  # 24 MiB would not fit, and both copies are in use
+    assert full.status_code == 507 and "SERVE_DOWNLOAD_CACHE_SIZE" in full.json()["error"]
+    assert server.request("DELETE", "/models/big").status_code == 200
+    assert server.load("big3", "s3://models/big3").status_code == 200  # big's unused copy made room
+    assert counter(server, "serve_download_cache_evictions_total") == 1
+    assert server.request("DELETE", "/models/big2").status_code == 200
+    downloads = counter(server, "serve_downloads_total")
+    assert server.load("big2", "s3://models/big2").status_code == 200  # reloaded from disk
+    assert counter(server, "serve_downloads_total") == downloads
+    assert counter(server, "serve_download_cache_bytes") <= 20 * MIB
+
+
+def test_a_restart_reuses_the_disk_cache(start_server, s3, tmp_path):
+    cache = tmp_path / "cache"
+    first = start_server(tmp_path / "one", **s3.env(cache))
+    assert first.load("c", "s3://models/repo/c").status_code == 200
+    first.stop()
+    second = start_server(tmp_path / "two", **s3.env(cache))
+    assert second.load("c", "s3://models/repo/c").status_code == 200 and invoke_ok(second, "c")
+    assert counter(second, "serve_downloads_total") == 0 and counter(second, "serve_download_cache_hits_total") == 1
+
+
+@pytest.mark.parametrize("url, status, says", [
+    ("s3://models/nothing/here", 404, "s3://models/nothing/here"),
+    ("s3://no-such-bucket/m", 404, "NoSuchBucket"),
+    ("s3://models/broken.tar.gz", 400, "cannot be read"),
+    ("s3://models/../etc", 400, "'..'"),
+    ("s3://Bad_Bucket/m", 400, "does not name an S3 bucket"),
+])
+def test_errors_a_user_can_act_on(start_server, s3, tmp_path, url, status, says):
+    server = start_server(tmp_path / "local", **s3.env())
+    answer = server.load("m", url)
+    assert answer.status_code == status and says in answer.json()["error"], answer.text
+    assert requests.get(server.url + "/ping").status_code == 200
+
+
+def test_denied_access_is_403_naming_the_bucket_and_key_but_no_credentials(start_server, s3, tmp_path):
+    s3.client.create_bucket(Bucket="private")
+    s3.client.put_object(Bucket="private", Key="m/config.json", Body=b"{}")
+    s3.client.put_bucket_policy(Bucket="private", Policy='{"Version": "2012-10-17", "Statement": [{"Effect": "Deny", '
+                                '"Principal": "*", "Action": "s3:*", "Resource": ["arn:aws:s3:::private", "arn:aws:s3:::private/*"]}]}')
+    server = start_server(tmp_path / "local", **s3.env())
+    answer = server.load("m", "s3://private/m")
+    assert answer.status_code == 403, answer.text
+    assert "s3://private/m" in answer.json()["error"] and "testing" not in answer.json()["error"]
