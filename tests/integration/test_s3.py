@@ -4,6 +4,7 @@ gate in front of moto holds the downloads of chosen keys, so "a download in flig
 test controls, not a race it hopes to win."""
 
 import io
+import socket
 import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -196,3 +197,13 @@ def test_denied_access_is_403_naming_the_bucket_and_key_but_no_credentials(start
     answer = server.load("m", "s3://private/m")
     assert answer.status_code == 403, answer.text
     assert "s3://private/m" in answer.json()["error"] and "testing" not in answer.json()["error"]
+
+
+def test_an_unreachable_s3_is_retried_then_503_with_retry_after(start_server, s3, tmp_path):
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    server = start_server(tmp_path / "local", **s3.env(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}"))
+    answer = server.load("m", "s3://models/repo/a")
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+    assert "could not be reached" in answer.json()["error"] and "s3://models/repo/a" in answer.json()["error"]
