@@ -92,29 +92,30 @@ class DownloadCache:
         while key not in self._entries and key in self._fetching:
             self._fetching[key].get()  # another load downloads it: wait, then take it as cached
         entry = self._entries.get(key)
-        if entry is not None:
-            self.counters.hits += 1
-            self._entries.move_to_end(key)
-            self._pool.apply(os.utime, (entry.path,))  # the order survives a restart
-        else:
+        if entry is None:
             self.counters.misses += 1
             entry = self._download(key, parsed, listing)
-        entry.users += 1
+        else:
+            self.counters.hits += 1
+            self._entries.move_to_end(key)
+        entry.users += 1  # held before the next yield: nothing can evict it from here on
+        self._pool.apply(os.utime, (entry.path,))  # the order survives a restart
         return Lease(entry)
 
     def _download(self, key: str, url: S3Url, listing: Listing) -> Entry:
-        self._make_room(url, listing.bytes)
-        done = self._fetching[key] = AsyncResult()
-        self._reserved += listing.bytes
-        partial = self.directory / f"{_TEMPORARY}{key}-{uuid.uuid4().hex[:8]}"
+        done = self._fetching[key] = AsyncResult()  # first, so a fetch of the same url from here on waits
         started = time.monotonic()
         try:
-            self._pool.apply(self._write, (url, listing, partial, self.directory / key))
+            self._make_room(url, listing.bytes)
+            partial = self.directory / f"{_TEMPORARY}{key}-{uuid.uuid4().hex[:8]}"
+            try:
+                self._pool.apply(self._write, (url, listing, partial, self.directory / key))
+            finally:
+                self._reserved -= listing.bytes
         except BaseException as exc:
             done.set_exception(exc)
             raise
         finally:
-            self._reserved -= listing.bytes
             del self._fetching[key]
         self.counters.downloads += 1
         self.counters.bytes += listing.bytes
@@ -134,8 +135,9 @@ class DownloadCache:
             shutil.rmtree(partial, ignore_errors=True)
 
     def _make_room(self, url: S3Url, size: int) -> None:
-        """Evict unused entries, least recently used first, until `size` more bytes fit; 507 when even
-        that would not do, evicting nothing."""
+        """Reserve `size` bytes, evicting unused entries, least recently used first, until they fit; 507
+        when even that would not do, evicting nothing. The decision and the reservation come before
+        the first yield, so two downloads cannot both count on the same room."""
         if size > self.budget:
             raise InsufficientStorage(f"{url} holds {_mib(size)}, more than the whole download cache "
                                       f"(SERVE_DOWNLOAD_CACHE_SIZE={_mib(self.budget)})")
@@ -150,8 +152,9 @@ class DownloadCache:
         if over > 0:
             raise InsufficientStorage(f"no room in the download cache for {url} ({_mib(size)}): the models "
                                       f"loaded from it use the rest of SERVE_DOWNLOAD_CACHE_SIZE={_mib(self.budget)}")
-        for key in victims:
-            entry = self._entries.pop(key)
+        removed = [self._entries.pop(key) for key in victims]
+        self._reserved += size
+        for key, entry in zip(victims, removed, strict=True):
             self.counters.evictions += 1
             self._pool.apply(shutil.rmtree, (entry.path, True))
             log.info("evicted download", extra={"fields": {"entry": key, "bytes": entry.bytes}})
