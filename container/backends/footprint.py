@@ -4,15 +4,15 @@ its GPU. Both probes see the whole process, so measurements take turns under one
 and a model's first few executions are measured, so serving never waits on it."""
 
 import ctypes
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import torch
+from gevent.monkey import get_original
 
 LEARNING_RUNS = 3  # executions of each model that measure its activation peak
-_turn = threading.Lock()
+_turn = get_original("threading", "Lock")()  # taken by native threads (loads, executions), never the event loop
 _process = psutil.Process()
 try:
     _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
