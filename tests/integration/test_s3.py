@@ -24,15 +24,22 @@ BUCKET = "models"
 
 
 class Gate:
-    """WSGI middleware: object GETs whose key holds "/held/" wait until the test opens the gate."""
+    """WSGI middleware in front of moto: object GETs whose key holds "/held/" wait until the test opens
+    the gate, and every request naming "throttled" is answered as S3 answers when it throttles."""
 
     def __init__(self, app):
         self.app = app
         self.open = threading.Event()
         self.open.set()
+        self.throttled = 0
 
     def __call__(self, environ, start_response):
-        if environ["REQUEST_METHOD"] == "GET" and "/held/" in environ.get("PATH_INFO", "") and "list-type" not in environ.get("QUERY_STRING", ""):
+        path, query = environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
+        if "throttled" in path + query:
+            self.throttled += 1
+            start_response("503 Slow Down", [("Content-Type", "application/xml")])
+            return [b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"]
+        if environ["REQUEST_METHOD"] == "GET" and "/held/" in path and "list-type" not in query:
             assert self.open.wait(60), "the test never opened the gate"
         return self.app(environ, start_response)
 
@@ -207,3 +214,11 @@ def test_an_unreachable_s3_is_retried_then_503_with_retry_after(start_server, s3
     answer = server.load("m", "s3://models/repo/a")
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
     assert "could not be reached" in answer.json()["error"] and "s3://models/repo/a" in answer.json()["error"]
+
+
+def test_throttling_is_retried_then_503_with_retry_after(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", **s3.env())
+    answer = server.load("m", "s3://models/throttled/m")
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+    assert "SlowDown" in answer.json()["error"] and "s3://models/throttled/m" in answer.json()["error"]
+    assert s3.gate.throttled >= 2  # botocore's standard mode asked again before giving up
