@@ -81,8 +81,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
         reference = in_process(Path(scratch), names, seconds)
         lines = [f"In-process torch (an LRU of {BUDGET_MODELS}, `torch.jit.load` on a miss, same draws): {reference:,.0f} requests/s.",
                  "", *lines]
-        # a model is charged its weights and what its load and executions measurably add (≈ 1 MiB)
-        server = Server(Path(scratch), SERVE_MEMORY_LIMIT=f"{BUDGET_MODELS * (size + 1.5)}MiB", SERVE_LOAD_MODELS="")
+        # a model is charged its weights and what its load, threads and executions measurably add (≈ 1.6 MiB)
+        server = Server(Path(scratch), SERVE_MEMORY_LIMIT=f"{BUDGET_MODELS * (size + 2)}MiB", SERVE_LOAD_MODELS="")
         try:
             for connections in (1, 8):
                 before = server.metrics()
