@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt
 
-.PHONY: install lock tools serve lint test examples bench image clean
+.PHONY: install lock tools serve lint test examples bench bench-triton image clean
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,14 @@ test: install examples tools lint
 # Speed is measured here, never asserted in tests; results go to BENCHMARKS.md.
 bench: install tools
 	$(BIN)/python -m bench $(SCENARIOS)
+
+# Triton as the bench's peer (bench/triton.py): nvidia-pytriton's tritonserver and python backend in a
+# venv of their own, torch in the same pip command so its CPU wheel is kept. Optional: without it,
+# `make bench` leaves Triton's rows out.
+TRITON_VENV ?= bench/.triton
+bench-triton: install tools
+	test -x $(TRITON_VENV)/bin/python || $(BIN)/python -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==0.7.0 torch==2.13.0
 
 # The image, with the Docker engine where one runs, else with buildah (rootless machines, CI without
 # Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg RUNTIME_IMAGE=nvidia/cuda:…" for the GPU image;

@@ -58,17 +58,7 @@ class Server:
     def pin(self) -> None:
         """The server (gunicorn, its worker, the fork server and handler workers) on the first half of
         the cores, this process — the load generator — on the rest, so neither measures the other."""
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < 2:
-            return
-        server_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])
-        pending = [self.process.pid]
-        while pending:
-            pid = pending.pop()
-            os.sched_setaffinity(pid, server_cores)
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                pending += [int(child) for child in (task / "children").read_text().split()]
-        os.sched_setaffinity(0, client_cores)
+        pin_apart(self.process.pid)
 
     def worker_pid(self) -> int:
         """The gunicorn worker: the process that holds the models."""
@@ -109,6 +99,38 @@ class Server:
             self.process.wait(60)
         self.log.close()
         os.unlink(self.log.name)
+
+
+def pin_apart(pid: int) -> None:
+    """The process `pid` and its descendants on the first half of the cores, this process (and the
+    wrk it starts) on the rest. Nothing to do on one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return
+    server_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])
+    for process in _tree(pid):
+        os.sched_setaffinity(process, server_cores)
+    os.sched_setaffinity(0, client_cores)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of `pid` and its live descendants (all of their threads)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for process in _tree(pid):
+        fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            pending += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, connections: int = 1, seconds: float = 10,

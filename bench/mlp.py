@@ -18,6 +18,7 @@ from bench.harness import (
     v2_binary_request,
     wrk,
 )
+from bench.triton import MISSING, Triton, measure, tritonserver
 
 TITLE = "MLP 1024→1024→1024, one row per request, V2 binary, with and without dynamic batching"
 MODELS = {"mlp_direct": {}, "mlp_batched": {"dynamic_batching": {}},
@@ -41,36 +42,49 @@ def run(seconds: float, smoke: bool) -> list[str]:
     best_batch = max(reference, key=reference.get)
     lines = [f"In-process torch: {reference[best_batch]:,.0f} rows/s at batch {best_batch} "
              f"({', '.join(f'b{b}: {r:,.0f}' for b, r in reference.items())}).", "",
-             "| model | concurrency | requests/s | p50 ms | p99 ms | errors | mean batch | vs direct | vs in-process best |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| server | model | concurrency | requests/s | p50 ms | p99 ms | errors | mean batch | server CPU µs/request "
+             "| vs direct | vs in-process best | vs Triton |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     body, headers = v2_binary_request("INPUT0", np.random.default_rng(0).standard_normal((1, WIDTH), np.float32))
     config = {"backend": "pytorch", "max_batch_size": 64,
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
-    direct: dict[int, float] = {}
+    models = {name: (module, {**config, **batching}) for name, batching in MODELS.items()}
+    triton = _rows(Triton(models), body, headers, seconds, smoke) if tritonserver() else {}
     with tempfile.TemporaryDirectory() as scratch:
-        for name, batching in MODELS.items():
-            save_model(Path(scratch), name, module, {**config, **batching})
-        server = Server(Path(scratch))
-        server.pin()
-        try:
-            for name in MODELS:
-                wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
-                for connections in (1, 8, 64):
-                    before = _counts(server, name)
-                    load = wrk(f"{server.url}/v2/models/{name}/infer", body, headers, connections, seconds)
-                    inferences, executions = (after - start for after, start in zip(_counts(server, name), before, strict=True))
-                    direct.setdefault(connections, load.requests_per_s)
-                    lines.append(f"| {name} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
-                                 f"{load.p99_ms:.2f} | {load.errors} | {inferences / max(executions, 1):.2f} | "
-                                 f"{load.requests_per_s / direct[connections]:.2f}× | "
-                                 f"{load.requests_per_s / reference[best_batch]:.2f}× |")
-        finally:
-            server.stop()
+        for name, (model, model_config) in models.items():
+            save_model(Path(scratch), name, model, model_config)
+        ours = _rows(Server(Path(scratch)), body, headers, seconds, smoke)
+    lines[0:0] = [] if triton else [MISSING, ""]
+    for who, rows in (("this server", ours), ("Triton (python backend)", triton)):
+        for (name, connections), (load, batch, cpu_us) in rows.items():
+            peer = triton.get((name, connections)) if who == "this server" else None
+            lines.append(f"| {who} | {name} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
+                         f"{load.p99_ms:.2f} | {load.errors} | {batch:.2f} | {cpu_us:,.0f} | "
+                         f"{load.requests_per_s / rows[('mlp_direct', connections)][0].requests_per_s:.2f}× | "
+                         f"{load.requests_per_s / reference[best_batch]:.2f}× | "
+                         f"{f'{load.requests_per_s / peer[0].requests_per_s:.2f}×' if peer else '—'} |")
     return lines
 
 
-def _counts(server: Server, name: str) -> tuple[int, int]:
-    """The model's inference and execution counts so far."""
-    stats = json.load(urllib.request.urlopen(f"{server.url}/v2/models/{name}/stats", timeout=10))["model_stats"][0]
+def _rows(server, body: bytes, headers: dict, seconds: float, smoke: bool) -> dict:
+    """(model, concurrency) → (wrk's load, mean batch, server CPU µs per request), then the server stops."""
+    rows = {}
+    try:
+        server.pin()
+        for name in MODELS:
+            wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
+            for connections in (1, 8, 64):
+                before = _counts(server.url, name)
+                load, cpu_us = measure(server.url, server.process.pid, f"/v2/models/{name}/infer", body, headers, connections, seconds)
+                inferences, executions = (after - start for after, start in zip(_counts(server.url, name), before, strict=True))
+                rows[name, connections] = (load, inferences / max(executions, 1), cpu_us)
+    finally:
+        server.stop()
+    return rows
+
+
+def _counts(url: str, name: str) -> tuple[int, int]:
+    """The model's inference and execution counts so far (V2 statistics: both servers have them)."""
+    stats = json.load(urllib.request.urlopen(f"{url}/v2/models/{name}/stats", timeout=10))["model_stats"][0]
     return stats["inference_count"], stats["execution_count"]

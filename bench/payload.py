@@ -3,19 +3,12 @@ SageMaker invoke with application/x-npy; the model answers a small tensor, so de
 
 import io
 import json
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.harness import (
-    Server,
-    in_process_calls_per_s,
-    save_model,
-    v2_binary_request,
-    wrk,
-)
+from bench.harness import in_process_calls_per_s, v2_binary_request
+from bench.triton import side_by_side
 
 TITLE = "Large payload: float32 [1, 3, 224, 224] in, [1, 3] out"
 
@@ -37,20 +30,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
               ("V2 binary", "/v2/models/image/infer", binary, binary_headers),
               ("SageMaker invoke (x-npy)", "/models/image/invoke", npy.getvalue(),
                {"Content-Type": "application/x-npy", "Accept": "application/json"})]
-    lines = [f"In-process torch: {reference:,.0f} calls/s. Body sizes: V2 JSON {len(v2_json) / 1e6:.1f} MB, "
-             f"binary {len(binary) / 1e6:.2f} MB, npy {len(npy.getvalue()) / 1e6:.2f} MB.", "",
-             "| protocol | concurrency | requests/s | p50 ms | p99 ms | errors |", "| --- | --- | --- | --- | --- | --- |"]
     config = {"backend": "pytorch", "max_batch_size": 4, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [3, 224, 224]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [3]}]}
-    with tempfile.TemporaryDirectory() as scratch:
-        save_model(Path(scratch), "image", ChannelMean(), config)
-        server = Server(Path(scratch), SAGEMAKER_MAX_PAYLOAD_IN_MB="16")
-        try:
-            for label, path, body, headers in routes:
-                for connections in (1, 8):
-                    load = wrk(server.url + path, body, headers, connections, seconds)
-                    lines.append(f"| {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
-                                 f"{load.p99_ms:.2f} | {load.errors} |")
-        finally:
-            server.stop()
-    return lines
+    table = side_by_side({"image": (ChannelMean(), config)}, routes, (1, 8, 64), seconds, SAGEMAKER_MAX_PAYLOAD_IN_MB="16")
+    return [f"In-process torch: {reference:,.0f} calls/s. Body sizes: V2 JSON {len(v2_json) / 1e6:.1f} MB, "
+            f"binary {len(binary) / 1e6:.2f} MB, npy {len(npy.getvalue()) / 1e6:.2f} MB.", "", *table]

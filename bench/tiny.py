@@ -1,20 +1,14 @@
 """Scenario 1: a tiny model (16 floats in and out) at concurrency 1, 8 and 64 through V2 JSON, V2
-binary and SageMaker invoke — per-request overhead, with the load generator's ceiling beside it."""
+binary and SageMaker invoke — per-request overhead and server CPU per request, with the load
+generator's ceiling beside it, and Triton's rows for the V2 routes where `make bench-triton` installed it."""
 
 import json
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.harness import (
-    Server,
-    in_process_calls_per_s,
-    save_model,
-    v2_binary_request,
-    wrk,
-)
+from bench.harness import in_process_calls_per_s, v2_binary_request, wrk
+from bench.triton import side_by_side
 
 TITLE = "Tiny model (16 floats in and out): per-request overhead by protocol"
 
@@ -33,23 +27,14 @@ def run(seconds: float, smoke: bool) -> list[str]:
     routes = [("V2 JSON", "/v2/models/tiny/infer", v2_json, {}),
               ("V2 binary", "/v2/models/tiny/infer", binary, binary_headers),
               ("SageMaker invoke (JSON)", "/models/tiny/invoke", invoke, {"Content-Type": "application/json"})]
-    lines = [f"In-process torch: {reference:,.0f} calls/s.", "",
-             "| protocol | concurrency | requests/s | p50 ms | p99 ms | errors |", "| --- | --- | --- | --- | --- | --- |"]
     config = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}
-    with tempfile.TemporaryDirectory() as scratch:
-        save_model(Path(scratch), "tiny", Double(), config)
-        server = Server(Path(scratch))
-        try:
-            ceiling = wrk(server.url + "/v2/health/live", connections=64, seconds=seconds)
-            for label, path, body, headers in routes:
-                for connections in (1, 8, 64):
-                    load = wrk(server.url + path, body, headers, connections, seconds)
-                    lines.append(f"| {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
-                                 f"{load.p99_ms:.2f} | {load.errors} |")
-        finally:
-            server.stop()
-    lines += ["", f"`GET /v2/health/live` at 64 connections (the HTTP stack alone): {ceiling.requests_per_s:,.0f} requests/s, "
-                  f"p99 {ceiling.p99_ms:.2f} ms; wrk itself used {ceiling.client_cpu:.0%} of one core meanwhile, so the "
-                  f"server, not the load generator, set that ceiling."]
-    return lines
+
+    def ceiling(server) -> list[str]:
+        load = wrk(server.url + "/v2/health/live", connections=64, seconds=seconds)
+        return ["", f"`GET /v2/health/live` at 64 connections (the HTTP stack alone): {load.requests_per_s:,.0f} requests/s, "
+                    f"p99 {load.p99_ms:.2f} ms; wrk itself used {load.client_cpu:.0%} of one core meanwhile, so the "
+                    f"server, not the load generator, set that ceiling."]
+
+    table = side_by_side({"tiny": (Double(), config)}, routes, (1, 8, 64), seconds, also=ceiling)
+    return [f"In-process torch: {reference:,.0f} calls/s. Each server runs on its own core, wrk on the other.", "", *table]

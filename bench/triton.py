@@ -1,0 +1,181 @@
+"""Triton as a peer row: the `tritonserver` binary and python backend that the `nvidia-pytriton` wheel
+ships, serving the same TorchScript models through a small python-backend `model.py` (the wheel has
+no libtorch backend). `make bench-triton` installs it into its own venv, with torch==2.13.0 in the
+same pip command so the CPU wheel is kept; without it, scenarios leave the Triton rows out and say so.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from google.protobuf import json_format, text_format
+
+from bench.harness import PROJECT, Server, cpu_seconds, pin_apart, save_model, wrk
+from container.models.triton_schema import model_config_pb2 as pb
+
+VENV = Path(os.environ.get("TRITON_VENV", PROJECT / "bench" / ".triton"))
+MISSING = "Triton: not installed here (`make bench-triton` installs it), so its rows are left out."
+
+MODEL_PY = '''
+import json
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        torch.set_num_threads(1)
+        config = json.loads(args["model_config"])
+        self.inputs = [i["name"] for i in config["input"]]
+        self.outputs = [o["name"] for o in config["output"]]
+        self.module = torch.jit.load(f"{args['model_repository']}/{args['model_version']}/model.pt").eval()
+
+    def execute(self, requests):
+        """The requests Triton's dynamic batcher hands over run as one batch, as libtorch's backend runs them."""
+        columns = [[pb_utils.get_input_tensor_by_name(r, n).as_numpy() for r in requests] for n in self.inputs]
+        rows = [len(array) for array in columns[0]]
+        with torch.inference_mode():
+            result = self.module(*[torch.from_numpy(np.concatenate(arrays)) for arrays in columns])
+        result = result if isinstance(result, tuple) else (result,)
+        splits = [r.numpy() for r in result]
+        responses, start = [], 0
+        for count in rows:
+            tensors = [pb_utils.Tensor(n, np.ascontiguousarray(out[start:start + count])) for n, out in zip(self.outputs, splits)]
+            responses.append(pb_utils.InferenceResponse(tensors))
+            start += count
+        return responses
+'''
+
+
+def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also=None, **server_env) -> list[str]:
+    """One table: each route at each concurrency through this server and, for the V2 routes, through
+    Triton serving the same `models` — requests/s, latency, the server's CPU per request (its whole
+    process tree), and the ratio of the two. Each server runs pinned apart from wrk. `also(server)`
+    may add lines measured on this server before it stops."""
+    peer_rows = {}
+    if tritonserver():
+        peer = Triton(models)
+        try:
+            peer.pin()
+            for label, path, body, headers in routes:
+                if path.startswith("/v2/"):
+                    for connections in concurrencies:
+                        peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
+        finally:
+            peer.stop()
+    rows, extra = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, (module, config) in models.items():
+            save_model(Path(scratch), name, module, config)
+        server = Server(Path(scratch), **server_env)
+        try:
+            server.pin()
+            for label, path, body, headers in routes:
+                for connections in concurrencies:
+                    rows.append(("this server", label, connections,
+                                 measure(server.url, server.process.pid, path, body, headers, connections, seconds)))
+            extra = also(server) if also else []
+        finally:
+            server.stop()
+    rows += [("Triton (python backend)", label, connections, result) for (label, connections), result in peer_rows.items()]
+    lines = [] if peer_rows else [MISSING, ""]
+    lines += ["| server | protocol | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for who, label, connections, (load, cpu_us) in rows:
+        peer_row = peer_rows.get((label, connections)) if who == "this server" else None
+        ratio = f"{load.requests_per_s / peer_row[0].requests_per_s:.2f}×" if peer_row else "—"
+        lines.append(f"| {who} | {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
+                     f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | {ratio} |")
+    return lines + extra
+
+
+def measure(url: str, pid: int, path: str, body: bytes, headers: dict, connections: int, seconds: float):
+    """wrk against `url + path`, and the server's CPU time per request meanwhile (its whole process tree)."""
+    before = cpu_seconds(pid)
+    load = wrk(url + path, body, headers, connections, seconds)
+    used = cpu_seconds(pid) - before
+    return load, used / max(load.requests_per_s * max(1, round(seconds)), 1) * 1e6
+
+
+def tritonserver() -> Path | None:
+    binary = _package() / "tritonserver" / "bin" / "tritonserver" if _package() else None
+    return binary if binary and binary.is_file() else None
+
+
+def _package() -> Path | None:
+    found = sorted(VENV.glob("lib/python3*/site-packages/pytriton"))
+    return found[0] if found else None
+
+
+class Triton:
+    """tritonserver on free ports serving `models` ({name: (TorchScript module, config as a dict in
+    the shape of config.json)}), each through the python backend, with dynamic batching where the config asks."""
+
+    def __init__(self, models: dict):
+        self._scratch = tempfile.TemporaryDirectory(prefix="bench-triton-")
+        scratch, package = Path(self._scratch.name), _package()
+        backends = scratch / "backends"
+        shutil.copytree(package / "tritonserver" / "backends" / "python", backends / "python")
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        shutil.copy(package / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub", backends / "python")
+        for name, (module, config) in models.items():
+            self._write_model(scratch / "models" / name, module, config)
+        ports = [_free_port() for _ in range(3)]
+        self.url = f"http://127.0.0.1:{ports[0]}"
+        self.log = scratch / "triton.log"
+        environment = {**os.environ, "LD_LIBRARY_PATH": str(package.parent / "nvidia_pytriton.libs")}
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [str(tritonserver()), f"--model-repository={scratch / 'models'}", f"--backend-directory={backends}",
+                 f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}", "--log-verbose=0"],
+                env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not self._ready():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"tritonserver did not become ready:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def _write_model(self, directory: Path, module, config: dict) -> None:
+        import torch
+
+        (directory / "1").mkdir(parents=True)
+        document = {k: v for k, v in config.items() if k != "backend"}
+        message = json_format.ParseDict({**document, "backend": "python", "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+                                         "parameters": {"EXECUTION_ENV_PATH": {"string_value": str(VENV)}}}, pb.ModelConfig())
+        (directory / "config.pbtxt").write_text(text_format.MessageToString(message))
+        (directory / "1" / "model.py").write_text(MODEL_PY)
+        torch.jit.script(module).save(str(directory / "1" / "model.pt"))
+
+    def _ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def pin(self) -> None:
+        pin_apart(self.process.pid)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+        self._scratch.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
