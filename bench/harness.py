@@ -32,9 +32,7 @@ class Load:
 
 class Server:
     def __init__(self, model_root: Path, **env):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                        "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_MODEL_ROOT": str(model_root),
@@ -42,18 +40,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
                                         stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while not self._ready():
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"the server did not become ready:\n{Path(self.log.name).read_text()[-3000:]}")
-            time.sleep(0.2)
-
-    def _ready(self) -> bool:
-        try:
-            return urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).status == 200
-        except OSError:
-            return False
+        wait_ready(self, Path(self.log.name))
 
     def pin(self) -> None:
         """The server (gunicorn, its worker, the fork server and handler workers) on the first half of
@@ -99,6 +86,34 @@ class Server:
             self.process.wait(60)
         self.log.close()
         os.unlink(self.log.name)
+
+
+def ratio(value: float, reference: float) -> str:
+    """`value / reference` as a table cell; a reference that served nothing (a smoke run's second) has none."""
+    return f"{value / reference:.2f}×" if reference else "—"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(server, log: Path) -> None:
+    """Until `server.url` answers V2 readiness; a server that exits or takes two minutes is stopped,
+    and its log's end raised."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if urllib.request.urlopen(server.url + "/v2/health/ready", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline or server.process.poll() is not None:
+            tail = log.read_text()[-3000:]
+            server.stop()
+            raise RuntimeError(f"{type(server).__name__} did not become ready:\n{tail}")
+        time.sleep(0.2)
 
 
 def pin_apart(pid: int) -> None:

@@ -14,6 +14,7 @@ import torch
 from bench.harness import (
     Server,
     in_process_rows_per_s,
+    ratio,
     save_model,
     v2_binary_request,
     wrk,
@@ -61,9 +62,9 @@ def run(seconds: float, smoke: bool) -> list[str]:
             peer = triton.get((name, connections)) if who == "this server" else None
             lines.append(f"| {who} | {name} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
                          f"{load.p99_ms:.2f} | {load.errors} | {batch:.2f} | {cpu_us:,.0f} | "
-                         f"{load.requests_per_s / rows[('mlp_direct', connections)][0].requests_per_s:.2f}× | "
-                         f"{load.requests_per_s / reference[best_batch]:.2f}× | "
-                         f"{f'{load.requests_per_s / peer[0].requests_per_s:.2f}×' if peer else '—'} |")
+                         f"{ratio(load.requests_per_s, rows[('mlp_direct', connections)][0].requests_per_s)} | "
+                         f"{ratio(load.requests_per_s, reference[best_batch])} | "
+                         f"{ratio(load.requests_per_s, peer[0].requests_per_s) if peer else '—'} |")
     return lines
 
 

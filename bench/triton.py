@@ -6,17 +6,14 @@ same pip command so the CPU wheel is kept; without it, scenarios leave the Trito
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
-from bench.harness import PROJECT, Server, cpu_seconds, pin_apart, save_model, wrk
+from bench.harness import PROJECT, Server, cpu_seconds, free_port, pin_apart, ratio, save_model, wait_ready, wrk
 from container.models.triton_schema import model_config_pb2 as pb
 
 VENV = Path(os.environ.get("TRITON_VENV", PROJECT / "bench" / ".triton"))
@@ -91,9 +88,9 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for who, label, connections, (load, cpu_us) in rows:
         peer_row = peer_rows.get((label, connections)) if who == "this server" else None
-        ratio = f"{load.requests_per_s / peer_row[0].requests_per_s:.2f}×" if peer_row else "—"
+        versus = ratio(load.requests_per_s, peer_row[0].requests_per_s) if peer_row else "—"
         lines.append(f"| {who} | {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
-                     f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | {ratio} |")
+                     f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | {versus} |")
     return lines + extra
 
 
@@ -128,7 +125,7 @@ class Triton:
         shutil.copy(package / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub", backends / "python")
         for name, (module, config) in models.items():
             self._write_model(scratch / "models" / name, module, config)
-        ports = [_free_port() for _ in range(3)]
+        ports = [free_port() for _ in range(3)]
         self.url = f"http://127.0.0.1:{ports[0]}"
         self.log = scratch / "triton.log"
         environment = {**os.environ, "LD_LIBRARY_PATH": str(package.parent / "nvidia_pytriton.libs")}
@@ -137,12 +134,7 @@ class Triton:
                 [str(tritonserver()), f"--model-repository={scratch / 'models'}", f"--backend-directory={backends}",
                  f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}", "--log-verbose=0"],
                 env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while not self._ready():
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"tritonserver did not become ready:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_ready(self, self.log)
 
     def _write_model(self, directory: Path, module, config: dict) -> None:
         import torch
@@ -154,12 +146,6 @@ class Triton:
         (directory / "config.pbtxt").write_text(text_format.MessageToString(message))
         (directory / "1" / "model.py").write_text(MODEL_PY)
         torch.jit.script(module).save(str(directory / "1" / "model.pt"))
-
-    def _ready(self) -> bool:
-        try:
-            return urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2).status == 200
-        except OSError:
-            return False
 
     def pin(self) -> None:
         pin_apart(self.process.pid)
@@ -173,9 +159,3 @@ class Triton:
                 os.killpg(self.process.pid, 9)
                 self.process.wait()
         self._scratch.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
