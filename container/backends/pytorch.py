@@ -121,7 +121,9 @@ def device_scope(device: str):
     default stream. A CPU model needs neither."""
     if not device.startswith("cuda"):
         return _NO_SCOPE
-    streams = _streams.__dict__
+    streams = getattr(_streams, "by_device", None)
+    if streams is None:
+        streams = _streams.by_device = {}
     if device not in streams:
         streams[device] = torch.cuda.Stream(device)
     stack = contextlib.ExitStack()
