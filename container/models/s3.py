@@ -84,7 +84,8 @@ class S3:
 
     def listing(self, url: S3Url) -> "Listing":
         """The objects a model url stands for: the object itself when the key names one (an archive),
-        else every object under `key/` (a model directory)."""
+        else every object under `key/` (a model directory), else `key.tar.gz`/`.tgz`/`.tar` (a model's
+        name under an S3 root)."""
         with _errors(url):
             if url.key and not url.key.endswith("/"):
                 listed = self._list(url.bucket, url.key, limit=1)
