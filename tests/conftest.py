@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import wait_for
 
@@ -63,6 +64,20 @@ class Server:
     def worker_pid(self) -> int:
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
         return int(children[0])
+
+    def replaced(self, worker: int) -> bool:
+        """gunicorn runs a worker other than `worker` (False between the old one's exit and the new one's start)."""
+        try:
+            return self.worker_pid() != worker
+        except (IndexError, OSError):
+            return False
+
+    def metrics(self) -> dict[tuple, float]:
+        """Every sample of /metrics by (name, sorted labels); counters read as `…_total`."""
+        answer = self.request("GET", "/metrics")
+        assert answer.status_code == 200, answer.text
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(answer.text) for sample in family.samples}
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -339,7 +339,7 @@ class Registry:
             self._recover(model, failure.device, failure.requested)
             backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
         model.versions = backends
-        measured = total_by_device(b.memory() for b in backends.values()) or {device: source.estimated_bytes()}
+        measured = self._pool.apply(_memory, (list(backends.values()),)) or {device: source.estimated_bytes()}
         self._make_room(model, measured)
         self._measured[str(path)] = measured
         if isinstance(source.layout, TritonLayout):
@@ -357,7 +357,8 @@ class Registry:
         if model.settling <= 0 or model.state is not State.READY:
             return
         model.settling -= 1
-        sizes = total_by_device(b.memory() for b in model.versions.values())
+        # on a thread: a handler model's worker is measured through /proc, milliseconds the hub must not wait
+        sizes = self._pool.apply(_memory, (list(model.versions.values()),))
         if sizes == self.cache.size_of(model):
             return
         try:
@@ -452,6 +453,10 @@ def place(config, cache: MemoryCache) -> tuple[str, str]:
     if absent:
         raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
     return max(named or gpus, key=lambda d: cache.budgets[d] - cache.used(d)), ""
+
+
+def _memory(backends: list) -> dict[str, int]:
+    return total_by_device(b.memory() for b in backends)
 
 
 def _close(backends: list, source: ModelSource | None, release_memory: Callable[[], None]) -> None:

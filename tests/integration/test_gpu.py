@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from tests.builders import Sized, fp32_model, handler_model, wait_for
-from tests.integration.test_device_faults import _worker
-from tests.integration.test_observability import log_lines, scrape
+from tests.integration.test_observability import log_lines
 
 pytestmark = pytest.mark.gpu
 GIB = 1 << 30
@@ -50,7 +49,7 @@ def test_a_model_loads_on_the_gpu_and_is_charged_there(start_server, tmp_path):
     server = start_server(root)
     assert server.load("weights").status_code == 200
     assert server.invoke("weights", [[1, 1, 1, 1]]).status_code == 200
-    metrics = scrape(server)
+    metrics = server.metrics()
     assert 256 << 20 <= gpu_bytes(metrics, "weights") < (256 << 20) * 1.1
     assert metrics[("serve_memory_measured_bytes", (("device", "cuda:0"),))] >= 256 << 20
 
@@ -82,7 +81,7 @@ def test_two_models_share_a_device_within_its_budget(start_server, tmp_path):
     for name in ("first", "second", "third"):
         assert server.load(name).status_code == 200
     assert len(server.loaded()) == 2  # the third evicted the least recently used
-    metrics = scrape(server)
+    metrics = server.metrics()
     assert metrics[("serve_memory_accounted_bytes", (("device", "cuda:0"),))] <= metrics[("serve_memory_budget_bytes", (("device", "cuda:0"),))]
 
 
@@ -94,6 +93,6 @@ def test_a_device_side_assert_turns_health_red_and_the_worker_restarts(start_ser
     first = server.worker_pid()
     answer = server.invoke("asserts", [[-1.0, 0, 0, 0]])
     assert answer.status_code == 500 and "device-side assert" in answer.json()["error"]
-    wait_for(lambda: _worker(server) not in (None, first), 60, "gunicorn did not start a fresh worker")
+    wait_for(lambda: server.replaced(first), 60, "gunicorn did not start a fresh worker")
     wait_for(lambda: server.invoke("asserts", [[1.0, 2, 3, 4]], timeout=5).status_code == 200, 120)
     assert [line for line in log_lines(server) if line["message"] == "sticky device error: restarting the worker process"]

@@ -17,7 +17,6 @@ from tests.builders import (
     handler_model,
     sized_model,
 )
-from tests.integration.test_observability import scrape
 
 OOM_ONCE = """
 import torch
@@ -141,13 +140,13 @@ def test_out_of_memory_evicts_only_what_the_allocation_needs_then_retries_once(s
     server = start_server(root, SERVE_MEMORY_LIMIT="256MiB")
     for name in ("old", "recent", "oomonce"):
         assert server.load(name).status_code == 200
-    metrics = scrape(server)
+    metrics = server.metrics()
     room = metrics[("serve_memory_budget_bytes", (("device", "cpu"),))] - metrics[("serve_memory_accounted_bytes", (("device", "cpu"),))]
     asked = (room + 4 * MIB) / MIB  # 4 MiB more than the budget has room for: the oldest idle model covers it
     answer = server.invoke("oomonce", [[asked]])
     assert answer.status_code == 200 and answer.json() == [[2 * asked]]  # retried after recovery
     assert server.loaded() == ["oomonce", "recent"]
-    assert scrape(server)[("serve_memory_recoveries_total", ())] == 1
+    assert server.metrics()[("serve_memory_recoveries_total", ())] == 1
     assert server.load("oomalways").status_code == 200
     answer = server.invoke("oomalways", [[1.0]])
     assert answer.status_code == 507 and "ran out of memory" in answer.json()["error"]
@@ -184,7 +183,7 @@ def test_a_handler_whose_model_fn_returns_no_module_is_charged_what_its_worker_h
     handler_model(root, "pair", TUPLE_MODEL)
     server = start_server(root)
     assert server.load("pair").status_code == 200 and server.invoke("pair", [[2.0]]).json() == [[2.0]]
-    metrics = scrape(server)
+    metrics = server.metrics()
     charged = metrics[("serve_model_memory_bytes", (("device", "cpu"), ("model", "pair")))]
     worker = metrics[("serve_model_measured_bytes", (("device", "cpu"), ("kind", "load"), ("model", "pair")))]
     assert 32 * MIB <= worker <= charged < 64 * MIB  # the worker's own pages, its 32 MiB among them

@@ -14,7 +14,6 @@ import boto3
 import pytest
 import requests
 from moto.server import DomainDispatcherApplication, create_backend_app
-from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.serving import make_server
 
 from tests.builders import MIB, fp32_model, sized_model, wait_for
@@ -92,14 +91,8 @@ def upload_archive(client, directory: Path, key: str) -> None:
     client.put_object(Bucket=BUCKET, Key=key, Body=buffer.getvalue())
 
 
-def metrics(server) -> dict[str, float]:
-    text = requests.get(server.url + "/metrics").text
-    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-            if not sample.labels}
-
-
 def counter(server, name: str) -> float:
-    return metrics(server).get(name, 0)
+    return server.metrics().get((name, ()), 0)
 
 
 def invoke_ok(server, name: str) -> bool:
