@@ -128,6 +128,10 @@ def test_an_s3_model_root_serves_every_api(start_server, s3, tmp_path):
     assert server.request("GET", "/v1/models/packed").status_code == 200  # TF Serving sees it too
     outside = server.load("escape", "../big")
     assert outside.status_code == 400 and "inside the model root" in outside.json()["error"]
+    override = server.request("POST", "/v2/repository/models/c/load", json={"parameters": {"config": "{}"}})
+    assert override.status_code == 400 and "'file:' parameters" in override.json()["error"]
+    assert server.request("POST", "/v2/models/b/infer", json={"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 1, 1, 1]}]}).status_code == 200
 
 
 def test_concurrent_loads_of_one_url_share_one_download_and_ping_answers_meanwhile(start_server, s3, tmp_path):
