@@ -13,27 +13,24 @@ from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from container import resources
-from container.api.errors import register_error_handler
-from container.api.hot_paths import HotPaths
-from container.api.metrics import register_metrics_endpoint
-from container.api.openapi import register_openapi_endpoint
-from container.api.request_log import register_request_log
-from container.api.sagemaker import SINGLE_MODEL_NAME, register_sagemaker_endpoints, sagemaker_hot_routes
-from container.api.shared_memory import (
-    SharedMemory,
-    register_shared_memory_endpoints,
-)
-from container.api.tfserving import register_tfserving_endpoints
-from container.api.v2 import register_v2_endpoints, v2_hot_routes
-from container.api.v2_repository import register_repository_endpoints
+from container.api import tfserving
+from container.api.metrics import metrics_routes
+from container.api.openapi import openapi_routes
+from container.api.pipeline import Dispatcher
+from container.api.routing import Routes
+from container.api.sagemaker import SINGLE_MODEL_NAME, sagemaker_routes
+from container.api.shared_memory import SharedMemory, shared_memory_routes
+from container.api.v2 import v2_routes
+from container.api.v2_repository import repository_routes
 from container.backends import HandlerOptions, load_backends
 from container.backends.gpus import Gpus
 from container.backends.pytorch import configure_threads, free_memory, release_memory, warm_up
+from container.core import Core
 from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.downloads import DownloadCache
 from container.models.registry import Registry, Runtime
-from container.scheduling import new_job, scheduler_for
+from container.scheduling import scheduler_for
 from container.settings import Settings
 
 
@@ -46,27 +43,28 @@ def create_app(settings: Settings) -> Flask:
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
     backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
-    runtime = Runtime(backends, release_memory, free_memory, scheduler_for, new_job)
+    runtime = Runtime(backends, release_memory, free_memory, scheduler_for)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
-    app = Flask("container", static_folder=None)  # no static files: no route that reads paths from a URL
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_payload_bytes
-    app.extensions["registry"] = registry
-    app.extensions["started"] = started = Event()  # set once the models named at start have loaded
-    register_error_handler(app)
-    register_request_log(app)
-    register_sagemaker_endpoints(app, registry, settings)
-    register_tfserving_endpoints(app, registry)
+    core = Core(registry)
+    started = Event()  # set once the models named at start have loaded
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices))
-    register_v2_endpoints(app, registry, shared_memory, started)
-    register_repository_endpoints(app, registry)
-    register_shared_memory_endpoints(app, shared_memory)
-    register_metrics_endpoint(app, registry, gpus, idle.uss)
-    register_openapi_endpoint(app, package_version("container"))
-    hot = [*v2_hot_routes(registry, shared_memory, settings.max_payload_bytes), *sagemaker_hot_routes(registry, settings)]
-    app.wsgi_app = HotPaths(app.wsgi_app, hot, settings.max_payload_bytes, registry.announce)
+    routes = Routes([
+        *sagemaker_routes(core, settings),
+        *v2_routes(core, shared_memory, started, settings.max_payload_bytes),
+        *repository_routes(core),
+        *shared_memory_routes(shared_memory),
+        *tfserving.tfserving_routes(core),
+        *metrics_routes(core, gpus, idle.uss),
+        *openapi_routes(package_version("container")),
+    ], mounts=[tfserving.MOUNT])
+    dispatcher = Dispatcher(routes, settings.max_payload_bytes)
+    # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
+    app = Flask("container", static_folder=None)
+    app.wsgi_app = dispatcher
+    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher)
     return app
 
 
@@ -87,16 +85,16 @@ def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache
 def load_startup_models(app: Flask, settings: Settings) -> None:
     """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
     try:
-        registry = app.extensions["registry"]
-        registry.load_all(startup_models(settings, registry))
+        core = app.extensions["core"]
+        core.load_all(startup_models(settings, core))
     finally:
         app.extensions["started"].set()
 
 
-def startup_models(settings: Settings, registry: Registry) -> list[tuple[str, str]]:
+def startup_models(settings: Settings, core: Core) -> list[tuple[str, str]]:
     """(name, url) of the models to load at start: the one model, or those SERVE_LOAD_MODELS names."""
     if not settings.multi_model:
         return [(SINGLE_MODEL_NAME, ".")]
     if settings.load_models == ("*",):
-        return registry.entries()
-    return [(name, registry.locate(name)) for name in settings.load_models]
+        return core.entries()
+    return [(name, core.locate(name)) for name in settings.load_models]

@@ -3,14 +3,10 @@
 
 import logging
 from http import HTTPStatus
-from typing import Callable
 
 import orjson
-from flask import Blueprint, Flask, Response, request
-from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from container.api.request_log import request_id
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -22,8 +18,6 @@ def describe(exc: Exception, method: str, path: str, request_id: str | None) -> 
         if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults
             log.warning("request failed", extra={"fields": {"status": exc.status, "error": exc.message, "request_id": request_id}})
         return exc.status, exc.message, exc.headers
-    if isinstance(exc, (ParseException, NoMoreData)):  # raised by gunicorn while the body is read
-        return 400, f"malformed request body: {exc}", {}
     if isinstance(exc, NotFound):
         return 404, f"no endpoint {method} {path}; see the README for the API", {}
     if isinstance(exc, MethodNotAllowed):
@@ -51,12 +45,3 @@ def _phrase(status: int) -> str:
 def json_error(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
-
-def register_error_handler(target: Flask | Blueprint, body: Callable[[str], bytes] = json_error) -> None:
-    """Render every exception that reaches `target` as `body(message)` with the described status."""
-
-    def render(exc: Exception) -> Response:
-        status, message, headers = describe(exc, request.method, request.path, request_id())
-        return Response(body(message), status_line(status), headers, mimetype="application/json")
-
-    target.register_error_handler(Exception, render)

@@ -3,13 +3,13 @@ dashboards work), labelled by model and version, plus the cache's own. Everythin
 registry at scrape time: serving a request costs nothing extra."""
 
 import psutil
-from flask import Blueprint, Flask, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from container import resources
-from container.models.cache import total_by_device
-from container.models.registry import Registry
+from container.api.pipeline import Response
+from container.api.routing import Route
+from container.core import Core
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PER_VERSION = (
@@ -32,9 +32,9 @@ _PER_VERSION = (
 
 
 class ServerCollector:
-    def __init__(self, registry: Registry, gpus, idle_bytes: int):
+    def __init__(self, core: Core, gpus, idle_bytes: int):
         """`gpus`: backends.gpus.Gpus; `idle_bytes`: the process's own pages before any model."""
-        self.registry = registry
+        self.core = core
         self.gpus = gpus
         self.idle_bytes = idle_bytes
 
@@ -48,13 +48,11 @@ class ServerCollector:
         lines = []
         for name, documentation, value in _PER_VERSION:
             lines += [f"# HELP {name} {documentation}", f"# TYPE {name} counter"]
-            for model in self.registry.ready():
-                for version, statistics in sorted(model.statistics.items()):
-                    lines.append(f'{name}{{model="{_escape(model.name)}",version="{version}"}} {value(statistics)}')
+            for model, version, statistics in self.core.stats():
+                lines.append(f'{name}{{model="{_escape(model.name)}",version="{version}"}} {value(statistics)}')
         return "\n".join(lines) + "\n"
 
     def _memory(self):
-        cache = self.registry.cache
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "Host memory in bytes", value=resources.memory_limit())
         yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "Host memory in use in bytes", value=resources.memory_used())
         gpus = self.gpus.usage()
@@ -71,9 +69,9 @@ class ServerCollector:
                                      "server's own pages above its idle start plus its handler workers' (cpu), torch's "
                                      "reservations (cuda)", labels=["device"])
         held = self._held()
-        for device, limit in cache.budgets.items():
+        for device, (limit, used) in self.core.memory().items():
             budget.add_metric([device], limit)
-            accounted.add_metric([device], cache.used(device))
+            accounted.add_metric([device], used)
             measured.add_metric([device], held.get(device, 0))
         yield budget
         yield accounted
@@ -83,15 +81,15 @@ class ServerCollector:
                                      "the growth its load measured, its activation peak", labels=["model", "device", "kind"])
         depth = GaugeMetricFamily("serve_queue_depth", "Requests waiting in the model's scheduler", labels=["model"])
         sequences = GaugeMetricFamily("serve_sequences_active", "Sequences holding state", labels=["model"])
-        for model in self.registry.ready():
-            for device, size in cache.size_of(model).items():
+        for model in self.core.ready():
+            for device, size in self.core.model_memory(model).items():
                 per_model.add_metric([model.name, device], size)
-            for backend in model.versions.values():
-                for kind, sizes in backend.measured().items():
-                    for device, size in sizes.items():
-                        per_kind.add_metric([model.name, device, kind], size)
-            depth.add_metric([model.name], model.scheduler.queue_depth())
-            sequences.add_metric([model.name], model.scheduler.sequences_active())
+            for kind, sizes in self.core.measured(model).items():
+                for device, size in sizes.items():
+                    per_kind.add_metric([model.name, device, kind], size)
+            waiting, active = self.core.queue(model)
+            depth.add_metric([model.name], waiting)
+            sequences.add_metric([model.name], active)
         yield per_model
         yield per_kind
         yield depth
@@ -101,11 +99,11 @@ class ServerCollector:
         held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes, 0)}
         for device in self.gpus.devices:
             held[device] = self.gpus.reserved(device)
-        workers = [b.measured()["load"] for m in self.registry.ready() for b in m.versions.values() if getattr(b, "own_process", False)]
-        return total_by_device([held, *workers])
+        workers = self.core.worker_memory()
+        return {device: held.get(device, 0) + workers.get(device, 0) for device in {*held, *workers}}
 
     def _lifecycle(self):
-        counters = self.registry.counters
+        counters = self.core.counters
         loads = CounterMetricFamily("serve_model_loads", "Model loads", labels=["outcome"])
         loads.add_metric(["success"], counters.loads)
         loads.add_metric(["failure"], counters.load_failures)
@@ -117,11 +115,11 @@ class ServerCollector:
         yield CounterMetricFamily("serve_insufficient_memory", "Loads and executions answered 507", value=counters.insufficient_memory)
         yield CounterMetricFamily("serve_memory_recoveries", "Device out-of-memory errors met by freeing room and trying again",
                                   value=counters.recoveries)
-        yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.registry.ready()))
+        yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.core.ready()))
         yield from self._downloads()
 
     def _downloads(self):
-        downloads = self.registry.downloads
+        downloads = self.core.downloads
         if downloads is None:
             return
         counters = downloads.counters
@@ -140,14 +138,12 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def register_metrics_endpoint(app: Flask, registry: Registry, gpus, idle_bytes: int) -> None:
-    collector = ServerCollector(registry, gpus, idle_bytes)
+def metrics_routes(core: Core, gpus, idle_bytes: int) -> list[Route]:
+    collector = ServerCollector(core, gpus, idle_bytes)
     metrics = CollectorRegistry(auto_describe=False)
     metrics.register(collector)
-    api = Blueprint("metrics", __name__)
 
-    @api.get("/metrics")
-    def scrape():
-        return Response(collector.triton_counters().encode() + generate_latest(metrics), 200, content_type=CONTENT_TYPE)
+    def scrape(request) -> Response:
+        return Response(collector.triton_counters().encode() + generate_latest(metrics), CONTENT_TYPE)
 
-    app.register_blueprint(api)
+    return [Route("GET", "/metrics", scrape)]

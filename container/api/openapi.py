@@ -1,13 +1,14 @@
 """The OpenAPI 3.1 document of all three APIs, served at `GET /openapi.json`. A test holds it to the
 routes the server really has, and schemathesis sends what it describes to a live server."""
 
-from flask import Blueprint, Flask, Response
-
 from container import content
+from container.api.pipeline import Response
+from container.api.routing import Route
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "a model name"}
 _VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+_LABEL = {"name": "label", "in": "path", "required": True, "schema": {"type": "string"}, "description": "a version label"}
 _REGION = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "a region name"}
 _JSON_VALUE: dict = {}  # any JSON value
 _NUMBERS = {"type": "array", "items": _JSON_VALUE}
@@ -129,19 +130,21 @@ def document(version: str) -> dict:
         "inference; JSON, or JSON followed by binary tensor data", v2, _json(_INFER), _json(_INFER),
         [_NAME, {"name": "Inference-Header-Content-Length", "in": "header", "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
         errors=(400, 404, 413, 507))})
-    tf_errors = (400, 404)
-    paths |= {
-        "/v1/models/{name}": {"get": _operation("model status, every version", tf, _json({"type": "object"}), parameters=[_NAME], errors=tf_errors)},
-        "/v1/models/{name}/versions/{version}": {"get": _operation("model status, one version", tf, _json({"type": "object"}),
-                                                                   parameters=[_NAME, _VERSION], errors=tf_errors)},
-        "/v1/models/{name}/metadata": {"get": _operation("signature metadata", tf, _json({"type": "object"}), parameters=[_NAME], errors=tf_errors)},
-        "/v1/models/{name}:predict": {"post": _operation("predict (row or columnar format)", tf, _json({"type": "object"}), _json(_TF_PREDICT),
-                                                         [_NAME], errors=(400, 404, 413))},
-        "/v1/models/{name}:classify": {"post": _operation("classify tf.Example-style examples", tf, _json({"type": "object"}), _json(_TF_EXAMPLES),
-                                                          [_NAME], errors=(400, 404, 413))},
-        "/v1/models/{name}:regress": {"post": _operation("regress tf.Example-style examples", tf, _json({"type": "object"}), _json(_TF_EXAMPLES),
-                                                         [_NAME], errors=(400, 404, 413))},
+    tf_errors, tf_body_errors = (400, 404), (400, 404, 413)
+    tf_operations = {
+        "": {"get": _operation("model status", tf, _json({"type": "object"}), errors=tf_errors)},
+        "/metadata": {"get": _operation("signature metadata", tf, _json({"type": "object"}), errors=tf_errors)},
+        ":predict": {"post": _operation("predict (row or columnar format)", tf, _json({"type": "object"}), _json(_TF_PREDICT),
+                                        errors=tf_body_errors)},
+        ":classify": {"post": _operation("classify tf.Example-style examples", tf, _json({"type": "object"}), _json(_TF_EXAMPLES),
+                                         errors=tf_body_errors)},
+        ":regress": {"post": _operation("regress tf.Example-style examples", tf, _json({"type": "object"}), _json(_TF_EXAMPLES),
+                                        errors=tf_body_errors)},
     }
+    for base, parameters in (("/v1/models/{name}", [_NAME]), ("/v1/models/{name}/versions/{version}", [_NAME, _VERSION]),
+                             ("/v1/models/{name}/labels/{label}", [_NAME, _LABEL])):
+        for suffix, operations in tf_operations.items():
+            paths[base + suffix] = {method: {**op, "parameters": parameters} for method, op in operations.items()}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Multi-model inference container", "version": version,
@@ -151,12 +154,6 @@ def document(version: str) -> dict:
     }
 
 
-def register_openapi_endpoint(app: Flask, version: str) -> None:
-    api = Blueprint("openapi", __name__)
+def openapi_routes(version: str) -> list[Route]:
     body = content.encode_json(document(version))
-
-    @api.get("/openapi.json")
-    def openapi():
-        return Response(body, 200, mimetype=content.JSON)
-
-    app.register_blueprint(api)
+    return [Route("GET", "/openapi.json", lambda request: Response(body, content.JSON))]

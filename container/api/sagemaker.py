@@ -3,126 +3,121 @@
 import base64
 import binascii
 import logging
-import re
-
-import orjson
-from flask import Blueprint, Flask, Response, request
 
 from container import content
 from container.api import invoke_codec, offload
+from container.api.pipeline import Request, Response
+from container.api.routing import Route
+from container.core import Core
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest, TransformRequest
 from container.limits import check_name, whole_number
-from container.models.registry import Registry, State
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
-CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+TARGET_MODEL = "x-amzn-sagemaker-target-model"
+CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 SINGLE_MODEL_NAME = "model"
 DEFAULT_PAGE_SIZE = 100
 
 
-def json_response(value, status: int = 200) -> Response:
-    return Response(orjson.dumps(value), status, mimetype=content.JSON)
-
-
-def register_sagemaker_endpoints(app: Flask, registry: Registry, settings: Settings) -> None:
-    api = Blueprint("sagemaker", __name__)
-
-    @api.get("/ping")
-    def ping():
-        registry.check_health()
-        if not settings.multi_model and not registry.ready():
-            failure = registry.failures.get(SINGLE_MODEL_NAME)
+def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
+    def ping(request: Request) -> Response:
+        core.check_health()
+        if not settings.multi_model and not core.ready():
+            failure = core.failure(SINGLE_MODEL_NAME)
             raise Unavailable(f"the model failed to load: {failure}" if failure else "the model is not loaded yet")
-        return Response(b"", 200)
+        return Response()
 
-    @api.post("/models")
-    def load_model():
-        name, url = _load_body(request.get_data())
-        model = registry.load(name, url)
-        return json_response(_describe(model))
+    def load_model(request: Request) -> Response:
+        name, url = _load_body(request.body)
+        return Response.json(_describe(core.load(name, url)))
 
-    @api.get("/models")
-    def list_models():
-        models = registry.ready()
-        limit = _page_size(request.args.get("limit"))
-        token = request.args.get("next_page_token")
+    def list_models(request: Request) -> Response:
+        models, args = core.ready(), request.args()
+        limit = _page_size(args.get("limit"))
+        token = args.get("next_page_token")
         if token:
             start = _decode_token(token)
             models = [m for m in models if m.name >= start]
         page = {"models": [_describe(m) for m in models[:limit]]}
         if len(models) > limit:
             page["nextPageToken"] = base64.urlsafe_b64encode(models[limit].name.encode()).decode()
-        return json_response(page)
+        return Response.json(page)
 
-    @api.get("/models/<name>")
-    def get_model(name):
-        return json_response(_describe(registry.get(name)))
+    def get_model(request: Request) -> Response:
+        return Response.json(_describe(core.describe(request.params["name"])))
 
-    @api.delete("/models/<name>")
-    def unload_model(name):
-        registry.unload(name)
-        return json_response({"status": f"model '{name}' unloaded"})
+    def unload_model(request: Request) -> Response:
+        name = request.params["name"]
+        core.unload(name)
+        return Response.json({"status": f"model '{name}' unloaded"})
 
-    app.register_blueprint(api)
+    def invoke(request: Request) -> Response:
+        return serve_invoke(core, request, settings.default_accept)
 
-
-def sagemaker_hot_routes(registry: Registry, settings: Settings) -> list:
-    """Invoke and /invocations, served in front of Flask (hot_paths.py) because they are the hot path."""
-
-    def invoke(call):
-        return serve_invoke(registry, call, settings.default_accept)
-
-    def invocations(call):
+    def invocations(request: Request) -> Response:
         if settings.multi_model:
-            target = call.header(TARGET_MODEL)
+            target = request.header(TARGET_MODEL)
             if not target:
-                raise InvalidRequest(f"the {TARGET_MODEL} header must name the model to invoke (a path under the model root)")
-            call.model = target
-            return _invoke_on_demand(registry, call, settings.default_accept)
-        call.model = SINGLE_MODEL_NAME
-        return serve_invoke(registry, call, settings.default_accept)
+                raise InvalidRequest("the X-Amzn-SageMaker-Target-Model header must name the model to invoke "
+                                     "(a path under the model root)")
+            request.model = target
+            return _invoke_on_demand(core, request, settings.default_accept)
+        request.model = SINGLE_MODEL_NAME
+        return serve_invoke(core, request, settings.default_accept)
 
-    return [(re.compile(r"/models/(?P<name>[^/]+)/invoke"), invoke), (re.compile(r"/invocations"), invocations)]
+    return [
+        Route("GET", "/ping", ping),
+        Route("POST", "/invocations", invocations),
+        Route("GET", "/models", list_models),
+        Route("POST", "/models", load_model),
+        Route("GET", "/models/{name}", get_model),
+        Route("DELETE", "/models/{name}", unload_model),
+        Route("POST", "/models/{name}/invoke", invoke),
+    ]
 
 
-def _invoke_on_demand(registry: Registry, call, default_accept: str):
+def _invoke_on_demand(core: Core, request: Request, default_accept: str) -> Response:
     """Load the target on first use. A target evicted or unloaded between its load and its request's
     lease is loaded again: the platform sent the request expecting exactly that."""
     for _ in range(3):
-        model = registry.ensure_loaded(call.model, call.model)
+        model = core.ensure_loaded(request.model, request.model)
         try:
-            return serve_invoke(registry, call, default_accept)
+            return serve_invoke(core, request, default_accept)
         except ModelNotFound:
-            if model.state is State.READY and registry.models.get(call.model) is model:
+            if core.model_is_current(model):
                 raise  # not a race: the model is there and serving
-    raise Unavailable(f"model '{call.model}' was evicted three times before it could serve; retry")
+    raise Unavailable(f"model '{request.model}' was evicted three times before it could serve; retry")
 
 
-def serve_invoke(registry: Registry, call, default_accept: str) -> tuple[bytes, dict[str, str], int]:
-    """One invoke of `call.model`: a handler model gets the body as is; a tensor model's body is
+def serve_invoke(core: Core, request: Request, default_accept: str) -> Response:
+    """One invoke of `request.model`: a handler model gets the body as is; a tensor model's body is
     decoded for its inputs and its outputs encoded as the Accept header asks (`default_accept` for
     none or `*/*`)."""
-    name = call.model
-    attributes = call.header(CUSTOM_ATTRIBUTES)
+    name, body = request.model, request.body
+    attributes = request.header(CUSTOM_ATTRIBUTES)
     if attributes is not None:
         log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": attributes,
-                                                         "request_id": call.request_id}})
-    model = registry.get(name)
-    accept = call.header("Accept")
-    if model.signature is None:
-        media_type = content.media_type(call.header("Content-Type"), default=None)
-        response = registry.transform(TransformRequest(name, call.body, media_type, accept, call.headers(), call.request_id))
-        return response.body, {**response.headers, "Content-Type": response.content_type}, response.status
-    response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
-    inputs, envelope = offload.run(offload.heavy(len(call.body)), invoke_codec.decode, call.body,
-                                   content.media_type(call.header("Content-Type")), model.signature)
-    outputs = registry.infer(InferRequest(name, inputs)).outputs
-    body = offload.encode(invoke_codec.encode, outputs, response_type, envelope)
-    return body, {"Content-Type": response_type}, 200
+                                                         "request_id": request.request_id}})
+    accept = request.header("accept")
+    with core.lease(name) as model:
+        if model.signature is None:
+            media_type = content.media_type(request.header("content-type"), default=None)
+            transform = TransformRequest(name, body, media_type, accept, _titled(request.headers), request.request_id)
+            response = core.transform(model, transform)
+            return Response(response.body, response.content_type, response.status, dict(response.headers))
+        response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
+        inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
+                                       content.media_type(request.header("content-type")), model.signature)
+        outputs = core.infer(model, InferRequest(name, inputs)).outputs
+        return Response(offload.encode(invoke_codec.encode, outputs, response_type, envelope), response_type)
+
+
+def _titled(headers: dict[str, str]) -> dict[str, str]:
+    """Headers by their names in title case (`Content-Type`, `X-Amzn-Sagemaker-…`), as handlers see them."""
+    return {name.title(): value for name, value in headers.items()}
 
 
 def _describe(model) -> dict:

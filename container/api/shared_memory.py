@@ -17,10 +17,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from flask import Blueprint, Flask, Response, request
-
 from container import content
 from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
+from container.api.pipeline import Request, Response
+from container.api.routing import Route
 from container.errors import InvalidRequest, ServeError
 
 SHM_ROOT = Path("/dev/shm")
@@ -186,31 +186,31 @@ def _check_sizes(**values) -> None:
             raise InvalidRequest(f"'{field}' must be a non-negative whole number")
 
 
-def register_shared_memory_endpoints(app: Flask, shared_memory: SharedMemory) -> None:
-    api = Blueprint("shared_memory", __name__)
+def shared_memory_routes(shared_memory: SharedMemory) -> list[Route]:
+    routes = []
     for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
-        def status(name=None, kind=kind):
-            return Response(content.encode_json(shared_memory.status(kind, name)), 200, mimetype=content.JSON)
+        def status(request: Request, kind=kind) -> Response:
+            return Response(content.encode_json(shared_memory.status(kind, request.params.get("name"))), content.JSON)
 
-        def unregister(name=None, kind=kind):
-            shared_memory.unregister(kind, name)
-            return Response(b"", 200)
+        def unregister(request: Request, kind=kind) -> Response:
+            shared_memory.unregister(kind, request.params.get("name"))
+            return Response()
 
-        api.add_url_rule(f"{prefix}/status", f"{kind}_status", status)
-        api.add_url_rule(f"{prefix}/region/<name>/status", f"{kind}_region_status", status)
-        api.add_url_rule(f"{prefix}/unregister", f"{kind}_unregister", unregister, methods=["POST"])
-        api.add_url_rule(f"{prefix}/region/<name>/unregister", f"{kind}_region_unregister", unregister, methods=["POST"])
+        routes += [Route("GET", f"{prefix}/status", status), Route("GET", f"{prefix}/region/{{name}}/status", status),
+                   Route("POST", f"{prefix}/unregister", unregister),
+                   Route("POST", f"{prefix}/region/{{name}}/unregister", unregister)]
 
-    @api.post("/v2/systemsharedmemory/region/<name>/register")
-    def register_system(name):
-        document = content.parse_object(request.get_data(), 'the body {"key": "...", "offset": 0, "byte_size": N}')
-        shared_memory.register_system(name, document.get("key"), document.get("offset", 0), document.get("byte_size"))
-        return Response(b"", 200)
+    def register_system(request: Request) -> Response:
+        document = content.parse_object(request.body, 'the body {"key": "...", "offset": 0, "byte_size": N}')
+        shared_memory.register_system(request.params["name"], document.get("key"), document.get("offset", 0),
+                                      document.get("byte_size"))
+        return Response()
 
-    @api.post("/v2/cudasharedmemory/region/<name>/register")
-    def register_cuda(name):
-        document = content.parse_object(request.get_data(), 'the body {"raw_handle": {"b64": "..."}, "device_id": 0, "byte_size": N}')
-        shared_memory.register_cuda(name, document.get("raw_handle"), document.get("device_id", 0), document.get("byte_size"))
-        return Response(b"", 200)
+    def register_cuda(request: Request) -> Response:
+        document = content.parse_object(request.body, 'the body {"raw_handle": {"b64": "..."}, "device_id": 0, "byte_size": N}')
+        shared_memory.register_cuda(request.params["name"], document.get("raw_handle"), document.get("device_id", 0),
+                                    document.get("byte_size"))
+        return Response()
 
-    app.register_blueprint(api)
+    return routes + [Route("POST", "/v2/systemsharedmemory/region/{name}/register", register_system),
+                     Route("POST", "/v2/cudasharedmemory/region/{name}/register", register_cuda)]

@@ -4,25 +4,20 @@ model's Triton config: `serving_default` always; `regress` when the one output h
 example; `classify` when it holds a score per class."""
 
 import json
-import re
 
 import numpy as np
-from flask import Blueprint, Flask, Response, g, request
 
 from container.api import offload
 from container.api import tfserving_json as tfjson
-from container.api.errors import register_error_handler
+from container.api.pipeline import Request, Response
+from container.api.routing import Mount, Route
+from container.core import Core, Model
 from container.errors import InvalidInput, InvalidRequest, ModelNotFound
 from container.inference import InferRequest
 from container.limits import whole_number
-from container.models.registry import Model, Registry
 from container.models.signature import Signature, TensorSpec
 from container.tensors import as_datatype
 
-_PATH = re.compile(
-    r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?P<verb>/metadata|:predict|:classify|:regress)?"
-)
 PREDICT, REGRESS, CLASSIFY = ("tensorflow/serving/predict", "tensorflow/serving/regress", "tensorflow/serving/classify")
 DEFAULT_SIGNATURE = {":predict": "serving_default", ":regress": REGRESS, ":classify": CLASSIFY}
 _TF_DTYPES = {
@@ -30,65 +25,85 @@ _TF_DTYPES = {
     "INT8": "DT_INT8", "INT16": "DT_INT16", "INT32": "DT_INT32", "INT64": "DT_INT64", "FP16": "DT_HALF",
     "FP32": "DT_FLOAT", "FP64": "DT_DOUBLE", "BF16": "DT_BFLOAT16", "BYTES": "DT_STRING",
 }
+# TF Serving answers a URL it does not serve, or a method a URL does not take, as a malformed request.
+MOUNT = Mount("/v1/", tfjson.error, lambda method, path: InvalidRequest(f"Malformed request: {method} {path}"))
 
 
-def register_tfserving_endpoints(app: Flask, registry: Registry) -> None:
-    api = Blueprint("tfserving", __name__)
-    register_error_handler(api, tfjson.error)
+def tfserving_routes(core: Core) -> list[Route]:
+    def status(request: Request) -> Response:
+        model, version = _resolve(core, request, status=True)
+        specific = "version" in request.params or "label" in request.params
+        return _answer(tfjson.pretty(_status(model, version if specific else None)))
 
-    @api.route("/v1/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    def dispatch(rest):
-        match = _PATH.fullmatch(request.path)
-        g.model = match and match["name"]
-        verb = match and match["verb"]
-        if not match or request.method != ("GET" if verb in (None, "/metadata") else "POST"):
-            raise InvalidRequest(f"Malformed request: {request.method} {request.path}")
-        model, version = _resolve(registry, match, status=verb is None)
-        if verb is None:
-            return _answer(tfjson.pretty(_status(model, version if match["version"] or match["label"] else None)))
-        if verb == "/metadata":
-            return _answer(tfjson.pretty(_metadata(model, version)))
-        body = request.get_data()
-        heavy = offload.heavy(len(body))
-        document = offload.run(heavy, _parse, body)
-        _check_signature(model, document, verb)
-        if verb == ":predict":
-            inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
-            outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
-            return _answer(offload.encode(_predictions, outputs, key))
-        inputs = offload.run(heavy, _examples, document, model.signature)
-        outputs = registry.infer(InferRequest(model.name, inputs, version)).outputs
-        encode = _regressions if verb == ":regress" else _classes
-        return _answer(offload.encode(encode, outputs, document, model))
+    def metadata(request: Request) -> Response:
+        model, version = _resolve(core, request, status=False)
+        return _answer(tfjson.pretty(_metadata(model, version)))
 
-    app.register_blueprint(api)
+    def run(verb: str):
+        def serve(request: Request) -> Response:
+            name = request.params["name"]
+            with core.lease(name, not_found=lambda _: _servable_not_found(request)) as model:
+                version = _version(model, request)
+                body = request.body
+                heavy = offload.heavy(len(body))
+                document = offload.run(heavy, _parse, body)
+                _check_signature(model, document, verb)
+                if verb == ":predict":
+                    inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
+                    outputs = core.infer(model, InferRequest(model.name, inputs, version)).outputs
+                    return _answer(offload.encode(_predictions, outputs, key))
+                inputs = offload.run(heavy, _examples, document, model.signature)
+                outputs = core.infer(model, InferRequest(model.name, inputs, version)).outputs
+                encode = _regressions if verb == ":regress" else _classes
+                return _answer(offload.encode(encode, outputs, document, model))
+        return serve
+
+    bases = ["/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}"]
+    routes = [Route("GET", base, status) for base in bases]
+    routes += [Route("GET", base + "/metadata", metadata) for base in bases]
+    routes += [Route("POST", base + verb, run(verb)) for verb in DEFAULT_SIGNATURE for base in bases]
+    return routes
 
 
 def _answer(body: bytes) -> Response:
-    return Response(body, 200, mimetype="application/json")
+    return Response(body, "application/json")
 
 
-def _resolve(registry: Registry, match, status: bool) -> tuple[Model, int]:
-    name, version_text, label = match["name"], match["version"], match["label"]
-    try:
-        model = registry.get(name)
-    except ModelNotFound:
-        raise ModelNotFound(f"Could not find any versions of model {name}" if status
-                            else f"Servable not found for request: Latest({name})") from None
-    if label is not None:
-        if label not in model.version_labels:
-            raise InvalidRequest(f"Unrecognized servable version label: {label}")
-        version = model.version_labels[label]
-    elif version_text is not None:
-        version = whole_number(version_text)
-        if version is None:
-            raise InvalidRequest(f"Failed to convert version: {version_text} to numeric.")
-    else:
-        return model, max(model.versions)
+def _resolve(core: Core, request: Request, status: bool) -> tuple[Model, int]:
+    """The model and version a status or metadata request names."""
+    name = request.params["name"]
+    if ":" in name:
+        raise InvalidRequest(f"Malformed request: {request.method} {request.path}")
+    missing = (lambda _: ModelNotFound(f"Could not find any versions of model {name}")) if status else \
+        (lambda _: _servable_not_found(request))
+    model = core.describe(name, not_found=missing)
+    version = _version(model, request)
     if version not in model.versions:
         raise ModelNotFound(f"Could not find version {version} of model {name}" if status
                             else f"Servable not found for request: Specific({name}, {version})")
     return model, version
+
+
+def _version(model: Model, request: Request) -> int:
+    """The version a request's label or number names, or the latest; a predict request's version must be served."""
+    label, text = request.params.get("label"), request.params.get("version")
+    if label is not None:
+        if label not in model.version_labels:
+            raise InvalidRequest(f"Unrecognized servable version label: {label}")
+        version = model.version_labels[label]
+    elif text is not None:
+        version = whole_number(text)
+        if version is None:
+            raise InvalidRequest(f"Failed to convert version: {text} to numeric.")
+    else:
+        return max(model.versions)
+    if request.method == "POST" and version not in model.versions:
+        raise ModelNotFound(f"Servable not found for request: Specific({model.name}, {version})")
+    return version
+
+
+def _servable_not_found(request: Request) -> ModelNotFound:
+    return ModelNotFound(f"Servable not found for request: Latest({request.params['name']})")
 
 
 def _status(model: Model, version: int | None) -> dict:

@@ -1,19 +1,19 @@
 """Triton / KServe V2 over HTTP: health, metadata, config, inference and statistics. The repository
 and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
-import re
 from importlib.metadata import version as package_version
 
-from flask import Blueprint, Flask, Response
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from container import content
 from container.api import compression, offload, v2_codec
+from container.api.pipeline import Request, Response
+from container.api.routing import Route
+from container.core import Core, Model, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest
 from container.limits import whole_number
-from container.models.registry import Model, Registry, State
 from container.models.statistics import Duration, Statistics
 
 EXTENSIONS = [
@@ -26,108 +26,103 @@ SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "
 PLATFORMS = {"pytorch": "pytorch_libtorch"}
 
 
-def register_v2_endpoints(app: Flask, registry: Registry, shared_memory, started) -> None:
+def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
     """`started` is set once the models named at start have loaded: the server is ready then."""
-    api = Blueprint("v2", __name__)
+    server_metadata = content.encode_json({"name": "container", "version": package_version("container"),
+                                           "extensions": EXTENSIONS})
 
-    @api.get("/v2/health/live")
-    def live():
-        registry.check_health()
-        return Response(b"", 200)
+    def live(request: Request) -> Response:
+        core.check_health()
+        return Response()
 
-    @api.get("/v2/health/ready")
-    def ready():
-        registry.check_health()
+    def ready(request: Request) -> Response:
+        core.check_health()
         if not started.is_set():
             raise Unavailable("the models named at start are still loading")
-        return Response(b"", 200)
+        return Response()
 
-    @api.get("/v2")
-    def server_metadata():
-        return _json({"name": "container", "version": package_version("container"), "extensions": EXTENSIONS})
+    def metadata(request: Request) -> Response:
+        return Response(server_metadata, content.JSON)
 
-    @api.get("/v2/models/<name>")
-    @api.get("/v2/models/<name>/versions/<version>")
-    def model_metadata(name, version=None):
-        model, number = _model(registry, name, version, default_latest=False)
+    def model_metadata(request: Request) -> Response:
+        model, number = _model(core, request, default_latest=False)
         versions = [number] if number is not None else sorted(model.versions)
-        metadata = {"name": model.name, "versions": [str(v) for v in versions],
+        document = {"name": model.name, "versions": [str(v) for v in versions],
                     "platform": _platform(model), "inputs": [], "outputs": []}
         if model.signature is not None:
-            metadata["inputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.inputs]
-            metadata["outputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.outputs]
-        return _json(metadata)
+            document["inputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.inputs]
+            document["outputs"] = [v2_codec.tensor_metadata(s) for s in model.signature.outputs]
+        return _json(document)
 
-    @api.get("/v2/models/<name>/ready")
-    @api.get("/v2/models/<name>/versions/<version>/ready")
-    def model_ready(name, version=None):
-        model = registry.models.get(name)
-        if model is not None and model.state is State.LOADING:
+    def model_ready(request: Request) -> Response:
+        name = request.params["name"]
+        if core.state(name) is State.LOADING:
             raise Unavailable(f"model '{name}' is still loading")
-        _model(registry, name, version)
-        return Response(b"", 200)
+        _model(core, request)
+        return Response()
 
-    @api.get("/v2/models/<name>/config")
-    @api.get("/v2/models/<name>/versions/<version>/config")
-    def model_config(name, version=None):
-        model, _ = _model(registry, name, version)
+    def model_config(request: Request) -> Response:
+        model, _ = _model(core, request)
         if model.config is None:
-            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; it has no Triton config")
+            raise InvalidRequest(f"model '{model.name}' is a SageMaker handler model; it has no Triton config")
         return _json(config_document(model))
 
-    @api.get("/v2/models/stats")
-    @api.get("/v2/models/<name>/stats")
-    @api.get("/v2/models/<name>/versions/<version>/stats")
-    def statistics(name=None, version=None):
-        if name is None:
-            selected = [(m, v) for m in registry.ready() for v in sorted(m.versions)]
-        else:
-            model, number = _model(registry, name, version, default_latest=False)
-            selected = [(model, v) for v in ([number] if number is not None else sorted(model.versions))]
-        return _json({"model_stats": [_model_statistics(m, v, m.statistics[v]) for m, v in selected]})
+    def statistics(request: Request) -> Response:
+        selected = core.stats(*_model(core, request, default_latest=False)) if "name" in request.params else core.stats()
+        return _json({"model_stats": [_model_statistics(m, v, s) for m, v, s in selected]})
 
-    app.register_blueprint(api)
-
-
-def v2_hot_routes(registry: Registry, shared_memory, max_body: int) -> list:
-    """Infer, served in front of Flask (hot_paths.py) because it is the hot path."""
-    def infer(call):
-        body = call.body
-        coding = call.header("Content-Encoding")
+    def infer(request: Request) -> Response:
+        body = request.body
+        coding = request.header("content-encoding")
         if coding:
             body = offload.run(offload.heavy(len(body)), compression.inflate, body, coding, max_body)
-        answer, headers = serve_infer(registry, shared_memory, call.match["name"], call.match["version"], body,
-                                      call.header(v2_codec.HEADER_LENGTH))
-        coding = compression.negotiate(call.header("Accept-Encoding"))
+        answer, headers = serve_infer(core, shared_memory, request, body)
+        coding = compression.negotiate(request.header("accept-encoding"))
         if coding:
             answer = offload.run(offload.heavy(len(answer)), compression.deflate, answer, coding)
             headers["Content-Encoding"] = coding
-        return answer, headers
+        return Response(answer, headers=headers)
 
-    return [(re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), infer)]
+    model = "/v2/models/{name}"
+    versioned = [model, model + "/versions/{version}"]
+    return [
+        Route("GET", "/v2/health/live", live),
+        Route("GET", "/v2/health/ready", ready),
+        Route("GET", "/v2", metadata),
+        Route("GET", "/v2/models/stats", statistics),
+        *[Route("GET", path, model_metadata) for path in versioned],
+        *[Route("GET", path + "/ready", model_ready) for path in versioned],
+        *[Route("GET", path + "/config", model_config) for path in versioned],
+        *[Route("GET", path + "/stats", statistics) for path in versioned],
+        *[Route("POST", path + "/infer", infer) for path in versioned],
+    ]
 
 
-def serve_infer(registry: Registry, shared_memory, name: str, version: str | None, body: bytes,
-                header_length: str | None) -> tuple[bytes, dict[str, str]]:
+def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tuple[bytes, dict[str, str]]:
     """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers."""
-    model, number = _model(registry, name, version, default_latest=False)
-    if model.signature is None:
-        raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
-    heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
-    if header_length is not None and whole_number(header_length) == 0:
-        document, binary = v2_codec.raw_request(model.signature, len(body)), memoryview(body)
-    else:
-        document, binary = offload.run(heavy, v2_codec.split, body, header_length)
-    parameters = _request_parameters(document)
-    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, registry.limits)
-    requested = v2_codec.requested_outputs(document)
-    names = [r["name"] for r in requested] if requested else None
-    response = registry.infer(InferRequest(name, inputs, number, names, parameters))
-    answer = {"model_name": name, "model_version": str(response.model_version)}
-    if "id" in document:
-        answer["id"] = document["id"]
-    return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False), model,
-                          shared_memory, answer)
+    name, version = request.params["name"], request.params.get("version")
+    number = _version(version)
+    with core.lease(name, not_found=lambda _: _unknown(core, name)) as model:
+        if number is not None and number not in model.versions:
+            raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
+        if model.signature is None:
+            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
+        header_length = request.header(v2_codec.HEADER_LENGTH)
+        heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
+        if header_length is not None and whole_number(header_length) == 0:
+            document, binary = v2_codec.raw_request(model.signature, len(body)), memoryview(body)
+        else:
+            document, binary = offload.run(heavy, v2_codec.split, body, header_length)
+        parameters = _request_parameters(document)
+        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, core.limits)
+        requested = v2_codec.requested_outputs(document)
+        names = [r["name"] for r in requested] if requested else None
+        response = core.infer(model, InferRequest(name, inputs, number, names, parameters))
+        answer = {"model_name": name, "model_version": str(response.model_version)}
+        if "id" in document:
+            answer["id"] = document["id"]
+        return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False), model,
+                              shared_memory, answer)
 
 
 def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory, answer: dict) -> tuple[bytes, dict]:
@@ -137,25 +132,32 @@ def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory,
 
 
 def _json(value) -> Response:
-    return Response(content.encode_json(value), 200, mimetype=content.JSON)
+    return Response(content.encode_json(value), content.JSON)
 
 
-def _model(registry: Registry, name: str, version: str | None, default_latest: bool = True) -> tuple[Model, int | None]:
-    """The model and the version asked for; a miss in Triton's words, which Triton's clients match."""
-    try:
-        model = registry.get(name)
-    except ModelNotFound:
-        known = name in registry.models or name in registry.failures
-        raise ModelNotFound(f"Request for unknown model: '{name}' "
-                            f"{'has no available versions' if known else 'is not found'}") from None
-    if version is None:
-        return model, model.version() if default_latest else None
-    number = whole_number(version)
+def _model(core: Core, request: Request, default_latest: bool = True) -> tuple[Model, int | None]:
+    """The model and the version a request's path names; a miss in Triton's words, which Triton's clients match."""
+    name = request.params["name"]
+    number = _version(request.params.get("version"))
+    model = core.describe(name, not_found=lambda _: _unknown(core, name))
     if number is None:
-        raise InvalidRequest(f"version {version[:40]!r} must be a whole number in ASCII digits")
+        return model, model.version() if default_latest else None
     if number not in model.versions:
         raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
     return model, number
+
+
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    number = whole_number(text)
+    if number is None:
+        raise InvalidRequest(f"version {text[:40]!r} must be a whole number in ASCII digits")
+    return number
+
+
+def _unknown(core: Core, name: str) -> ModelNotFound:
+    return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
 
 
 def _platform(model: Model) -> str:

@@ -4,76 +4,57 @@ a failed load failed), load (or reload, with a config override and files), unloa
 import base64
 import binascii
 
-import gevent
-from flask import Blueprint, Flask, Response, request
-
 from container import content
+from container.api.pipeline import Request, Response
+from container.api.routing import Route
+from container.core import Core
 from container.errors import InvalidRequest
 from container.limits import check_name
-from container.models.overrides import build_override
-from container.models.registry import Registry, State
-from container.models.s3 import is_s3
-from container.models.source import resolve_url
 
 
-def register_repository_endpoints(app: Flask, registry: Registry) -> None:
-    api = Blueprint("v2_repository", __name__)
-
-    @api.post("/v2/repository/index")
-    def index():
-        ready_only = _body().get("ready", False)
+def repository_routes(core: Core) -> list[Route]:
+    def index(request: Request) -> Response:
+        ready_only = _body(request).get("ready", False)
         if not isinstance(ready_only, bool):
             raise InvalidRequest("'ready' must be true or false")
         entries = []
-        names = sorted({name for name, _ in registry.entries()} | set(registry.models))
-        for name in names:
-            model = registry.models.get(name)
-            if model is not None and model.state is State.READY:
-                entries += [{"name": name, "version": str(v), "state": "READY", "reason": model.placement}
-                            for v in sorted(model.versions)]
-            elif not ready_only:
-                entries.append(_not_ready(registry, name))
-        return Response(content.encode_json(entries), 200, mimetype=content.JSON)
+        for entry in core.index(ready_only):
+            if entry.state == "READY":
+                entries += [{"name": entry.name, "version": str(v), "state": "READY", "reason": entry.reason}
+                            for v in entry.versions]
+            else:
+                entries.append({"name": entry.name, "state": entry.state, "reason": entry.reason})
+        return Response(content.encode_json(entries), content.JSON)
 
-    @api.post("/v2/repository/models/<name>/load")
-    def load(name):
+    def load(request: Request) -> Response:
+        name = request.params["name"]
         check_name(name)
-        parameters = _parameters(_body())
+        parameters = _parameters(_body(request))
         config = parameters.get("config")
         files = {key[len("file:"):]: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
-        directory = None
-        if config is not None:
-            if not isinstance(config, str):
-                raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-            if not files and is_s3(registry.model_root):
-                raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
-            base = None if files else resolve_url(registry.model_root, registry.locate(name))
-            directory = gevent.get_hub().threadpool.apply(build_override, (config, files, base))
-        elif files:
+        if config is not None and not isinstance(config, str):
+            raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
+        if files and config is None:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
-        registry.load(name, registry.locate(name), reload=True, directory=directory)
-        return Response(b"", 200)
+        core.reload(name, config, files)
+        return Response()
 
-    @api.post("/v2/repository/models/<name>/unload")
-    def unload(name):
-        dependents = _parameters(_body()).get("unload_dependents", False)
+    def unload(request: Request) -> Response:
+        dependents = _parameters(_body(request)).get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise InvalidRequest("parameter 'unload_dependents' must be true or false")
-        registry.unload(name)  # no ensembles here, so no model has dependents
-        return Response(b"", 200)
+        core.unload(request.params["name"])  # no ensembles here, so no model has dependents
+        return Response()
 
-    app.register_blueprint(api)
-
-
-def _not_ready(registry: Registry, name: str) -> dict:
-    model = registry.models.get(name)
-    if model is not None:
-        return {"name": name, "state": model.state.value, "reason": ""}
-    return {"name": name, "state": "UNAVAILABLE", "reason": registry.failures.get(name, "unloaded")}
+    return [
+        Route("POST", "/v2/repository/index", index),
+        Route("POST", "/v2/repository/models/{name}/load", load),
+        Route("POST", "/v2/repository/models/{name}/unload", unload),
+    ]
 
 
-def _body() -> dict:
-    return content.parse_object(request.get_data())
+def _body(request: Request) -> dict:
+    return content.parse_object(request.body)
 
 
 def _parameters(document: dict) -> dict:

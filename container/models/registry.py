@@ -26,7 +26,6 @@ from container.errors import (
     ServeError,
     Unavailable,
 )
-from container.inference import InferRequest, InferResponse, TransformRequest
 from container.limits import Limits
 from container.models.cache import MemoryCache, total_by_device
 from container.models.downloads import DownloadCache
@@ -34,7 +33,6 @@ from container.models.s3 import S3Url, is_s3
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, locate, open_source, repository_entries, resolve_url
 from container.models.statistics import Statistics
-from container.tensors import decoded_size
 
 log = logging.getLogger(__name__)
 # A model's first requests are charged again afterwards: backends measure the activation peak of their
@@ -92,7 +90,6 @@ class Runtime:
     release_memory: Callable[[], None]
     free_memory: Callable[[str], int]  # device → bytes free on it now
     scheduler_for: Callable  # (name, config or None, signature or None, recover) → scheduler with infer()/run()/close()
-    new_job: Callable  # (backend, statistics, InferRequest, items) → what the scheduler queues
 
 
 @dataclass
@@ -151,7 +148,7 @@ class Registry:
             if current is not None and self.models.get(name) is not current:
                 raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
         except BaseException as exc:
-            self._note_fault(exc)
+            self.note_fault(exc)
             self.failures[name] = str(exc)
             self.counters.load_failures += 1
             self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
@@ -232,29 +229,11 @@ class Registry:
     def ready(self) -> list[Model]:
         return sorted((m for m in self.models.values() if m.state is State.READY), key=lambda m: m.name)
 
-    def get(self, name: str) -> Model:
-        model = self.models.get(name)
-        if model is None or model.state is not State.READY:
-            raise ModelNotFound(f"model '{name}' is not loaded")
-        return model
-
     # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
-    def announce(self, name: str | None):
-        """Count a request for `name` with its scheduler from the moment its headers are read, before
-        its body is parsed: a batcher waits for requests on their way."""
-        model = self.models.get(name) if name else None
-        if model is None or model.scheduler is None:
-            yield
-            return
-        with model.scheduler.request():
-            yield
-
-    @contextmanager
-    def lease(self, name: str):
-        """Hold the model for one request: it is neither evicted nor unloaded until the request ends."""
-        model = self.get(name)
+    def hold(self, model: Model):
+        """Hold a ready model for one request: it is neither evicted nor unloaded until the request ends."""
         model.in_flight += 1
         model.idle.clear()
         self.cache.touch(model)
@@ -265,54 +244,12 @@ class Registry:
             if not model.in_flight:
                 model.idle.set()
 
-    def infer(self, request: InferRequest) -> InferResponse:
-        with self.lease(request.model_name) as model:
-            if model.signature is None:
-                raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
-            version = model.version(request.model_version)
-            backend, statistics = model.versions[version], model.statistics[version]
-            with self._accounted(statistics) as succeeded:
-                self.limits.check_decoded(decoded_size(request.inputs.values()))
-                model.signature.check_inputs(request.inputs)
-                if request.outputs:
-                    model.signature.check_outputs(request.outputs)
-                items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
-                outputs, phases = model.scheduler.infer(self.runtime.new_job(backend, statistics, request, items))
-                succeeded(items, phases)
-            self._settle(model)
-            return InferResponse(model.name, version, outputs)
-
-    def transform(self, request: TransformRequest):
-        """A request body through a SageMaker handler model; returns its backend's response."""
-        with self.lease(request.model_name) as model:
-            version = model.version()
-            transform, statistics = model.versions[version].transform, model.statistics[version]
-            args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
-            with self._accounted(statistics) as succeeded:
-                result, phases = model.scheduler.run(transform, args, statistics)
-                succeeded(1, phases)
-            self._settle(model)
-            return result
-
-    @contextmanager
-    def _accounted(self, statistics: Statistics):
-        """The request's outcome in its version's statistics: the body reports success with
-        `succeeded(items, phases)`; an exception is recorded as a failure."""
-        start = time.perf_counter_ns()
-        try:
-            yield lambda items, phases: statistics.record_success(items, time.perf_counter_ns() - start, phases)
-        except BaseException as exc:
-            statistics.record_failure(time.perf_counter_ns() - start)
-            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
-            self._note_fault(exc)
-            raise
-
     def check_health(self) -> None:
         """Raise Unavailable once a sticky device error has made this process unable to serve."""
         if self.fault is not None:
             raise Unavailable(f"{self.fault}; the server is restarting its worker")
 
-    def _note_fault(self, exc: BaseException) -> None:
+    def note_fault(self, exc: BaseException) -> None:
         if isinstance(exc, DeviceFault) and self.fault is None:
             self.fault = str(exc)
             log.error("sticky device error: restarting the worker process", extra={"fields": {"error": self.fault}})
@@ -351,7 +288,7 @@ class Registry:
         model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature,
                                                      lambda device, requested: self._recover(model, device, requested))
 
-    def _settle(self, model: Model) -> None:
+    def settle(self, model: Model) -> None:
         """While the model's cost settles, charge what its backends measure now. A model that grew past
         the budget makes room like a load; with no room it stays charged its true size, over budget."""
         if model.settling <= 0 or model.state is not State.READY:

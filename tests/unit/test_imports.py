@@ -1,5 +1,5 @@
-"""One-way imports: api → core; scheduling → models, backends; models and backends → neither api nor
-Flask; front-ends never import torch."""
+"""One-way imports: api → core (the facade) → scheduling → models, backends; models and backends →
+neither api nor Flask; front-ends never import torch or the core's internals."""
 
 import ast
 from pathlib import Path
@@ -12,7 +12,9 @@ FORBIDDEN = {
     "models": ("container.api", "container.scheduling", "container.backends", "container.app", "flask", "torch"),
     "backends": ("container.api", "container.scheduling", "container.app", "flask"),
     "scheduling": ("container.api", "container.app", "flask"),
-    "api": ("torch", "container.backends", "container.app"),
+    # Front-ends reach the models through the core facade (container/core.py) alone.
+    "api": ("torch", "flask", "container.backends", "container.scheduling", "container.models.registry",
+            "container.models.cache", "container.models.downloads", "container.app"),
 }
 
 
@@ -41,3 +43,8 @@ def test_shared_leaf_modules_import_no_layer():
     for leaf in ("errors.py", "tensors.py", "content.py", "inference.py", "settings.py", "resources.py"):
         layers = [n for n in imports(PACKAGE / leaf) if n.split(".")[:2][-1] in FORBIDDEN]
         assert layers == [], leaf
+
+
+def test_the_core_facade_sits_below_the_front_ends():
+    upward = [n for n in imports(PACKAGE / "core.py") if n.startswith(("container.api", "container.app", "flask"))]
+    assert upward == []

@@ -1,0 +1,114 @@
+"""The one request pipeline every URL goes through: route (routing.py), body limit, request id, the
+handler, the one error renderer, the access log. The HTTP worker (gunicorn_worker.py) hands it requests
+it has parsed itself; any other WSGI server (Flask's test client, say) reaches it through `__call__`."""
+
+import time
+import uuid
+from urllib.parse import parse_qs, unquote_to_bytes
+
+import orjson
+
+from container import content
+from container.api.errors import describe, status_line
+from container.api.request_log import log_request
+from container.api.routing import Routes
+from container.errors import PayloadTooLarge
+
+REQUEST_ID = "X-Request-Id"
+LIMIT_SETTING = "SAGEMAKER_MAX_PAYLOAD_IN_MB"
+
+
+class Request:
+    """What a handler sees of its request. Header names are lower-case; values are latin-1 text, as
+    HTTP carries them."""
+
+    __slots__ = ("method", "path", "query_string", "headers", "body", "oversize", "params", "request_id", "model")
+
+    def __init__(self, method: str, path: str, query_string: str, headers: dict[str, str], body: bytes = b"",
+                 oversize: int | None = None):
+        """`oversize`: the body was longer than the limit and was not kept: its length, 0 when unknown."""
+        self.method, self.path, self.query_string, self.headers = method, path, query_string, headers
+        self.body, self.oversize = body, oversize
+        self.params: dict[str, str] = {}
+        self.request_id = ""
+        self.model: str | None = None  # the model the request is for, in the access log
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def args(self) -> dict[str, str]:
+        """The query string's parameters, the first value of each."""
+        return {k: v[0] for k, v in parse_qs(self.query_string).items()}
+
+
+class Response:
+    __slots__ = ("body", "status", "headers")
+
+    def __init__(self, body: bytes = b"", content_type: str | None = None, status: int = 200,
+                 headers: dict[str, str] | None = None):
+        self.body, self.status = body, status
+        self.headers = headers if headers is not None else {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+    @classmethod
+    def json(cls, value, status: int = 200) -> "Response":
+        return cls(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY), content.JSON, status)
+
+
+class Dispatcher:
+    def __init__(self, routes: Routes, max_body: int):
+        self.routes, self.max_body = routes, max_body
+
+    def serve(self, request: Request) -> Response:
+        started = time.perf_counter()
+        request.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        error_body = None
+        try:
+            match = self.routes.match(request.method, request.path)
+            error_body, request.params = match.error_body, match.params
+            request.model = match.params.get("name")
+            if request.oversize is not None:
+                raise self.too_large(request.oversize)
+            response = match.route.handler(request)
+        except Exception as exc:
+            status, message, headers = describe(exc, request.method, request.path, request.request_id)
+            body = (error_body or self.routes.error_body(request.path))(message)
+            response = Response(body, content.JSON, status, headers)
+        response.headers[REQUEST_ID] = request.request_id
+        log_request(request, response.status, started)
+        return response
+
+    def too_large(self, length: int) -> PayloadTooLarge:
+        if length:
+            return PayloadTooLarge(f"the body is {length} bytes; the limit is {self.max_body} ({LIMIT_SETTING})")
+        return PayloadTooLarge(f"the body is larger than {self.max_body} bytes ({LIMIT_SETTING})")
+
+    def __call__(self, environ, start_response):
+        """WSGI: the same pipeline for any WSGI server."""
+        headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items() if key.startswith("HTTP_")}
+        for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            if environ.get(key):
+                headers[key.replace("_", "-").lower()] = environ[key]
+        length = environ.get("CONTENT_LENGTH")
+        oversize = None
+        if length and int(length) > self.max_body:
+            body, oversize = b"", int(length)
+        else:
+            body = environ["wsgi.input"].read(int(length) if length else self.max_body + 1)
+            if len(body) > self.max_body:
+                body, oversize = b"", 0
+        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        request = Request(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""), headers, body, oversize)
+        response = self.serve(request)
+        response.headers["Content-Length"] = str(len(response.body))
+        start_response(status_line(response.status), list(response.headers.items()))
+        return [b"" if request.method == "HEAD" else response.body]
+
+
+def request_path(raw: bytes) -> tuple[str, str]:
+    """(path, query string) of a request target as sent: the path percent-decoded as UTF-8."""
+    path, _, query = raw.partition(b"?")
+    if b"%" in path:
+        path = unquote_to_bytes(path)
+    return path.decode("utf-8", "replace"), query.decode("latin-1")

@@ -1,0 +1,119 @@
+"""The route table: every URL the server answers, in one list, matched segment by segment (a dict
+lookup per segment, no regular expression per request). A path that matches no route is a 404; a path
+whose route does not take the method is a 405 that says which methods it does take. A mount gives a
+prefix its own error spelling and its own answer to a miss (TF Serving calls both malformed)."""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+from container.api.errors import json_error
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    template: str  # "/v2/models/{name}/versions/{version}/infer"; a segment may be "{name}:predict"
+    handler: Callable  # (Request) → Response
+
+
+@dataclass(frozen=True)
+class Mount:
+    """Routes under `prefix` render errors with `error_body`, and a miss under it raises `miss(method, path)`."""
+
+    prefix: str
+    error_body: Callable[[str], bytes]
+    miss: Callable[[str, str], Exception] | None = None
+
+
+@dataclass(frozen=True)
+class Match:
+    route: Route
+    params: dict[str, str]
+    error_body: Callable[[str], bytes]
+
+
+@dataclass
+class _Node:
+    methods: dict[str, Route] = field(default_factory=dict)
+    static: dict[str, "_Node"] = field(default_factory=dict)
+    params: list[tuple[str, str, "_Node"]] = field(default_factory=list)  # (name, suffix, node), longest suffix first
+
+
+class Routes:
+    def __init__(self, routes: list[Route], mounts: list[Mount] = ()):
+        self.routes = routes
+        self.mounts = list(mounts)
+        self._exact: dict[str, _Node] = {}  # templates without parameters, by path: one lookup
+        self._root = _Node()
+        for route in routes:
+            node = self._exact.setdefault(route.template, _Node()) if "{" not in route.template else self._insert(route.template)
+            if route.method in node.methods:
+                raise ValueError(f"{route.method} {route.template} is routed twice")
+            node.methods[route.method] = route
+
+    def _insert(self, template: str) -> _Node:
+        node = self._root
+        for segment in template.split("/")[1:]:
+            if segment.startswith("{"):
+                name, _, suffix = segment[1:].partition("}")
+                found = next((n for p, s, n in node.params if (p, s) == (name, suffix)), None)
+                if found is None:
+                    found = _Node()
+                    node.params.append((name, suffix, found))
+                    node.params.sort(key=lambda entry: -len(entry[1]))
+                node = found
+            else:
+                node = node.static.setdefault(segment, _Node())
+        return node
+
+    def match(self, method: str, path: str) -> Match:
+        """The route for `method path` and its parameters; raises NotFound or MethodNotAllowed."""
+        params: dict[str, str] = {}
+        node = self._exact.get(path) or _walk(self._root, path.split("/")[1:], params)
+        mount = self._mount(path)
+        error_body = mount.error_body if mount else json_error
+        if node is None or not node.methods:
+            raise _miss(mount, method, path, NotFound())
+        route = node.methods.get(method) or (node.methods.get("GET") if method == "HEAD" else None)
+        if route is None:
+            allowed = sorted({*node.methods, *(["HEAD"] if "GET" in node.methods else [])})
+            raise _miss(mount, method, path, MethodNotAllowed(valid_methods=allowed))
+        return Match(route, params, error_body)
+
+    def error_body(self, path: str) -> Callable[[str], bytes]:
+        """How an error on `path` is written, for failures before a route is found."""
+        mount = self._mount(path)
+        return mount.error_body if mount else json_error
+
+    def _mount(self, path: str) -> Mount | None:
+        for mount in self.mounts:
+            if path.startswith(mount.prefix):
+                return mount
+        return None
+
+
+def _miss(mount: Mount | None, method: str, path: str, default: Exception) -> Exception:
+    return mount.miss(method, path) if mount and mount.miss else default
+
+
+def _walk(node: _Node, segments: list[str], params: dict[str, str]) -> _Node | None:
+    """The node `segments` lead to, filling `params`; a literal segment wins over a parameter."""
+    if not segments:
+        return node
+    segment, rest = segments[0], segments[1:]
+    static = node.static.get(segment)
+    if static is not None:
+        found = _walk(static, rest, params)
+        if found is not None and found.methods:
+            return found
+    for name, suffix, child in node.params:
+        value = segment[:len(segment) - len(suffix)] if suffix else segment
+        if not value or (suffix and (not segment.endswith(suffix) or ":" in value)):
+            continue
+        found = _walk(child, rest, params)
+        if found is not None and found.methods:
+            params[name] = value
+            return found
+    return None

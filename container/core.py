@@ -1,0 +1,211 @@
+"""The core facade: all the front-ends may ask of the models, above the registry, the schedulers and
+the backends. A request resolves and leases its model once (`lease`) and runs through that lease
+(`infer`, `transform`); statistics are recorded here and nowhere else. Front-ends read a `Model` as a
+description (its config, signature, versions, labels) and never change it."""
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import gevent
+
+from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound
+from container.inference import InferRequest, InferResponse, TransformRequest
+from container.models.cache import total_by_device
+from container.models.overrides import build_override
+from container.models.registry import Model, Registry, State
+from container.models.s3 import is_s3
+from container.models.source import resolve_url
+from container.models.statistics import Statistics
+from container.scheduling import new_job
+from container.tensors import decoded_size
+
+__all__ = ["Core", "IndexEntry", "Model", "State"]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """A model of the repository, loaded or not: its versions when ready, else why not."""
+
+    name: str
+    state: str  # READY, LOADING, UNLOADING or UNAVAILABLE
+    versions: tuple[int, ...] = ()
+    reason: str = ""
+
+
+class Core:
+    def __init__(self, registry: Registry):
+        self._registry = registry
+        self.limits = registry.limits
+        self.model_root = registry.model_root
+        self.counters = registry.counters
+        self.downloads = registry.downloads
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Iterator[Model]:
+        """The ready model `name`, held for one request: counted with its scheduler (a batcher waits for
+        requests on their way), neither evicted nor unloaded until the request ends. A miss raises
+        `not_found(name)`, a front-end's own words for it (default: ModelNotFound)."""
+        model = self._registry.models.get(name)
+        if model is None or model.state is not State.READY:
+            raise (not_found or _not_loaded)(name)
+        with self._registry.hold(model), model.scheduler.request():
+            yield model
+
+    def infer(self, model: Model, request: InferRequest) -> InferResponse:
+        """Tensors in, tensors out, through the leased `model`'s scheduler."""
+        if model.signature is None:
+            raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
+        version = model.version(request.model_version)
+        backend, statistics = model.versions[version], model.statistics[version]
+        with self._accounted(statistics) as succeeded:
+            self.limits.check_decoded(decoded_size(request.inputs.values()))
+            model.signature.check_inputs(request.inputs)
+            if request.outputs:
+                model.signature.check_outputs(request.outputs)
+            items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
+            outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
+            succeeded(items, phases)
+        self._registry.settle(model)
+        return InferResponse(model.name, version, outputs)
+
+    def transform(self, model: Model, request: TransformRequest):
+        """A request body through the leased SageMaker handler `model`; returns its backend's response."""
+        version = model.version()
+        transform, statistics = model.versions[version].transform, model.statistics[version]
+        args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
+        with self._accounted(statistics) as succeeded:
+            result, phases = model.scheduler.run(transform, args, statistics)
+            succeeded(1, phases)
+        self._registry.settle(model)
+        return result
+
+    @contextmanager
+    def _accounted(self, statistics: Statistics):
+        """The request's outcome in its version's statistics: the body reports success with
+        `succeeded(items, phases)`; an exception is recorded as a failure."""
+        start = time.perf_counter_ns()
+        try:
+            yield lambda items, phases: statistics.record_success(items, time.perf_counter_ns() - start, phases)
+        except BaseException as exc:
+            statistics.record_failure(time.perf_counter_ns() - start)
+            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
+            self._registry.note_fault(exc)
+            raise
+
+    # -- descriptions ------------------------------------------------------------------------------
+
+    def describe(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Model:
+        """The ready model `name`, to read; a miss raises `not_found(name)` (default: ModelNotFound)."""
+        model = self._registry.models.get(name)
+        if model is None or model.state is not State.READY:
+            raise (not_found or _not_loaded)(name)
+        return model
+
+    def known(self, name: str) -> bool:
+        """Whether `name` was ever asked for: loaded, loading, or failed to load."""
+        return name in self._registry.models or name in self._registry.failures
+
+    def state(self, name: str) -> State | None:
+        model = self._registry.models.get(name)
+        return model.state if model is not None else None
+
+    def failure(self, name: str) -> str | None:
+        """Why the last load of `name` failed, if it did."""
+        return self._registry.failures.get(name)
+
+    def ready(self) -> list[Model]:
+        """The models ready to serve, by name."""
+        return self._registry.ready()
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model of the repository and every model loaded, by name."""
+        names = sorted({name for name, _ in self._registry.entries()} | set(self._registry.models))
+        entries = []
+        for name in names:
+            model = self._registry.models.get(name)
+            if model is not None and model.state is State.READY:
+                entries.append(IndexEntry(name, "READY", tuple(sorted(model.versions)), model.placement))
+            elif ready_only:
+                continue
+            elif model is not None:
+                entries.append(IndexEntry(name, model.state.value))
+            else:
+                entries.append(IndexEntry(name, "UNAVAILABLE", reason=self._registry.failures.get(name, "unloaded")))
+        return entries
+
+    def stats(self, model: Model | None = None, version: int | None = None) -> list[tuple[Model, int, Statistics]]:
+        """(model, version, statistics) of one model's versions (or one version), or of every ready model's."""
+        models = [model] if model is not None else self._registry.ready()
+        return [(m, v, m.statistics[v]) for m in models for v in ([version] if version is not None else sorted(m.versions))]
+
+    def memory(self) -> dict[str, tuple[int, int]]:
+        """Device → (budget, bytes accounted to models)."""
+        cache = self._registry.cache
+        return {device: (budget, cache.used(device)) for device, budget in cache.budgets.items()}
+
+    def model_memory(self, model: Model) -> dict[str, int]:
+        """Device → bytes accounted to `model`."""
+        return self._registry.cache.size_of(model)
+
+    def measured(self, model: Model) -> dict[str, dict[str, int]]:
+        """What `model`'s accounting rests on, kind (weights, load, activations) → device → bytes, over its versions."""
+        kinds: dict[str, list[dict[str, int]]] = {}
+        for backend in model.versions.values():
+            for kind, sizes in backend.measured().items():
+                kinds.setdefault(kind, []).append(sizes)
+        return {kind: total_by_device(sizes) for kind, sizes in kinds.items()}
+
+    def worker_memory(self) -> dict[str, int]:
+        """Device → what the handler models' own worker processes hold (it is not in this process's pages)."""
+        return total_by_device(b.measured()["load"] for m in self._registry.ready() for b in m.versions.values()
+                               if getattr(b, "own_process", False))
+
+    def queue(self, model: Model) -> tuple[int, int]:
+        """(requests waiting in `model`'s scheduler, sequences holding state)."""
+        return model.scheduler.queue_depth(), model.scheduler.sequences_active()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def check_health(self) -> None:
+        self._registry.check_health()
+
+    def load(self, name: str, url: str, **options) -> Model:
+        return self._registry.load(name, url, **options)
+
+    def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Model:
+        """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
+        directory with that config and `files` (path → content; all of its files when given any)."""
+        directory = None
+        if config is not None:
+            if not files and is_s3(self.model_root):
+                raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
+            base = None if files else resolve_url(self.model_root, self.locate(name))
+            directory = gevent.get_hub().threadpool.apply(build_override, (config, files or {}, base))
+        return self._registry.load(name, self.locate(name), reload=True, directory=directory)
+
+    def ensure_loaded(self, name: str, url: str) -> Model:
+        return self._registry.ensure_loaded(name, url)
+
+    def unload(self, name: str) -> None:
+        self._registry.unload(name)
+
+    def locate(self, name: str) -> str:
+        return self._registry.locate(name)
+
+    def entries(self) -> list[tuple[str, str]]:
+        return self._registry.entries()
+
+    def load_all(self, entries: list[tuple[str, str]]) -> None:
+        self._registry.load_all(entries)
+
+    def model_is_current(self, model: Model) -> bool:
+        """Whether `model` is ready and still the one serving its name (not replaced, evicted or unloaded)."""
+        return model.state is State.READY and self._registry.models.get(model.name) is model
+
+
+def _not_loaded(name: str) -> ModelNotFound:
+    return ModelNotFound(f"model '{name}' is not loaded")
