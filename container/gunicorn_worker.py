@@ -1,107 +1,245 @@
-"""gunicorn's gevent worker with two keep-alive fixes and a deadline (`worker_class` in gunicorn_conf).
+"""gunicorn's gevent worker, with HTTP/1.1 parsed by httptools (llhttp, a C parser) and requests handed
+straight to the pipeline (api/pipeline.py) instead of through WSGI: gunicorn's pure-Python parser and
+the WSGI environ cost more CPU than the rest of a small request. gunicorn still manages the process
+(`worker_class` in gunicorn_conf), and this worker keeps the promises of the one it replaces:
 
-- Fairness: after each request the connection's greenlet yields, so a client whose next request is
+- Fairness: after each response the connection's greenlet yields, so a client whose next request is
   already buffered cannot be served again and again before other greenlets run (p99 in seconds).
+- Pipelining: requests that arrive together are answered in order, one at a time.
 - Shutdown: on SIGTERM, connections idle between requests are closed at once, and the others right
-  after their response. gunicorn otherwise counts idle keep-alives (every load balancer keeps some)
-  as busy and waits out the whole graceful timeout; requests in flight still finish, and a request
-  that still arrives (pipelined behind one in flight) is answered 503 with Retry-After.
-- Errors gunicorn answers itself (a request line too long, a bad chunk size) are JSON like ours,
-  not HTML.
-- First request: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is closed.
-  gunicorn waits for it forever, so idle connections could fill `worker_connections` and leave
-  new clients unanswered.
+  after their response; requests in flight still finish, and a request that still arrives (pipelined
+  behind one in flight) is answered 503 with Retry-After.
+- Errors in the HTTP itself (a malformed request, a request line or headers past gunicorn's limits)
+  are answered in JSON like every other error, and the connection is closed.
+- First request: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is closed, so
+  idle connections cannot fill `worker_connections`; between requests the keep-alive timeout applies.
+- Bodies: read once, kept whole up to the size limit (the handler's buffer is what `np.frombuffer`
+  reads); past the limit they are read and dropped, and the pipeline answers 413. With
+  `Expect: 100-continue`, a body past the limit is refused before it is sent.
 """
 
+import email.utils
 import os
 import socket
+import time
+from collections import deque
 
 import gevent
-import gevent.socket
-from gunicorn import util
+import httptools
 from gunicorn.workers.ggevent import GeventWorker
 
 from container.api.errors import json_error, status_line
+from container.api.pipeline import Request, Response, request_path
 from container.settings import Settings
 
-
-def _write_json_error(sock, status: int, reason: str, message: str) -> None:
-    body = json_error(message or reason)
-    head = f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    util.write_nonblock(sock, head.encode("latin-1") + body)
-
-
-util.write_error = _write_json_error  # gunicorn's workers call it through the module
+_RECEIVE = 256 << 10
+_INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
 
 
 class Worker(GeventWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._connections = {}  # greenlet → the client socket it serves
-        self._idle = set()  # greenlets waiting for the next request on a keep-alive connection
-        self._first_request_timeout = Settings.from_env(os.environ).first_request_timeout
+        self.idle: dict = {}  # greenlet → the socket of its connection, waiting for a next request
+        self.first_request_timeout = Settings.from_env(os.environ).first_request_timeout
+        self.dispatcher = None
+
+    def load_wsgi(self):
+        super().load_wsgi()
+        self.dispatcher = self.wsgi.extensions["dispatcher"]  # the app create_app() made
 
     def handle(self, listener, client, addr):
         try:
-            gevent.socket.wait_read(client.fileno(), self._first_request_timeout)
-        except (TimeoutError, OSError):
-            util.close(client)
-            return
-        current = gevent.getcurrent()
-        self._connections[current] = client
-        try:
-            super().handle(listener, client, addr)
+            Connection(self, client).serve()
         finally:
-            del self._connections[current]
-
-    def timeout_ctx(self):
-        """gunicorn wraps only the wait for a keep-alive connection's next request in this."""
-        return _IdleWait(self._idle, self.cfg.keepalive)
-
-    def handle_request(self, listener_name, req, sock, addr):
-        if not self.alive:
-            _refuse(sock)
-            return
-        super().handle_request(listener_name, req, sock, addr)
-        if not self.alive:  # shutting down: this connection's next read must not wait for a request
-            _hang_up(sock, socket.SHUT_RD)
-        gevent.sleep(0)
+            _close(client)
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
-        for greenlet in list(self._idle):
-            if greenlet in self._connections:
-                _hang_up(self._connections[greenlet])
+        for sock in list(self.idle.values()):
+            _hang_up(sock)
 
 
-def _hang_up(sock, how: int = socket.SHUT_RDWR) -> None:
-    """The pending read sees end-of-stream, and gunicorn closes the connection its usual way."""
+class _Refused(Exception):
+    """The request cannot be parsed or taken: answer `status` with `message` and close."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Connection:
+    """One client connection: httptools calls the `on_*` methods as bytes arrive."""
+
+    def __init__(self, worker: Worker, sock):
+        self.worker, self.sock = worker, sock
+        self.dispatcher = worker.dispatcher
+        self.max_body = self.dispatcher.max_body
+        cfg = worker.cfg
+        self.limits = (cfg.limit_request_line or 1 << 62, cfg.limit_request_fields or 1 << 62,
+                       cfg.limit_request_field_size or 1 << 62)
+        self.parser = httptools.HttpRequestParser(self)
+        self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
+        self.in_message = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url, self.headers, self.chunks, self.size = b"", {}, [], 0
+        self.oversize: int | None = None
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.limits[0]:
+            raise _Refused(414, f"Request Line is too large ({len(self.url)} > {self.limits[0]})")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= self.limits[1]:
+            raise _Refused(431, f"the request has more than {self.limits[1]} header fields")
+        if len(name) + len(value) > self.limits[2]:
+            raise _Refused(431, f"header {name[:100].decode('latin-1')!r} is longer than {self.limits[2]} bytes")
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        previous = self.headers.get(key)
+        self.headers[key] = text if previous is None else f"{previous}, {text}"
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            self.oversize = int(length)
+        if self.headers.get("expect", "").lower() == "100-continue":
+            if self.oversize is not None:
+                raise _Refused(413, str(self.dispatcher.too_large(self.oversize)))
+            self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self.oversize is not None:
+            return
+        self.size += len(body)
+        if self.size > self.max_body:
+            self.oversize, self.chunks = 0, []
+            return
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        path, query = request_path(self.url)
+        request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
+                          b"".join(self.chunks), self.oversize)
+        self.ready.append((request, self.parser.should_keep_alive()))
+
+    # -- the connection ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        worker, sock = self.worker, self.sock
+        sock.settimeout(self.worker.first_request_timeout)
+        greenlet = gevent.getcurrent()
+        while True:
+            idle = not self.in_message
+            if idle:
+                worker.idle[greenlet] = sock
+            try:
+                data = sock.recv(_RECEIVE)
+            except OSError:  # a timeout, or the client went away
+                return
+            finally:
+                worker.idle.pop(greenlet, None)
+            if not data:
+                return
+            sock.settimeout(worker.cfg.keepalive)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                pass  # no protocol upgrades here: the request is answered, and the connection closed
+            except httptools.HttpParserError as exc:
+                refusal = exc.__context__  # httptools wraps what a callback raised
+                if isinstance(refusal, _Refused):
+                    self._refuse(refusal.status, str(refusal))
+                else:
+                    self._refuse(400, f"malformed HTTP request: {exc}")
+                return
+            if not self._answer():
+                return
+
+    def _answer(self) -> bool:
+        """Answer the requests parsed so far, in order; False once the connection must close."""
+        worker = self.worker
+        while self.ready:
+            request, keep_alive = self.ready.popleft()
+            if not worker.alive:
+                body = json_error("the server is shutting down; send the request again (to another instance)")
+                self._send(Response(body, "application/json", 503, {"Retry-After": "1"}), close=True)
+                return False
+            response = self.dispatcher.serve(request)
+            worker.nr += 1
+            if worker.nr >= worker.max_requests:
+                worker.alive = False
+            # shutting down: close after this response, unless requests behind it are to be refused first
+            close = not keep_alive or (not worker.alive and not self.ready)
+            self._send(response, close, request.method == "HEAD")
+            if close:
+                return False
+            gevent.sleep(0)
+        return True
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._send(Response(json_error(message), "application/json", status), close=True)
+
+    def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
+        body = response.body
+        lines = [f"HTTP/1.1 {_status(response.status)}\r\nDate: {_date()}\r\nContent-Length: {len(body)}\r\n"]
+        for name, value in response.headers.items():
+            if "\r" in value or "\n" in value:  # a handler's header must not split the response
+                value = " ".join(value.splitlines())
+            lines.append(f"{name}: {value}\r\n")
+        lines.append("Connection: close\r\n\r\n" if close else "\r\n")
+        head = "".join(lines).encode("latin-1", "replace")
+        try:
+            if head_only:
+                self.sock.sendall(head)
+            elif len(body) <= _INLINE_BODY:
+                self.sock.sendall(b"".join((head, body)))
+            else:
+                self.sock.sendall(head)
+                self.sock.sendall(body)
+        except OSError:
+            pass  # the client left; the loop ends at its next read
+
+
+_STATUS: dict[int, str] = {}
+
+
+def _status(status: int) -> str:
+    line = _STATUS.get(status)
+    if line is None:
+        line = _STATUS[status] = status_line(status)
+    return line
+
+
+_DATE = [0, ""]
+
+
+def _date() -> str:
+    """The Date header, formatted once a second."""
+    now = int(time.time())
+    if now != _DATE[0]:
+        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True)]
+    return _DATE[1]
+
+
+def _hang_up(sock) -> None:
+    """The pending read sees end-of-stream, and the connection closes its usual way."""
     try:
-        sock.shutdown(how)
+        sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
 
 
-def _refuse(sock) -> None:
-    body = json_error("the server is shutting down; send the request again (to another instance)")
-    head = (f"HTTP/1.1 {status_line(503)}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"Retry-After: 1\r\nConnection: close\r\n\r\n")
+def _close(sock) -> None:
     try:
-        sock.sendall(head.encode() + body)
+        sock.close()
     except OSError:
         pass
-    _hang_up(sock)
-
-
-class _IdleWait:
-    def __init__(self, idle: set, seconds: float):
-        self._idle = idle
-        self._timeout = gevent.Timeout(seconds, False)
-
-    def __enter__(self):
-        self._idle.add(gevent.getcurrent())
-        return self._timeout.__enter__()
-
-    def __exit__(self, *exc):
-        self._idle.discard(gevent.getcurrent())
-        return self._timeout.__exit__(*exc)
