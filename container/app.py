@@ -43,7 +43,8 @@ def create_app(settings: Settings) -> Flask:
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
     backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
-    runtime = Runtime(backends, release_memory, free_memory, scheduler_for)
+    schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000)
+    runtime = Runtime(backends, release_memory, free_memory, schedulers)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads)

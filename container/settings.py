@@ -107,6 +107,9 @@ class Settings:
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
     )
+    inline_below_us: int = _env(
+        "SERVE_INLINE_BELOW_US", "300", "A model without a batcher whose latest executions each took fewer microseconds runs on the event loop, without a thread hand-off; `0` never does."
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -145,6 +148,7 @@ class Settings:
             max_connections=_positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]),
             allow_client_shm=_boolean("SERVE_ALLOW_CLIENT_SHM", raw["allow_client_shm"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
+            inline_below_us=_integer("SERVE_INLINE_BELOW_US", raw["inline_below_us"]),
         )
 
     @property

@@ -10,7 +10,7 @@ import orjson
 
 from container import content
 from container.api.errors import describe, status_line
-from container.api.request_log import log_request
+from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
 from container.errors import PayloadTooLarge
 
@@ -76,7 +76,7 @@ class Dispatcher:
             body = (error_body or self.routes.error_body(request.path))(message)
             response = Response(body, content.JSON, status, headers)
         response.headers[REQUEST_ID] = request.request_id
-        log_request(request, response.status, started)
+        ACCESS_LOG.record(request, response.status, started)
         return response
 
     def too_large(self, length: int) -> PayloadTooLarge:

@@ -12,15 +12,17 @@ from container.scheduling.recovery import Recover
 from container.scheduling.sequence import SequenceBatcher
 
 
-def scheduler_for(model_name: str, config=None, signature: Signature | None = None, recover: Recover | None = None):
+def scheduler_for(model_name: str, config=None, signature: Signature | None = None, recover: Recover | None = None,
+                  inline_below_ns: int = 0):
     """`signature`: the model's, with its implicit states' initial values (default: the config's);
-    `recover`: frees device memory after an out-of-memory error (recovery.py)."""
+    `recover`: frees device memory after an out-of-memory error (recovery.py); `inline_below_ns`: see
+    DirectScheduler."""
     instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
         return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
         return DynamicBatcher(model_name, config, instances, recover)
-    return DirectScheduler(model_name, instances, recover)
+    return DirectScheduler(model_name, instances, recover, inline_below_ns)
 
 
 def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
