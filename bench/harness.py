@@ -117,14 +117,15 @@ def wait_ready(server, log: Path) -> None:
 
 
 def pin_apart(pid: int) -> None:
-    """The process `pid` and its descendants on the first half of the cores, this process (and the
-    wrk it starts) on the rest. Nothing to do on one core."""
+    """The process `pid` and its descendants, every thread of each, on the first half of the cores;
+    this process (and the wrk it starts) on the rest. Nothing to do on one core."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return
     server_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])
     for process in _tree(pid):
-        os.sched_setaffinity(process, server_cores)
+        for thread in Path(f"/proc/{process}/task").iterdir():  # a pid's affinity is its first thread's alone
+            os.sched_setaffinity(int(thread.name), server_cores)
     os.sched_setaffinity(0, client_cores)
 
 

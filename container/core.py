@@ -6,7 +6,7 @@ description (its config, signature, versions, labels) and never change it."""
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import gevent
 
@@ -34,6 +34,26 @@ class IndexEntry:
     reason: str = ""
 
 
+class Lease:
+    """A model held for one request: counted with its scheduler (a batcher waits for requests on their
+    way), neither evicted nor unloaded until the request ends. A class, not a generator: it is on every
+    request's path."""
+
+    __slots__ = ("registry", "model")
+
+    def __init__(self, registry: Registry, model: Model):
+        self.registry, self.model = registry, model
+
+    def __enter__(self) -> Model:
+        self.registry.hold(self.model)
+        self.model.scheduler.requests += 1
+        return self.model
+
+    def __exit__(self, *exc) -> None:
+        self.model.scheduler.request_left()
+        self.registry.release(self.model)
+
+
 class Core:
     def __init__(self, registry: Registry):
         self._registry = registry
@@ -44,16 +64,13 @@ class Core:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Iterator[Model]:
-        """The ready model `name`, held for one request: counted with its scheduler (a batcher waits for
-        requests on their way), neither evicted nor unloaded until the request ends. A miss raises
-        `not_found(name)`, a front-end's own words for it (default: ModelNotFound)."""
+    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None) -> "Lease":
+        """The ready model `name`, to hold for one request (`with core.lease(name) as model`). A miss
+        raises `not_found(name)`, a front-end's own words for it (default: ModelNotFound)."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
             raise (not_found or _not_loaded)(name)
-        with self._registry.hold(model), model.scheduler.request():
-            yield model
+        return Lease(self._registry, model)
 
     def infer(self, model: Model, request: InferRequest) -> InferResponse:
         """Tensors in, tensors out, through the leased `model`'s scheduler."""

@@ -2,8 +2,8 @@
 handler, the one error renderer, the access log. The HTTP worker (gunicorn_worker.py) hands it requests
 it has parsed itself; any other WSGI server (Flask's test client, say) reaches it through `__call__`."""
 
+import os
 import time
-import uuid
 from urllib.parse import parse_qs, unquote_to_bytes
 
 import orjson
@@ -62,7 +62,7 @@ class Dispatcher:
 
     def serve(self, request: Request) -> Response:
         started = time.perf_counter()
-        request.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request.request_id = request.headers.get("x-request-id") or os.urandom(16).hex()
         error_body = None
         try:
             match = self.routes.match(request.method, request.path)

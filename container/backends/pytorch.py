@@ -353,7 +353,7 @@ def _to_torch(spec: TensorSpec, array: np.ndarray, device: str):
     tensor = torch.from_numpy(array)
     if spec.datatype == _BF16:
         tensor = tensor.to(torch.bfloat16)
-    return tensor.to(device, non_blocking=True)
+    return tensor if device == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def _to_numpy(spec: TensorSpec, value, model: str) -> np.ndarray:
@@ -365,7 +365,9 @@ def _to_numpy(spec: TensorSpec, value, model: str) -> np.ndarray:
         return _shape_strings(array, spec.shape)
     if not isinstance(value, torch.Tensor):
         raise ModelError(f"model '{model}' output '{spec.name}' is {type(value).__name__}, not a tensor")
-    value = value.detach().cpu()
+    value = value.detach()
+    if value.device.type != "cpu":
+        value = value.cpu()
     if value.dtype == torch.bfloat16:
         value = value.float()
     array = value.numpy()

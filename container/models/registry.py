@@ -8,7 +8,6 @@ update, so no lock is needed; the blocking parts (extraction, loading, freeing) 
 import enum
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -231,18 +230,16 @@ class Registry:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def hold(self, model: Model):
-        """Hold a ready model for one request: it is neither evicted nor unloaded until the request ends."""
+    def hold(self, model: Model) -> None:
+        """Hold a ready model for one request: it is neither evicted nor unloaded until `release(model)`."""
         model.in_flight += 1
         model.idle.clear()
         self.cache.touch(model)
-        try:
-            yield model
-        finally:
-            model.in_flight -= 1
-            if not model.in_flight:
-                model.idle.set()
+
+    def release(self, model: Model) -> None:
+        model.in_flight -= 1
+        if not model.in_flight:
+            model.idle.set()
 
     def check_health(self) -> None:
         """Raise Unavailable once a sticky device error has made this process unable to serve."""

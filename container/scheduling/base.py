@@ -1,6 +1,7 @@
-"""What every scheduler shares: the count of a model's requests on their way, from the moment their
-headers are read until their answer is ready. The dynamic batcher waits for them; counting only
-queued requests would miss every request still being parsed, and batches would never form."""
+"""What every scheduler shares: the count of a model's requests on their way, from the moment they
+lease the model (core.Lease, before their inputs are decoded) until their answer is encoded. The
+dynamic batcher waits for them; counting only queued requests would miss every request still being
+decoded, and batches would never form."""
 
 import time
 from contextlib import contextmanager
@@ -11,21 +12,22 @@ from gevent.event import Event
 
 class Scheduler:
     def __init__(self):
-        self.requests = 0  # requests between their headers and their answer
+        self.requests = 0  # requests between their lease and their answer (core.Lease counts them)
         self._running = 0  # requests in batches executing now
         self._arrived = Event()  # set when a request is queued or leaves
 
     @contextmanager
     def request(self):
+        """Count one request on its way for the block (core.Lease counts its own the same way)."""
         self.requests += 1
         try:
             yield
         finally:
-            self.requests -= 1
-            self._request_left()
+            self.request_left()
 
-    def _request_left(self) -> None:
-        """A request was answered (or refused): a batcher waiting for it may go on."""
+    def request_left(self) -> None:
+        """A request counted in `requests` was answered (or refused): a batcher waiting for it may go on."""
+        self.requests -= 1
         self._arrived.set()
 
     def _wait_for_more(self, queued: Callable[[], int], target: int, delay: float) -> None:
