@@ -1,6 +1,7 @@
 """Scenario 1: a tiny model (16 floats in and out) at concurrency 1, 8 and 64 through V2 JSON, V2
-binary and SageMaker invoke — per-request overhead and server CPU per request, with the load
-generator's ceiling beside it, and Triton's rows for the V2 routes where `make bench-triton` installed it."""
+binary, SageMaker invoke and TF Serving predict — per-request overhead and server CPU per request, with
+the load generator's ceiling beside it, and Triton's rows for the V2 routes where `make bench-triton`
+installed it."""
 
 import json
 
@@ -26,7 +27,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
     invoke = json.dumps(values.tolist()).encode()
     routes = [("V2 JSON", "/v2/models/tiny/infer", v2_json, {}),
               ("V2 binary", "/v2/models/tiny/infer", binary, binary_headers),
-              ("SageMaker invoke (JSON)", "/models/tiny/invoke", invoke, {"Content-Type": "application/json"})]
+              ("SageMaker invoke (JSON)", "/models/tiny/invoke", invoke, {"Content-Type": "application/json"}),
+              ("TF Serving predict", "/v1/models/tiny:predict", json.dumps({"instances": values.tolist()}).encode(), {})]
     config = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}
 
