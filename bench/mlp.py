@@ -3,6 +3,7 @@ concurrency 1, 8 and 64: direct execution, dynamic batching without a queue dela
 usual 500 µs delay; against in-process torch at its best batch size and against direct execution.
 The mean batch is the model's inference count over its execution count during the run (V2 stats)."""
 
+import contextlib
 import json
 import tempfile
 import urllib.request
@@ -51,11 +52,16 @@ def run(seconds: float, smoke: bool) -> list[str]:
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
     models = {name: (module, {**config, **batching}) for name, batching in MODELS.items()}
-    triton = _rows(Triton(models), body, headers, seconds, smoke) if tritonserver() else {}
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         for name, (model, model_config) in models.items():
             save_model(Path(scratch), name, model, model_config)
-        ours = _rows(Server(Path(scratch)), body, headers, seconds, smoke)
+        servers = {"this server": Server(Path(scratch))}
+        running.callback(servers["this server"].stop)
+        if tritonserver():
+            servers["Triton (python backend)"] = Triton(models)
+            running.callback(servers["Triton (python backend)"].stop)
+        measured = _rows(servers, body, headers, seconds, smoke)
+    ours, triton = measured["this server"], measured.get("Triton (python backend)", {})
     lines[0:0] = [] if triton else [MISSING, ""]
     for who, rows in (("this server", ours), ("Triton (python backend)", triton)):
         for (name, connections), (load, batch, cpu_us) in rows.items():
@@ -68,20 +74,21 @@ def run(seconds: float, smoke: bool) -> list[str]:
     return lines
 
 
-def _rows(server, body: bytes, headers: dict, seconds: float, smoke: bool) -> dict:
-    """(model, concurrency) → (wrk's load, mean batch, server CPU µs per request), then the server stops."""
-    rows = {}
-    try:
+def _rows(servers: dict, body: bytes, headers: dict, seconds: float, smoke: bool) -> dict:
+    """who → (model, concurrency) → (wrk's load, mean batch, server CPU µs per request); each row of
+    every server is measured before the next row, all servers pinned apart from wrk."""
+    rows = {who: {} for who in servers}
+    for server in servers.values():
         server.pin()
-        for name in MODELS:
+    for name in MODELS:
+        for server in servers.values():
             wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
-            for connections in (1, 8, 64):
+        for connections in (1, 8, 64):
+            for who, server in servers.items():
                 before = _counts(server.url, name)
                 load, cpu_us = measure(server.url, server.process.pid, f"/v2/models/{name}/infer", body, headers, connections, seconds)
                 inferences, executions = (after - start for after, start in zip(_counts(server.url, name), before, strict=True))
-                rows[name, connections] = (load, inferences / max(executions, 1), cpu_us)
-    finally:
-        server.stop()
+                rows[who][name, connections] = (load, inferences / max(executions, 1), cpu_us)
     return rows
 
 

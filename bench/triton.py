@@ -4,6 +4,7 @@ no libtorch backend). `make bench-triton` installs it into its own venv, with to
 same pip command so the CPU wheel is kept; without it, scenarios leave the Triton rows out and say so.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -55,33 +56,27 @@ class TritonPythonModel:
 def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also=None, **server_env) -> list[str]:
     """One table: each route at each concurrency through this server and, for the V2 routes, through
     Triton serving the same `models` — requests/s, latency, the server's CPU per request (its whole
-    process tree), and the ratio of the two. Each server runs pinned apart from wrk. `also(server)`
-    may add lines measured on this server before it stops."""
-    peer_rows = {}
-    if tritonserver():
-        peer = Triton(models)
-        try:
-            peer.pin()
-            for label, path, body, headers in routes:
-                if path.startswith("/v2/"):
-                    for connections in concurrencies:
-                        peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
-        finally:
-            peer.stop()
-    rows, extra = [], []
-    with tempfile.TemporaryDirectory() as scratch:
+    process tree), and the ratio of the two. Both servers run at once, pinned apart from wrk, and each
+    row of one is measured right after the same row of the other, so a noisy machine moves both alike.
+    `also(server)` may add lines measured on this server before it stops."""
+    rows, peer_rows, extra = [], {}, []
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
         server = Server(Path(scratch), **server_env)
-        try:
-            server.pin()
-            for label, path, body, headers in routes:
-                for connections in concurrencies:
-                    rows.append(("this server", label, connections,
-                                 measure(server.url, server.process.pid, path, body, headers, connections, seconds)))
-            extra = also(server) if also else []
-        finally:
-            server.stop()
+        running.callback(server.stop)
+        peer = Triton(models) if tritonserver() else None
+        if peer is not None:
+            running.callback(peer.stop)
+            peer.pin()
+        server.pin()
+        for label, path, body, headers in routes:
+            for connections in concurrencies:
+                if peer is not None and path.startswith("/v2/"):
+                    peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
+                rows.append(("this server", label, connections,
+                             measure(server.url, server.process.pid, path, body, headers, connections, seconds)))
+        extra = also(server) if also else []
     rows += [("Triton (python backend)", label, connections, result) for (label, connections), result in peer_rows.items()]
     lines = [] if peer_rows else [MISSING, ""]
     lines += ["| server | protocol | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",

@@ -12,6 +12,7 @@ from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
+from container.scheduling.direct import INLINE_WINDOW
 from container.scheduling.job import Job
 from container.scheduling.queue import QueueTimeout
 
@@ -430,3 +431,49 @@ def test_direct_and_sequence_requests_recover_once_and_retry(strategy):
         scheduler.infer(job(backend, 4)) if strategy is None else gevent.spawn(
             scheduler.infer, sequence_job(backend, 4, 1)).get(timeout=30)
     assert recoveries == [1024, "served", 1024]  # once per failed request, then 507
+
+
+class TimedBackend:
+    """Reports each execution as taking `ns`, and notes the thread it ran on."""
+
+    def __init__(self, ns: int):
+        self.ns, self.threads = ns, []
+
+    def execute(self, inputs, outputs, phases):
+        self.threads.append(threading.get_ident())
+        phases.infer_ns = self.ns
+        return {"y": inputs["x"] * 2}
+
+
+def test_a_fast_model_runs_inline_once_measured_and_leaves_when_it_slows():
+    backend, hub = TimedBackend(20_000), threading.get_ident()
+    scheduler = scheduler_for("m", config(), inline_below_ns=300_000)
+    for value in range(INLINE_WINDOW):  # measured on its instance thread first
+        assert values(gevent.spawn(scheduler.infer, job(backend, value))) == [2.0 * value]
+    assert hub not in backend.threads
+    assert values(gevent.spawn(scheduler.infer, job(backend, 1))) == [2.0]
+    assert backend.threads[-1] == hub  # now on the event loop's own thread
+    backend.ns = 5_000_000  # one execution past the threshold …
+    values(gevent.spawn(scheduler.infer, job(backend, 1)))
+    values(gevent.spawn(scheduler.infer, job(backend, 1)))
+    assert backend.threads[-1] != hub  # … sends the model back to its thread
+    scheduler.close()
+
+
+@pytest.mark.parametrize("threshold, reported", [(0, 1), (300_000, 300_000)])
+def test_a_model_at_or_past_the_threshold_never_runs_inline(threshold, reported):
+    backend, hub = TimedBackend(reported), threading.get_ident()
+    scheduler = scheduler_for("m", config(), inline_below_ns=threshold)
+    for value in range(3 * INLINE_WINDOW):
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    assert hub not in backend.threads
+    scheduler.close()
+
+
+def test_batched_models_never_run_inline():
+    backend, hub = TimedBackend(1), threading.get_ident()
+    scheduler = scheduler_for("m", config(dynamic_batching={}), inline_below_ns=300_000)
+    for value in range(3 * INLINE_WINDOW):
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    assert hub not in backend.threads
+    scheduler.close()
