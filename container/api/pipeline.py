@@ -4,7 +4,7 @@ it has parsed itself; any other WSGI server (Flask's test client, say) reaches i
 
 import os
 import time
-from urllib.parse import parse_qs, unquote_to_bytes
+from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
 import orjson
 
@@ -38,7 +38,7 @@ class Request:
 
     def args(self) -> dict[str, str]:
         """The query string's parameters, the first value of each."""
-        return {k: v[0] for k, v in parse_qs(self.query_string).items()}
+        return {k: v[0] for k, v in parse_qs(self.query_string, keep_blank_values=True).items()}
 
 
 class Response:
@@ -108,6 +108,9 @@ class Dispatcher:
 
 def request_path(raw: bytes) -> tuple[str, str]:
     """(path, query string) of a request target as sent: the path percent-decoded as UTF-8."""
+    if not raw.startswith(b"/") and b"://" in raw:  # absolute-form, as a proxy would send it
+        parts = urlsplit(raw)
+        raw = (parts.path or b"/") + (b"?" + parts.query if parts.query else b"")
     path, _, query = raw.partition(b"?")
     if b"%" in path:
         path = unquote_to_bytes(path)

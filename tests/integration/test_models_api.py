@@ -128,7 +128,7 @@ def test_pagination(server):
     assert seen == everything and len(seen) >= 3
 
 
-@pytest.mark.parametrize("query", ["limit=0", "limit=-1", "limit=abc", "next_page_token=%25%25%25"])
+@pytest.mark.parametrize("query", ["limit=0", "limit=-1", "limit=abc", "limit=", "next_page_token=%25%25%25"])
 def test_bad_pagination_is_400(server, query):
     answer = server.request("GET", f"/models?{query}")
     assert answer.status_code == 400 and "error" in answer.json()

@@ -159,6 +159,7 @@ def test_the_wsgi_face_serves_the_same_pipeline(app):
     ("/v2/models/\u00e9".encode(), "/v2/models/\u00e9", ""),
     (b"/v2/models/%2E%2E/load", "/v2/models/../load", ""),
     (b"/v2/models/%ff", "/v2/models/\ufffd", ""),
+    (b"http://host:8080/models?limit=1", "/models", "limit=1"),  # absolute-form
 ])
 def test_request_targets_are_percent_decoded_as_utf8(raw, path, query):
     assert request_path(raw) == (path, query)
