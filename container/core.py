@@ -1,10 +1,10 @@
 """The core facade: all the front-ends may ask of the models, above the registry, the schedulers and
 the backends. A request resolves and leases its model once (`lease`) and runs through that lease
-(`infer`, `transform`); statistics are recorded here and nowhere else. Front-ends read a `Model` as a
-description (its config, signature, versions, labels) and never change it."""
+(`infer`, `transform`); a request's success or failure is recorded here and nowhere else (its
+executions, by the scheduler that batches them). Front-ends read a `Model` as a description (its
+config, signature, versions, labels) and never change it."""
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -78,14 +78,18 @@ class Core:
             raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
         version = model.version(request.model_version)
         backend, statistics = model.versions[version], model.statistics[version]
-        with self._accounted(statistics) as succeeded:
+        start = time.perf_counter_ns()
+        try:
             self.limits.check_decoded(decoded_size(request.inputs.values()))
             model.signature.check_inputs(request.inputs)
             if request.outputs:
                 model.signature.check_outputs(request.outputs)
             items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
             outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
-            succeeded(items, phases)
+        except BaseException as exc:
+            self._failed(statistics, start, exc)
+            raise
+        statistics.record_success(items, time.perf_counter_ns() - start, phases)
         self._registry.settle(model)
         return InferResponse(model.name, version, outputs)
 
@@ -94,24 +98,22 @@ class Core:
         version = model.version()
         transform, statistics = model.versions[version].transform, model.statistics[version]
         args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
-        with self._accounted(statistics) as succeeded:
+        start = time.perf_counter_ns()
+        try:
             result, phases = model.scheduler.run(transform, args, statistics)
-            succeeded(1, phases)
+        except BaseException as exc:
+            self._failed(statistics, start, exc)
+            raise
+        statistics.record_success(1, time.perf_counter_ns() - start, phases)
         self._registry.settle(model)
         return result
 
-    @contextmanager
-    def _accounted(self, statistics: Statistics):
-        """The request's outcome in its version's statistics: the body reports success with
-        `succeeded(items, phases)`; an exception is recorded as a failure."""
-        start = time.perf_counter_ns()
-        try:
-            yield lambda items, phases: statistics.record_success(items, time.perf_counter_ns() - start, phases)
-        except BaseException as exc:
-            statistics.record_failure(time.perf_counter_ns() - start)
-            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
-            self._registry.note_fault(exc)
-            raise
+    def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
+        """A request that started at `start` failed with `exc`: in its version's statistics, and in the
+        counters (a 507) or as the process's fault (a sticky device error)."""
+        statistics.record_failure(time.perf_counter_ns() - start)
+        self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
+        self._registry.note_fault(exc)
 
     # -- descriptions ------------------------------------------------------------------------------
 

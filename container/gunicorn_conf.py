@@ -8,7 +8,7 @@ _settings = Settings.from_env(os.environ)
 
 bind = f"0.0.0.0:{_settings.port}"
 workers = 1  # one process owns the models: the cache and the GPU context exist once
-worker_class = "container.gunicorn_worker.Worker"  # gevent, with keep-alive fairness and fast shutdown
+worker_class = "container.gunicorn_worker.Worker"  # gevent, HTTP parsed by httptools, keep-alive fairness, fast shutdown
 worker_connections = _settings.max_connections
 timeout = _settings.model_server_timeout
 graceful_timeout = 30

@@ -189,6 +189,10 @@ class TorchScriptModel:
         self._specs = {s.name: s for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in states))}
         self._order = _bind_inputs(self.module, signature)
         self._outputs = _bind_outputs(signature)
+        # fixed for the model's life, so computed once rather than on every execution
+        self._output_names = [s.name for s in signature.outputs]
+        self._needed = max(index for _, index in self._outputs) + 1 if self._outputs else 0
+        self._doing = f"running model '{name}'"
 
     def memory(self) -> dict[str, int]:
         return footprint.charged(self._counted, self._grown, self._peak)
@@ -212,7 +216,7 @@ class TorchScriptModel:
 
     def _guarded(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         with device_scope(self.device):
-            return guarded(self.device, f"running model '{self.name}'", self._execute, inputs, outputs, phases)
+            return guarded(self.device, self._doing, self._execute, inputs, outputs, phases)
 
     def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         start = time.perf_counter_ns()
@@ -228,7 +232,7 @@ class TorchScriptModel:
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
         produced = self._name_outputs(result)
-        wanted = outputs or [s.name for s in self.signature.outputs]
+        wanted = outputs or self._output_names
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
         return {n: produced[n] for n in wanted}
@@ -244,9 +248,8 @@ class TorchScriptModel:
             values = list(result)
         else:
             values = [result]
-        needed = max(index for _, index in bound) + 1
-        if len(values) < needed:
-            raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config needs {needed}")
+        if len(values) < self._needed:
+            raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config needs {self._needed}")
         return {s.name: self._from_model(s, values[index]) for s, index in bound}
 
     def _to_model(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
