@@ -22,6 +22,7 @@ class Phases:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    cpu_ns: int = 0  # CPU time of the executing thread: unlike the others, not stretched by waits for the GIL
 
 
 @dataclass

@@ -434,14 +434,15 @@ def test_direct_and_sequence_requests_recover_once_and_retry(strategy):
 
 
 class TimedBackend:
-    """Reports each execution as taking `ns`, and notes the thread it ran on."""
+    """Reports each execution as taking `ns` of CPU and `wall` (default: `ns`) of wall time, and notes
+    the thread it ran on."""
 
-    def __init__(self, ns: int):
-        self.ns, self.threads = ns, []
+    def __init__(self, ns: int, wall: int | None = None):
+        self.ns, self.wall, self.threads = ns, wall, []
 
     def execute(self, inputs, outputs, phases):
         self.threads.append(threading.get_ident())
-        phases.infer_ns = self.ns
+        phases.cpu_ns, phases.infer_ns = self.ns, self.wall or self.ns
         return {"y": inputs["x"] * 2}
 
 
@@ -476,4 +477,13 @@ def test_batched_models_never_run_inline():
     for value in range(3 * INLINE_WINDOW):
         values(gevent.spawn(scheduler.infer, job(backend, value)))
     assert hub not in backend.threads
+    scheduler.close()
+
+
+def test_waits_for_the_gil_on_a_thread_do_not_keep_a_fast_model_off_the_loop():
+    backend, hub = TimedBackend(20_000, wall=5_000_000), threading.get_ident()  # 20 µs of work, 5 ms of waiting
+    scheduler = scheduler_for("m", config(), inline_below_ns=300_000)
+    for value in range(INLINE_WINDOW + 1):
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    assert backend.threads[-1] == hub
     scheduler.close()
