@@ -5,6 +5,7 @@ was shorter than a thread hand-off is worth, on the hub itself."""
 import time
 from collections import deque
 
+from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases, Statistics
@@ -29,9 +30,14 @@ class DirectScheduler(Scheduler):
         self._submitted = 0  # requests handed to the pool and not yet answered
         self._inline_below_ns = inline_below_ns
         self._recent: deque[int] = deque(maxlen=INLINE_WINDOW)  # the latest executions' costs (see infer)
+        self._drained = Event()  # set when no request is on the threads
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
         inline = self._inline()
+        while inline and self._submitted:  # the requests on the threads finish first: instances run one
+            self._drained.clear()           # request each, and under load the threads are never idle
+            self._drained.wait()
+            inline = self._inline()
         execute = on_thread if inline else self._apply
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
         # Inline, the wall time is what the loop waited. On a thread it also holds waits for the GIL the
@@ -42,7 +48,7 @@ class DirectScheduler(Scheduler):
 
     def _inline(self) -> bool:
         recent = self._recent
-        return len(recent) == INLINE_WINDOW and max(recent) < self._inline_below_ns and not self._submitted
+        return len(recent) == INLINE_WINDOW and max(recent) < self._inline_below_ns
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
         """A handler model's request: `fn(*args)` on an instance thread."""
@@ -64,6 +70,8 @@ class DirectScheduler(Scheduler):
             return self._threads.apply(on_thread, (function, args, submitted))
         finally:
             self._submitted -= 1
+            if not self._submitted:
+                self._drained.set()
 
     def queue_depth(self) -> int:
         """Requests waiting for an execution thread. Counted here: gevent's pool parks callers on a

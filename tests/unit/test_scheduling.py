@@ -439,9 +439,12 @@ class TimedBackend:
 
     def __init__(self, ns: int, wall: int | None = None):
         self.ns, self.wall, self.threads = ns, wall, []
+        self.release = threading.Event()
 
     def execute(self, inputs, outputs, phases):
         self.threads.append(threading.get_ident())
+        if inputs["x"][0, 0] < 0:  # a request the test holds on its thread
+            assert self.release.wait(30), "the test never released the backend"
         phases.cpu_ns, phases.infer_ns = self.ns, self.wall or self.ns
         return {"y": inputs["x"] * 2}
 
@@ -486,4 +489,19 @@ def test_waits_for_the_gil_on_a_thread_do_not_keep_a_fast_model_off_the_loop():
     for value in range(INLINE_WINDOW + 1):
         values(gevent.spawn(scheduler.infer, job(backend, value)))
     assert backend.threads[-1] == hub
+    scheduler.close()
+
+
+def test_under_load_a_fast_model_returns_to_the_loop_once_its_threads_drain():
+    backend, hub = TimedBackend(20_000), threading.get_ident()
+    scheduler = scheduler_for("m", config(instance_group=[{"count": 2}]), inline_below_ns=300_000)
+    held = gevent.spawn(scheduler.infer, job(backend, -1.0))  # busy on one instance thread
+    for value in range(INLINE_WINDOW):  # measured fast on the other one meanwhile
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    waiting = gevent.spawn(scheduler.infer, job(backend, 1.0))
+    gevent.sleep(0.05)
+    assert not waiting.ready()  # fast enough for the loop, but it waits for the thread's request …
+    backend.release.set()
+    assert values(waiting) == [2.0] and values(held) == [-2.0]
+    assert backend.threads[-1] == hub  # … and then runs on the loop
     scheduler.close()
