@@ -34,8 +34,10 @@ class DirectScheduler(Scheduler):
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
         inline = self._inline()
-        while inline and self._submitted:  # the requests on the threads finish first: instances run one
-            self._drained.clear()           # request each, and under load the threads are never idle
+        # The requests on the threads finish first, as an instance runs one request at a time; waiting
+        # for a moment with none submitted would never end under load.
+        while inline and self._submitted:
+            self._drained.clear()
             self._drained.wait()
             inline = self._inline()
         execute = on_thread if inline else self._apply
