@@ -30,15 +30,16 @@ class DirectScheduler(Scheduler):
         self._submitted = 0  # requests handed to the pool and not yet answered
         self._inline_below_ns = inline_below_ns
         self._recent: deque[int] = deque(maxlen=INLINE_WINDOW)  # the latest executions' costs (see infer)
-        self._drained = Event()  # set when no request is on the threads
+        self._finished = Event()  # set when a request on the threads finishes
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
         inline = self._inline()
-        # The requests on the threads finish first, as an instance runs one request at a time; waiting
-        # for a moment with none submitted would never end under load.
+        # The requests on the threads finish first, as an instance runs one request at a time (without
+        # this, a moment with none submitted never comes under load); each that finishes may also have
+        # found the model too slow for the loop, and then this request goes to a thread after all.
         while inline and self._submitted:
-            self._drained.clear()
-            self._drained.wait()
+            self._finished.clear()
+            self._finished.wait()
             inline = self._inline()
         execute = on_thread if inline else self._apply
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
@@ -72,8 +73,7 @@ class DirectScheduler(Scheduler):
             return self._threads.apply(on_thread, (function, args, submitted))
         finally:
             self._submitted -= 1
-            if not self._submitted:
-                self._drained.set()
+            self._finished.set()
 
     def queue_depth(self) -> int:
         """Requests waiting for an execution thread. Counted here: gevent's pool parks callers on a

@@ -439,13 +439,15 @@ class TimedBackend:
 
     def __init__(self, ns: int, wall: int | None = None):
         self.ns, self.wall, self.threads = ns, wall, []
-        self.release = threading.Event()
+        self.release = {-1.0: threading.Event(), -2.0: threading.Event()}
 
     def execute(self, inputs, outputs, phases):
         self.threads.append(threading.get_ident())
-        if inputs["x"][0, 0] < 0:  # a request the test holds on its thread
-            assert self.release.wait(30), "the test never released the backend"
-        phases.cpu_ns, phases.infer_ns = self.ns, self.wall or self.ns
+        value = float(inputs["x"][0, 0])
+        if value in self.release:  # a request the test holds on its thread; -2 reports 5 ms when let go
+            assert self.release[value].wait(30), "the test never released the backend"
+        ns = 5_000_000 if value == -2.0 else self.ns
+        phases.cpu_ns, phases.infer_ns = ns, self.wall or ns
         return {"y": inputs["x"] * 2}
 
 
@@ -501,7 +503,24 @@ def test_under_load_a_fast_model_returns_to_the_loop_once_its_threads_drain():
     waiting = gevent.spawn(scheduler.infer, job(backend, 1.0))
     gevent.sleep(0.05)
     assert not waiting.ready()  # fast enough for the loop, but it waits for the thread's request …
-    backend.release.set()
+    backend.release[-1.0].set()
     assert values(waiting) == [2.0] and values(held) == [-2.0]
     assert backend.threads[-1] == hub  # … and then runs on the loop
+    scheduler.close()
+
+
+def test_a_request_waiting_for_the_loop_goes_to_a_thread_when_the_model_turns_slow():
+    backend, hub = TimedBackend(20_000), threading.get_ident()
+    scheduler = scheduler_for("m", config(instance_group=[{"count": 3}]), inline_below_ns=300_000)
+    held, slow = gevent.spawn(scheduler.infer, job(backend, -1.0)), gevent.spawn(scheduler.infer, job(backend, -2.0))
+    for value in range(INLINE_WINDOW):  # fast on the third thread meanwhile: fit for the loop
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    waiting = gevent.spawn(scheduler.infer, job(backend, 1.0))
+    gevent.sleep(0.05)
+    assert not waiting.ready()
+    backend.release[-2.0].set()  # a 5 ms execution finishes: the model is no longer fit for the loop
+    assert values(slow) == [-4.0] and values(waiting) == [2.0]  # served on a thread, not left waiting
+    assert backend.threads[-1] != hub and not held.ready()
+    backend.release[-1.0].set()
+    assert values(held) == [-2.0]
     scheduler.close()
