@@ -46,7 +46,7 @@ class Lease:
 
     def __enter__(self) -> Model:
         self.registry.hold(self.model)
-        self.model.scheduler.requests += 1
+        self.model.scheduler.request_arrived()
         return self.model
 
     def __exit__(self, *exc) -> None:

@@ -75,8 +75,10 @@ class Connection:
         self.dispatcher = worker.dispatcher
         self.max_body = self.dispatcher.max_body
         cfg = worker.cfg
-        self.limits = (cfg.limit_request_line or 1 << 62, cfg.limit_request_fields or 1 << 62,
-                       cfg.limit_request_field_size or 1 << 62)
+        # gunicorn's limits, 0 meaning none
+        self.max_line = cfg.limit_request_line or 1 << 62
+        self.max_fields = cfg.limit_request_fields or 1 << 62
+        self.max_field = cfg.limit_request_field_size or 1 << 62
         self.parser = httptools.HttpRequestParser(self)
         self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
         self.in_message = False
@@ -94,14 +96,14 @@ class Connection:
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.limits[0]:
-            raise _Refused(414, f"Request Line is too large ({len(self.url)} > {self.limits[0]})")
+        if len(self.url) > self.max_line:
+            raise _Refused(414, f"Request Line is too large ({len(self.url)} > {self.max_line})")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self.headers) >= self.limits[1]:
-            raise _Refused(431, f"the request has more than {self.limits[1]} header fields")
-        if len(name) + len(value) > self.limits[2]:
-            raise _Refused(431, f"header {name[:100].decode('latin-1')!r} is longer than {self.limits[2]} bytes")
+        if len(self.headers) >= self.max_fields:
+            raise _Refused(431, f"the request has more than {self.max_fields} header fields")
+        if len(name) + len(value) > self.max_field:
+            raise _Refused(431, f"header {name[:100].decode('latin-1')!r} is longer than {self.max_field} bytes")
         key, text = name.decode("latin-1").lower(), value.decode("latin-1")
         previous = self.headers.get(key)
         self.headers[key] = text if previous is None else f"{previous}, {text}"
@@ -170,8 +172,8 @@ class Connection:
         while self.ready:
             request, keep_alive = self.ready.popleft()
             if not worker.alive:
-                body = json_error("the server is shutting down; send the request again (to another instance)")
-                self._send(Response(body, "application/json", 503, {"Retry-After": "1"}), close=True)
+                self._refuse(503, "the server is shutting down; send the request again (to another instance)",
+                             {"Retry-After": "1"})
                 return False
             response = self.dispatcher.serve(request)
             worker.nr += 1
@@ -185,12 +187,13 @@ class Connection:
             gevent.sleep(0)
         return True
 
-    def _refuse(self, status: int, message: str) -> None:
-        self._send(Response(json_error(message), "application/json", status), close=True)
+    def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """Answer `status` in JSON, and close the connection."""
+        self._send(Response(json_error(message), "application/json", status, headers), close=True)
 
     def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
         body = response.body
-        lines = [f"HTTP/1.1 {_status(response.status)}\r\nDate: {_date()}\r\nContent-Length: {len(body)}\r\n"]
+        lines = [f"HTTP/1.1 {status_line(response.status)}\r\nDate: {_date()}\r\nContent-Length: {len(body)}\r\n"]
         for name, value in response.headers.items():
             if "\r" in value or "\n" in value:  # a handler's header must not split the response
                 value = " ".join(value.splitlines())
@@ -213,16 +216,6 @@ class Connection:
         sent = self.sock.send(data)
         if sent < len(data):
             self.sock.sendall(memoryview(data)[sent:])
-
-
-_STATUS: dict[int, str] = {}
-
-
-def _status(status: int) -> str:
-    line = _STATUS.get(status)
-    if line is None:
-        line = _STATUS[status] = status_line(status)
-    return line
 
 
 _DATE = [0, ""]

@@ -1,6 +1,7 @@
 """The one error renderer: every failure, ours or the framework's, becomes a status and a message
 (`describe`), written as `{"error": "…"}` — in each protocol's own spelling of that document."""
 
+import functools
 import logging
 from http import HTTPStatus
 
@@ -30,6 +31,7 @@ def describe(exc: Exception, method: str, path: str, request_id: str | None) -> 
     return 500, f"internal server error ({type(exc).__name__}); the server log has the details", {}
 
 
+@functools.cache  # a handful of statuses, written on every response
 def status_line(status: int) -> str:
     return f"{status} {_phrase(status)}"
 

@@ -63,17 +63,16 @@ class Dispatcher:
     def serve(self, request: Request) -> Response:
         started = time.perf_counter()
         request.request_id = request.headers.get("x-request-id") or os.urandom(16).hex()
-        error_body = None
         try:
             match = self.routes.match(request.method, request.path)
-            error_body, request.params = match.error_body, match.params
+            request.params = match.params
             request.model = match.params.get("name")
             if request.oversize is not None:
                 raise self.too_large(request.oversize)
             response = match.route.handler(request)
         except Exception as exc:
             status, message, headers = describe(exc, request.method, request.path, request.request_id)
-            body = (error_body or self.routes.error_body(request.path))(message)
+            body = self.routes.error_body(request.path)(message)
             response = Response(body, content.JSON, status, headers)
         response.headers[REQUEST_ID] = request.request_id
         ACCESS_LOG.record(request, response.status, started)

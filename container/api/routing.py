@@ -31,7 +31,6 @@ class Mount:
 class Match:
     route: Route
     params: dict[str, str]
-    error_body: Callable[[str], bytes]
 
 
 @dataclass
@@ -72,30 +71,25 @@ class Routes:
         """The route for `method path` and its parameters; raises NotFound or MethodNotAllowed."""
         params: dict[str, str] = {}
         node = self._exact.get(path) or _walk(self._root, path.split("/")[1:], params)
-        mount = self._mount(path)
-        error_body = mount.error_body if mount else json_error
         if node is None or not node.methods:
-            raise _miss(mount, method, path, NotFound())
+            raise self._miss(method, path, NotFound())
         route = node.methods.get(method) or (node.methods.get("GET") if method == "HEAD" else None)
         if route is None:
             allowed = sorted({*node.methods, *(["HEAD"] if "GET" in node.methods else [])})
-            raise _miss(mount, method, path, MethodNotAllowed(valid_methods=allowed))
-        return Match(route, params, error_body)
+            raise self._miss(method, path, MethodNotAllowed(valid_methods=allowed))
+        return Match(route, params)
 
     def error_body(self, path: str) -> Callable[[str], bytes]:
-        """How an error on `path` is written, for failures before a route is found."""
+        """How an error on `path` is written: its mount's spelling, else `{"error": "…"}`."""
         mount = self._mount(path)
         return mount.error_body if mount else json_error
 
+    def _miss(self, method: str, path: str, default: Exception) -> Exception:
+        mount = self._mount(path)
+        return mount.miss(method, path) if mount and mount.miss else default
+
     def _mount(self, path: str) -> Mount | None:
-        for mount in self.mounts:
-            if path.startswith(mount.prefix):
-                return mount
-        return None
-
-
-def _miss(mount: Mount | None, method: str, path: str, default: Exception) -> Exception:
-    return mount.miss(method, path) if mount and mount.miss else default
+        return next((mount for mount in self.mounts if path.startswith(mount.prefix)), None)
 
 
 def _walk(node: _Node, segments: list[str], params: dict[str, str]) -> _Node | None:

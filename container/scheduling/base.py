@@ -18,12 +18,15 @@ class Scheduler:
 
     @contextmanager
     def request(self):
-        """Count one request on its way for the block (core.Lease counts its own the same way)."""
-        self.requests += 1
+        """Count one request on its way for the block (core.Lease counts with the same two calls)."""
+        self.request_arrived()
         try:
             yield
         finally:
             self.request_left()
+
+    def request_arrived(self) -> None:
+        self.requests += 1
 
     def request_left(self) -> None:
         """A request counted in `requests` was answered (or refused): a batcher waiting for it may go on."""
