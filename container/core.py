@@ -178,10 +178,12 @@ class Core:
                 kinds.setdefault(kind, []).append(sizes)
         return {kind: total_by_device(sizes) for kind, sizes in kinds.items()}
 
-    def worker_memory(self) -> dict[str, int]:
-        """Device → what the handler models' own worker processes hold (it is not in this process's pages)."""
-        return total_by_device(b.measured()["load"] for m in self._registry.ready() for b in m.versions.values()
-                               if getattr(b, "own_process", False))
+    def held_memory(self, in_process: dict[str, int]) -> dict[str, int]:
+        """Device → what the models really hold: `in_process` (this process's own measure) plus what the
+        handler models' worker processes hold, which is not in this process's pages."""
+        workers = [b.measured()["load"] for m in self._registry.ready() for b in m.versions.values()
+                   if getattr(b, "own_process", False)]
+        return total_by_device([in_process, *workers])
 
     def queue(self, model: Model) -> tuple[int, int]:
         """(requests waiting in `model`'s scheduler, sequences holding state)."""

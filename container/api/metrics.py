@@ -99,8 +99,7 @@ class ServerCollector:
         held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes, 0)}
         for device in self.gpus.devices:
             held[device] = self.gpus.reserved(device)
-        workers = self.core.worker_memory()
-        return {device: held.get(device, 0) + workers.get(device, 0) for device in {*held, *workers}}
+        return self.core.held_memory(held)
 
     def _lifecycle(self):
         counters = self.core.counters
