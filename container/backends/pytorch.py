@@ -30,8 +30,11 @@ _STICKY = ("illegal memory access", "device-side assert", "unspecified launch fa
 
 
 def configure_threads(cores: int) -> None:
-    """Leave one core to HTTP; torch would otherwise spin a thread per core of the whole machine."""
-    torch.set_num_threads(max(1, cores - 1))
+    """Leave one core to HTTP; torch would otherwise spin a thread per core of the whole machine. Each
+    thread that runs a model applies the count again (`device_scope`)."""
+    global _torch_threads
+    _torch_threads = max(1, cores - 1)
+    torch.set_num_threads(_torch_threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set in this process (tests create several apps)
@@ -116,14 +119,16 @@ def requested_bytes(message: str) -> int:
 
 
 def device_scope(device: str):
-    """Where code runs for a model on `device`: under that device, so `"cuda"` in model code means it,
-    and on the calling thread's own stream there, so execution instances do not serialise on the
-    default stream. A CPU model needs neither."""
+    """Where code runs for a model on `device`: with the server's torch thread count, under that device,
+    so `"cuda"` in model code means it, and on the calling thread's own stream there, so execution
+    instances do not serialise on the default stream. A CPU model needs only the thread count."""
+    if _per_thread.threads != _torch_threads:
+        _own_thread_count()
     if not device.startswith("cuda"):
         return _NO_SCOPE
-    streams = getattr(_streams, "by_device", None)
+    streams = _per_thread.streams
     if streams is None:
-        streams = _streams.by_device = {}
+        streams = _per_thread.streams = {}
     if device not in streams:
         streams[device] = torch.cuda.Stream(device)
     stack = contextlib.ExitStack()
@@ -132,8 +137,22 @@ def device_scope(device: str):
     return stack
 
 
+def _own_thread_count() -> None:
+    """OpenMP keeps its thread count per thread, and MKL follows it: on a thread that never set it, a
+    matrix product of a few rows runs on every core of the machine; on one pinned core, 15× slower."""
+    _per_thread.threads = _torch_threads
+    if _torch_threads:
+        torch.set_num_threads(_torch_threads)
+
+
+class _PerThread(threading.local):
+    threads = 0  # the torch thread count this thread set
+    streams: dict | None = None  # device → this thread's stream on it
+
+
 _NO_SCOPE = contextlib.nullcontext()
-_streams = threading.local()  # device → this thread's stream on it
+_torch_threads = 0  # set by configure_threads
+_per_thread = _PerThread()
 
 
 def free_memory(device: str) -> int:

@@ -1,15 +1,26 @@
 """The TorchScript backend on its own: datatypes both ways, output shapes, errors of the model's own."""
 
+import ctypes
+import os
 import threading
 import weakref
+from pathlib import Path
 from typing import List
 
 import numpy as np
 import pytest
 import torch
 
+from container import resources
 from container.backends.footprint import charged
-from container.backends.pytorch import Replicas, TorchScriptModel, device_error, guarded, module_bytes
+from container.backends.pytorch import (
+    Replicas,
+    TorchScriptModel,
+    configure_threads,
+    device_error,
+    guarded,
+    module_bytes,
+)
 from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
@@ -207,3 +218,26 @@ def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
     model = backend(tmp_path, Faults(), "FP32")
     with pytest.raises(DeviceFault, match="illegal memory access"):
         run(model, {"x": np.full((1, 2), -1, np.float32)})
+
+
+def test_every_execution_thread_runs_the_model_with_the_servers_thread_count(tmp_path):
+    """OpenMP keeps its thread count per thread, and MKL follows it: a thread that never set it multiplies
+    matrices on every core of the machine, and measured 15× slower on one pinned core. The count set
+    here differs from OpenMP's default on any machine, so the check can fail."""
+    openmp = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libgomp.so.1"))
+    model = backend(tmp_path, Echo(), "FP32")
+    wanted = os.cpu_count() + 1
+    seen = []
+
+    def execute():
+        model.execute({"x": np.ones((1, 2), np.float32)}, None, Phases())
+        seen.append(openmp.omp_get_max_threads())
+
+    configure_threads(wanted + 1)
+    try:
+        thread = threading.Thread(target=execute)
+        thread.start()
+        thread.join()
+    finally:
+        configure_threads(resources.cpu_quota())
+    assert seen == [wanted]
