@@ -19,6 +19,8 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+# this process's cores before pin_apart moves it: pinning a second server must see all of them again
+_CORES = sorted(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -119,10 +121,9 @@ def wait_ready(server, log: Path) -> None:
 def pin_apart(pid: int) -> None:
     """The process `pid` and its descendants, every thread of each, on the first half of the cores;
     this process (and the wrk it starts) on the rest. Nothing to do on one core."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
+    if len(_CORES) < 2:
         return
-    server_cores, client_cores = set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])
+    server_cores, client_cores = set(_CORES[: len(_CORES) // 2]), set(_CORES[len(_CORES) // 2:])
     for process in _tree(pid):
         for thread in Path(f"/proc/{process}/task").iterdir():  # a pid's affinity is its first thread's alone
             os.sched_setaffinity(int(thread.name), server_cores)
