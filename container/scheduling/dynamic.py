@@ -1,10 +1,11 @@
-"""The dynamic batcher: requests queue by priority; whenever an instance thread is free it takes the
-next batch — the head request plus every queued request that can merge with it, up to max_batch_size,
-cut to the largest preferred_batch_size it makes exactly — so batches form from the queue under load
-and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests while
+"""The dynamic batcher: requests queue by priority; whenever an instance thread is free, and the event
+loop has handled what it had received, it takes the next batch — the head request plus every queued
+request that can merge with it, up to max_batch_size, cut to the largest preferred_batch_size it makes
+exactly — so batches form from the queue under load and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests while
 the queue is short of a preferred size and other requests for the model are on their way (counted
 from their headers, base.py). With preserve_ordering, responses leave in the order the requests arrived."""
 
+import itertools
 import time
 
 import gevent
@@ -17,6 +18,8 @@ from container.scheduling.base import Scheduler
 from container.scheduling.job import Job, Stage, run_jobs
 from container.scheduling.queue import JobQueue, QueueTimeout
 from container.scheduling.recovery import Recover, execute
+
+GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
 
 
 class DynamicBatcher(Scheduler):
@@ -91,10 +94,20 @@ class DynamicBatcher(Scheduler):
         while True:
             self.queue.nonempty.wait()
             with self._free:  # an instance is free: the batch grows in the queue until then
+                self._gather_received()
                 if self.delay:
                     self._wait_for_more(self.queue.__len__, (self.preferred or [self.max_batch_size])[0], self.delay)
                 if len(self.queue):
                     self._run_batch()
+
+    def _gather_received(self) -> None:
+        """Before a batch is cut, the event loop handles what it has received already: the requests
+        the last batch answered send their answers, and those their clients sent back since reach the
+        queue. Cut at once, 64 clients split into two halves that took turns, in batches of 32 rather
+        than 43 (measured). Bounded, so that a flood of other traffic cannot hold the model back."""
+        if self.requests > len(self.queue) + self._running:
+            with Timeout(GATHER_LIMIT, False):
+                gevent.idle()
 
     def _run_batch(self) -> None:
         batch = self._cut(self.queue.take(self.max_batch_size))
@@ -124,8 +137,9 @@ class DynamicBatcher(Scheduler):
 
     def _cut(self, batch: list[Job]) -> list[Job]:
         """Shorten a batch to the largest preferred size it makes exactly; the jobs cut go back first."""
-        totals = [sum(j.items for j in batch[: i + 1]) for i in range(len(batch))]
-        exact = [i for i, total in enumerate(totals) if total in self.preferred]
+        if not self.preferred:
+            return batch
+        exact = [i for i, total in enumerate(itertools.accumulate(j.items for j in batch)) if total in self.preferred]
         if not exact or exact[-1] == len(batch) - 1:
             return batch
         for job in reversed(batch[exact[-1] + 1:]):

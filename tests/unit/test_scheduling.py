@@ -1,11 +1,13 @@
 """The schedulers on their own, with a backend whose executions the test holds and releases, so
 batching, priorities, timeouts and parallelism are decided by events, never by timing."""
 
+import socket
 import threading
 
 import gevent
 import numpy as np
 import pytest
+from gevent.socket import wait_read
 from google.protobuf import json_format
 
 from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
@@ -141,6 +143,64 @@ def test_queued_requests_merge_and_each_gets_its_own_rows(backend):
     assert values(first) == [-2.0]
     assert [values(g) for g in queued] == [[2.0], [4.0] * 3, [6.0] * 2]
     assert backend.batches == [[-1.0], [1.0, 2.0, 2.0, 2.0, 3.0, 3.0]]  # one execution for all three
+    scheduler.close()
+
+
+class Gated(HeldBackend):
+    """Each execution waits for a pass of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.passes = threading.Semaphore(0)
+        self.hold = False
+
+    def execute(self, inputs, outputs, phases):
+        self.entered.release()
+        assert self.passes.acquire(timeout=30), "the test never let the execution through"
+        return super().execute(inputs, outputs, phases)
+
+
+def test_a_freed_instance_takes_the_requests_the_loop_has_received_before_it_cuts_a_batch():
+    """A client answered by one batch sends its next request at once; the loop has it before the next
+    batch is cut, so it runs with the request queued meanwhile, not in a batch of its own."""
+    backend = Gated()
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+
+    def closed_loop_client():
+        with scheduler.request():
+            scheduler.infer(job(backend, 0))
+        with scheduler.request():
+            return scheduler.infer(job(backend, 2))
+
+    blocker = start_blocked(scheduler, backend)
+    client = gevent.spawn(closed_loop_client)
+    gevent.sleep(0)  # its first request queues behind the blocker
+    backend.passes.release()
+    backend.wait_entered()  # its first request executes ...
+    queued = spawn_announced(scheduler, job(backend, 1))  # ... while another queues
+    backend.passes.release(3)
+    assert values(blocker) == [-2.0] and values(client) == [4.0] and values(queued[0]) == [2.0]
+    assert backend.batches == [[-1.0], [0.0], [1.0, 2.0]]
+    scheduler.close()
+
+
+def test_a_busy_loop_holds_a_free_instance_back_only_briefly(backend):
+    """The loop is never idle while a socket is always ready to read; the batch leaves all the same."""
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    reader, writer = socket.socketpair()
+    writer.send(b"x")
+    busy = gevent.spawn(lambda: [wait_read(reader.fileno()) for _ in iter(int, 1)])
+    try:
+        first = start_blocked(scheduler, backend)
+        with scheduler.request(), scheduler.request():  # another on its way: the freed instance waits for the loop
+            queued = spawn(scheduler, job(backend, 1))[0]
+            backend.release.set()
+            with gevent.Timeout(10):
+                assert values(first) == [-2.0] and values(queued) == [2.0]
+    finally:
+        busy.kill()
+        reader.close()
+        writer.close()
     scheduler.close()
 
 
