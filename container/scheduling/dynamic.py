@@ -1,9 +1,10 @@
 """The dynamic batcher: requests queue by priority; whenever an instance thread is free, and the event
 loop has handled what it had received, it takes the next batch — the head request plus every queued
 request that can merge with it, up to max_batch_size, cut to the largest preferred_batch_size it makes
-exactly — so batches form from the queue under load and a lone request never waits. max_queue_delay_microseconds is spent waiting for more requests while
-the queue is short of a preferred size and other requests for the model are on their way (counted
-from their headers, base.py). With preserve_ordering, responses leave in the order the requests arrived."""
+exactly — so batches form from the queue under load and a lone request never waits.
+max_queue_delay_microseconds is spent waiting for more requests while the queue is short of a
+preferred size and other requests for the model are on their way (counted from their headers,
+base.py). With preserve_ordering, responses leave in the order the requests arrived."""
 
 import itertools
 import time
@@ -104,7 +105,7 @@ class DynamicBatcher(Scheduler):
         """Before a batch is cut, the event loop handles what it has received already: the requests
         the last batch answered send their answers, and those their clients sent back since reach the
         queue. Cut at once, 64 clients split into two halves that took turns, in batches of 32 rather
-        than 43 (measured). Bounded, so that a flood of other traffic cannot hold the model back."""
+        than 41 (measured). Bounded, so that a flood of other traffic cannot hold the model back."""
         if self.requests > len(self.queue) + self._running:
             with Timeout(GATHER_LIMIT, False):
                 gevent.idle()
