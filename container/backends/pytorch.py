@@ -141,8 +141,7 @@ def _own_thread_count() -> None:
     """OpenMP keeps its thread count per thread, and MKL follows it: on a thread that never set it, a
     matrix product of a few rows runs on every core of the machine; on one pinned core, 15× slower."""
     _per_thread.threads = _torch_threads
-    if _torch_threads:
-        torch.set_num_threads(_torch_threads)
+    torch.set_num_threads(_torch_threads)
 
 
 class _PerThread(threading.local):
@@ -151,7 +150,7 @@ class _PerThread(threading.local):
 
 
 _NO_SCOPE = contextlib.nullcontext()
-_torch_threads = 0  # set by configure_threads
+_torch_threads = 0  # set by configure_threads; until then, no thread applies a count
 _per_thread = _PerThread()
 
 
