@@ -6,10 +6,10 @@ import time
 from collections import deque
 
 from gevent.event import Event
-from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler
+from container.scheduling.instances import Instances
 from container.scheduling.job import Job, call, on_thread, run_batch
 from container.scheduling.recovery import Recover, execute
 
@@ -26,7 +26,7 @@ class DirectScheduler(Scheduler):
         self.model_name = model_name
         self._instances = instances
         self._recover = recover
-        self._threads = ThreadPool(instances)
+        self._threads = Instances(instances)
         self._submitted = 0  # requests handed to the pool and not yet answered
         self._inline_below_ns = inline_below_ns
         self._recent: deque[int] = deque(maxlen=INLINE_WINDOW)  # the latest executions' costs (see infer)
@@ -76,9 +76,8 @@ class DirectScheduler(Scheduler):
             self._finished.set()
 
     def queue_depth(self) -> int:
-        """Requests waiting for an execution thread. Counted here: gevent's pool parks callers on a
-        semaphore once every thread is busy, so its task queue stays empty."""
+        """Requests waiting for an execution thread: those submitted beyond one per instance."""
         return max(self._submitted - self._instances, 0)
 
     def close(self) -> None:
-        self._threads.kill()
+        self._threads.close()

@@ -12,10 +12,10 @@ import time
 import gevent
 from gevent import Timeout
 from gevent.lock import Semaphore
-from gevent.threadpool import ThreadPool
 
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
+from container.scheduling.instances import Instances
 from container.scheduling.job import Job, Stage, run_jobs
 from container.scheduling.queue import JobQueue, QueueTimeout
 from container.scheduling.recovery import Recover, execute
@@ -34,7 +34,7 @@ class DynamicBatcher(Scheduler):
         self.delay = batching.max_queue_delay_microseconds / 1e6
         self.preserve_ordering = batching.preserve_ordering
         self.queue = JobQueue(batching)
-        self._threads = ThreadPool(instances)
+        self._threads = Instances(instances)
         self._free = Semaphore(instances)  # instances not executing a batch
         self._pending: list[int] = []  # with preserve_ordering: orders of unanswered jobs, oldest first
         self._finished: dict[int, tuple] = {}  # with preserve_ordering: order → (job, outcome, ok)
@@ -89,7 +89,7 @@ class DynamicBatcher(Scheduler):
 
     def close(self) -> None:
         gevent.killall(self._workers, block=False)
-        self._threads.kill()
+        self._threads.close()
 
     def _dispatch(self) -> None:
         while True:

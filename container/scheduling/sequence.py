@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import gevent
 import numpy as np
 from gevent.lock import Semaphore
-from gevent.threadpool import ThreadPool
 
 from container.errors import InvalidRequest
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
+from container.scheduling.instances import Instances
 from container.scheduling.job import Job, run_jobs
 from container.scheduling.recovery import Recover, execute
 from container.tensors import datatype_of, numpy_dtype, zeros
@@ -55,7 +55,7 @@ class SequenceBatcher(Scheduler):
         self.sequences: dict[object, Sequence] = {}  # in the order they started: the oldest first
         self._ready: list[tuple[Job, Sequence]] = []  # the next request of each sequence that has one
         self._behind = 0  # requests waiting for their sequence's previous request to run
-        self._threads = ThreadPool(instances)
+        self._threads = Instances(instances)
         self._slots = self.max_batch_size * instances
         self._workers = [gevent.spawn(self._dispatch, instance) for instance in range(instances)]
         self._sweeper = gevent.spawn(self._release_idle)
@@ -109,7 +109,7 @@ class SequenceBatcher(Scheduler):
 
     def close(self) -> None:
         gevent.killall([self._sweeper, *self._workers], block=False)
-        self._threads.kill()
+        self._threads.close()
         self.sequences.clear()
 
     def _dispatch(self, instance: int) -> None:

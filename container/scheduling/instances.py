@@ -1,0 +1,68 @@
+"""A model's execution threads: real OS threads, one per instance, fed from one native queue, and
+answering through one async watcher of the event loop that hands back every result finished since it
+last ran. gevent's ThreadPool makes a watcher, a result object and a greenlet hand-off per call; here a
+call costs a queue put and a waiter, and a burst of finished batches one wake-up of the loop."""
+
+from collections import deque
+
+from gevent import get_hub
+from gevent.hub import Waiter
+from gevent.monkey import get_original
+
+_NativeQueue = get_original("queue", "SimpleQueue")  # blocks a real thread, not a greenlet
+_start_thread = get_original("_thread", "start_new_thread")
+_STOP = object()
+
+
+class Instances:
+    """`apply(fn, args)` runs `fn(*args)` on one of `count` threads and returns (or raises) what it
+    did, blocking only the calling greenlet. Create it on the event loop's thread."""
+
+    def __init__(self, count: int):
+        self._tasks = _NativeQueue()
+        self._done: deque = deque()  # (waiter, ok, value) finished on a thread, not yet handed back
+        self._waiting = 0  # calls not yet answered: while there are any, the watcher keeps the loop alive
+        self._wake = get_hub().loop.async_()
+        self._wake.ref = False
+        self._wake.start(self._hand_back)
+        self._count = count
+        for _ in range(count):
+            _start_thread(self._work, ())
+
+    def apply(self, fn, args: tuple = ()):
+        waiter = Waiter()
+        if not self._waiting:
+            self._wake.ref = True
+        self._waiting += 1
+        self._tasks.put((fn, args, waiter))
+        return waiter.get()
+
+    def close(self) -> None:
+        """The threads end once the calls queued before this have run."""
+        for _ in range(self._count):
+            self._tasks.put(_STOP)
+
+    def _work(self) -> None:
+        tasks, done, wake = self._tasks, self._done, self._wake
+        while (task := tasks.get()) is not _STOP:
+            fn, args, waiter = task
+            try:
+                done.append((waiter, True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 — raised again in the caller's greenlet
+                done.append((waiter, False, exc))
+            del task, fn, args, waiter  # nothing of the call stays alive on this thread while it waits
+            wake.send()
+
+    def _hand_back(self) -> None:
+        """On the loop: every finished call's result to its greenlet. A greenlet that stopped waiting
+        (killed) is skipped by its waiter."""
+        done = self._done
+        while done:
+            waiter, ok, value = done.popleft()
+            self._waiting -= 1
+            if not self._waiting:
+                self._wake.ref = False
+            if ok:
+                waiter.switch(value)
+            else:
+                waiter.throw(value)

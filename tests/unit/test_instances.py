@@ -1,0 +1,126 @@
+"""A model's execution threads (scheduling/instances.py): calls run on real threads, each answer
+reaches the greenlet that asked, and the event loop runs on meanwhile. Held with events, not timing."""
+
+import threading
+from pathlib import Path
+
+import gevent
+import pytest
+
+from container.scheduling.instances import Instances
+
+
+def test_each_call_runs_on_an_instance_thread_and_answers_its_own_greenlet():
+    instances = Instances(2)
+    loop_thread = threading.get_ident()
+
+    def where(value):
+        return value, threading.get_ident()
+
+    try:
+        answers = [g.get() for g in [gevent.spawn(instances.apply, where, (i,)) for i in range(64)]]
+    finally:
+        instances.close()
+    assert [value for value, _ in answers] == list(range(64))
+    assert loop_thread not in {thread for _, thread in answers}
+    assert len({thread for _, thread in answers}) <= 2
+
+
+def test_an_exception_is_raised_in_the_caller_and_the_threads_serve_on():
+    instances = Instances(1)
+
+    def fail():
+        raise ValueError("from the model")
+
+    try:
+        with pytest.raises(ValueError, match="from the model"):
+            instances.apply(fail)
+        assert instances.apply(int, ("7",)) == 7
+    finally:
+        instances.close()
+
+
+def test_the_loop_serves_other_greenlets_while_a_call_runs():
+    instances = Instances(1)
+    entered, release = threading.Event(), threading.Event()
+
+    def held():
+        entered.set()
+        assert release.wait(30), "the test never released the call"
+        return "done"
+
+    try:
+        call = gevent.spawn(instances.apply, held)
+        while not entered.is_set():
+            gevent.sleep(0.001)
+        assert gevent.spawn(lambda: "the loop ran").get(timeout=10) == "the loop ran"  # while the call is held
+        release.set()
+        assert call.get(timeout=10) == "done"
+    finally:
+        release.set()
+        instances.close()
+
+
+def test_a_caller_killed_while_waiting_does_not_disturb_the_next_answers():
+    instances = Instances(1)
+    entered, release = threading.Event(), threading.Event()
+
+    def held():
+        entered.set()
+        assert release.wait(30), "the test never released the call"
+        return "nobody waits for this"
+
+    try:
+        abandoned = gevent.spawn(instances.apply, held)
+        while not entered.is_set():
+            gevent.sleep(0.001)
+        abandoned.kill()
+        release.set()
+        assert [g.get(timeout=10) for g in [gevent.spawn(instances.apply, str, (i,)) for i in range(3)]] == ["0", "1", "2"]
+    finally:
+        release.set()
+        instances.close()
+
+
+def test_idle_threads_do_not_keep_the_event_loop_alive():
+    """A loop with nothing left to do ends although the threads wait for work; one with a call in
+    flight waits for its answer. In a thread of its own, so the test has a hub to itself."""
+    outcome = {}
+
+    def own_hub():
+        instances = Instances(1)
+        outcome["answer"] = gevent.spawn(instances.apply, sum, ([1, 2],)).get()
+        outcome["loop ended"] = gevent.wait(timeout=10)
+        instances.close()
+        gevent.get_hub().destroy(destroy_loop=True)
+
+    thread = threading.Thread(target=own_hub)
+    thread.start()
+    thread.join(30)
+    assert outcome == {"answer": 3, "loop ended": True}
+
+
+def test_close_ends_the_threads_after_the_calls_queued_before_it():
+    instances = Instances(1)
+    entered, release = threading.Event(), threading.Event()
+    ran = []
+
+    def held():
+        entered.set()
+        assert release.wait(30), "the test never released the call"
+        ran.append("held")
+        return threading.get_native_id()
+
+    first = gevent.spawn(instances.apply, held)
+    while not entered.is_set():
+        gevent.sleep(0.001)
+    second = gevent.spawn(instances.apply, ran.append, ("queued",))
+    gevent.sleep(0)  # queued behind the held call
+    instances.close()
+    release.set()
+    gevent.joinall([first, second], timeout=10, raise_error=True)
+    assert ran == ["held", "queued"]
+    thread = Path(f"/proc/self/task/{first.value}")
+    with gevent.Timeout(10, AssertionError("the instance thread did not end")):
+        while thread.exists():
+            gevent.sleep(0.001)
