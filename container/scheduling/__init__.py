@@ -16,12 +16,12 @@ def scheduler_for(model_name: str, config=None, signature: Signature | None = No
                   inline_below_ns: int = 0):
     """`signature`: the model's, with its implicit states' initial values (default: the config's);
     `recover`: frees device memory after an out-of-memory error (recovery.py); `inline_below_ns`: see
-    DirectScheduler."""
+    inline.py."""
     instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
         return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
-        return DynamicBatcher(model_name, config, instances, recover)
+        return DynamicBatcher(model_name, config, instances, recover, inline_below_ns)
     return DirectScheduler(model_name, instances, recover, inline_below_ns)
 
 

@@ -1,57 +1,45 @@
 """Direct execution: each request runs as it comes on one of the model's instance threads (real OS
-threads), waited on without blocking the gevent hub — or, for a model whose every recent execution
-was shorter than a thread hand-off is worth, on the hub itself."""
+threads), waited on without blocking the gevent hub — or, for a model whose recent executions were
+shorter than a thread hand-off is worth, on the hub itself (inline.py)."""
 
 import time
-from collections import deque
 
 from gevent.event import Event
 
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler
+from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, call, on_thread, run_batch
 from container.scheduling.recovery import Recover, execute
 
-# Executions a model is judged on before it may run inline, and while it does.
-INLINE_WINDOW = 16
-
 
 class DirectScheduler(Scheduler):
     def __init__(self, model_name: str, instances: int = 1, recover: Recover | None = None, inline_below_ns: int = 0):
-        """`inline_below_ns`: run on the hub while each of the latest INLINE_WINDOW executions took less
-        (0: never). A thread hand-off costs ~50 µs of CPU, more than a tiny model's whole execution, and
-        the hub — every other request, /ping — waits no longer than this for one inline execution."""
+        """`inline_below_ns`: the longest the hub may wait for one inline execution (InlineJudge)."""
         super().__init__()
         self.model_name = model_name
         self._instances = instances
         self._recover = recover
         self._threads = Instances(instances)
         self._submitted = 0  # requests handed to the pool and not yet answered
-        self._inline_below_ns = inline_below_ns
-        self._recent: deque[int] = deque(maxlen=INLINE_WINDOW)  # the latest executions' costs (see infer)
+        self._judge = InlineJudge(inline_below_ns)
         self._finished = Event()  # set when a request on the threads finishes
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
-        inline = self._inline()
+        inline = self._judge.fits(job.items)
         # The requests on the threads finish first, as an instance runs one request at a time (without
         # this, a moment with none submitted never comes under load); each that finishes may also have
         # found the model too slow for the loop, and then this request goes to a thread after all.
         while inline and self._submitted:
             self._finished.clear()
             self._finished.wait()
-            inline = self._inline()
+            inline = self._judge.fits(job.items)
         execute = on_thread if inline else self._apply
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
-        # Inline, the wall time is what the loop waited. On a thread it also holds waits for the GIL the
-        # loop keeps, and a model judged by it would look slow and never come back: there, CPU time.
-        self._recent.append(phases.input_ns + phases.infer_ns + phases.output_ns if inline else phases.cpu_ns)
+        self._judge.record(job.items, phases, inline)
         job.statistics.record_execution(job.items, phases)
         return outputs, phases
-
-    def _inline(self) -> bool:
-        recent = self._recent
-        return len(recent) == INLINE_WINDOW and max(recent) < self._inline_below_ns
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
         """A handler model's request: `fn(*args)` on an instance thread."""

@@ -14,7 +14,7 @@ from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
-from container.scheduling.direct import INLINE_WINDOW
+from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
 from container.scheduling.queue import QueueTimeout
 
@@ -536,12 +536,39 @@ def test_a_model_at_or_past_the_threshold_never_runs_inline(threshold, reported)
     scheduler.close()
 
 
-def test_batched_models_never_run_inline():
-    backend, hub = TimedBackend(1), threading.get_ident()
+def test_a_batched_models_lone_requests_run_inline_once_measured():
+    backend, hub = TimedBackend(20_000), threading.get_ident()
     scheduler = scheduler_for("m", config(dynamic_batching={}), inline_below_ns=300_000)
-    for value in range(3 * INLINE_WINDOW):
-        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    for value in range(INLINE_WINDOW):  # measured on its instance thread first
+        assert values(gevent.spawn(scheduler.infer, job(backend, value))) == [2.0 * value]
     assert hub not in backend.threads
+    assert values(gevent.spawn(scheduler.infer, job(backend, 1))) == [2.0]
+    assert backend.threads[-1] == hub
+    scheduler.close()
+
+
+def test_requests_that_arrive_together_batch_on_a_thread_though_their_model_is_fit_for_the_loop():
+    backend, hub = TimedBackend(20_000), threading.get_ident()
+    scheduler = scheduler_for("m", config(dynamic_batching={}), inline_below_ns=300_000)
+    for value in range(INLINE_WINDOW):
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    together = spawn_announced(scheduler, *[job(backend, value) for value in range(4)])
+    assert [values(g) for g in together] == [[0.0], [2.0], [4.0], [6.0]]
+    assert backend.threads[INLINE_WINDOW:] and hub not in backend.threads[INLINE_WINDOW:]
+    assert len(backend.threads) == INLINE_WINDOW + 2  # the first alone, then the three queued behind it
+    scheduler.close()
+
+
+@pytest.mark.parametrize("batching", [{}, {"dynamic_batching": {}}], ids=["direct", "dynamic"])
+def test_a_request_with_more_items_than_the_loop_may_wait_for_goes_to_a_thread(batching):
+    backend, hub = TimedBackend(20_000), threading.get_ident()  # 20 µs an item, the loop waits 300 at most
+    scheduler = scheduler_for("m", config(max_batch_size=32, **batching), inline_below_ns=300_000)
+    for value in range(INLINE_WINDOW):
+        values(gevent.spawn(scheduler.infer, job(backend, value)))
+    values(gevent.spawn(scheduler.infer, job(backend, 1, rows=16)))  # 320 µs
+    assert backend.threads[-1] != hub
+    values(gevent.spawn(scheduler.infer, job(backend, 1, rows=14)))  # 280 µs
+    assert backend.threads[-1] == hub
     scheduler.close()
 
 
