@@ -108,7 +108,7 @@ class Settings:
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
     )
     inline_below_us: int = _env(
-        "SERVE_INLINE_BELOW_US", "300", "A request runs on the event loop, without a thread hand-off, while its model's latest executions each took fewer microseconds of CPU per item than this over its items (with a dynamic batcher, only a request that is alone); `0` never does."
+        "SERVE_INLINE_BELOW_US", "300", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, only a request that arrives alone); `0` never does."
     )
 
     @classmethod

@@ -205,19 +205,22 @@ def _rebuild(described: tuple) -> ServeError:
 
 def serve(connection: Connection, name: str, directory: str, device: str, options: HandlerOptions) -> None:
     """The worker's life: load the model as SageMaker's toolkit would, then answer requests until told
-    to stop or the server goes away."""
+    to stop or the server goes away. A server gone mid-load or mid-request leaves nobody to answer:
+    the worker ends without a word, as its stderr is the server's JSON log."""
     _isolate(options.torch_threads)
     try:
         model = _load(name, Path(directory), device, options)
         footprint.reset_host_peak()  # from here, the high-water mark is what requests add
-        connection.send(("ok", model.device_bytes()))
+        loaded = ("ok", model.device_bytes())
     except BaseException as exc:
-        connection.send(("error", _describe(exc)))
+        _send(connection, ("error", _describe(exc)))
+        return
+    if not _send(connection, loaded):
         return
     while True:
         try:
             request = connection.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if request is None:
             return
@@ -229,11 +232,19 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
             out_of_memory = isinstance(exc, DeviceOutOfMemory)
         else:
             fault = out_of_memory = False
-        connection.send(reply)
-        if fault:
+        if not _send(connection, reply) or fault:
             return
         if out_of_memory:  # this process's cached blocks are its own to give back
             release_memory()
+
+
+def _send(connection: Connection, message: tuple) -> bool:
+    """False when the server has hung up."""
+    try:
+        connection.send(message)
+    except OSError:  # a broken pipe or a reset connection
+        return False
+    return True
 
 
 def _load(name: str, directory: Path, device: str, options: HandlerOptions) -> HandlerModel:
