@@ -10,6 +10,32 @@ import pytest
 from container.scheduling.instances import Instances
 
 
+class Held:
+    """A call that waits on its instance thread until the test releases it; it returns that thread's id."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self) -> int:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the call"
+        return threading.get_native_id()
+
+    def start(self, instances: Instances) -> gevent.Greenlet:
+        """The call, from a greenlet of its own, once it runs on a thread."""
+        call = gevent.spawn(instances.apply, self)
+        while not self.entered.is_set():
+            gevent.sleep(0.001)
+        return call
+
+
+@pytest.fixture
+def held():
+    held = Held()
+    yield held
+    held.release.set()
+
+
 def test_each_call_runs_on_an_instance_thread_and_answers_its_own_greenlet():
     instances = Instances(2)
     loop_thread = threading.get_ident()
@@ -40,45 +66,24 @@ def test_an_exception_is_raised_in_the_caller_and_the_threads_serve_on():
         instances.close()
 
 
-def test_the_loop_serves_other_greenlets_while_a_call_runs():
+def test_the_loop_serves_other_greenlets_while_a_call_runs(held):
     instances = Instances(1)
-    entered, release = threading.Event(), threading.Event()
-
-    def held():
-        entered.set()
-        assert release.wait(30), "the test never released the call"
-        return "done"
-
     try:
-        call = gevent.spawn(instances.apply, held)
-        while not entered.is_set():
-            gevent.sleep(0.001)
+        call = held.start(instances)
         assert gevent.spawn(lambda: "the loop ran").get(timeout=10) == "the loop ran"  # while the call is held
-        release.set()
-        assert call.get(timeout=10) == "done"
+        held.release.set()
+        assert call.get(timeout=10) > 0
     finally:
-        release.set()
         instances.close()
 
 
-def test_a_caller_killed_while_waiting_does_not_disturb_the_next_answers():
+def test_a_caller_killed_while_waiting_does_not_disturb_the_next_answers(held):
     instances = Instances(1)
-    entered, release = threading.Event(), threading.Event()
-
-    def held():
-        entered.set()
-        assert release.wait(30), "the test never released the call"
-        return "nobody waits for this"
-
     try:
-        abandoned = gevent.spawn(instances.apply, held)
-        while not entered.is_set():
-            gevent.sleep(0.001)
-        abandoned.kill()
-        release.set()
+        held.start(instances).kill()
+        held.release.set()
         assert [g.get(timeout=10) for g in [gevent.spawn(instances.apply, str, (i,)) for i in range(3)]] == ["0", "1", "2"]
     finally:
-        release.set()
         instances.close()
 
 
@@ -100,26 +105,15 @@ def test_idle_threads_do_not_keep_the_event_loop_alive():
     assert outcome == {"answer": 3, "loop ended": True}
 
 
-def test_close_ends_the_threads_after_the_calls_queued_before_it():
+def test_close_ends_the_threads_after_the_calls_queued_before_it(held):
     instances = Instances(1)
-    entered, release = threading.Event(), threading.Event()
-    ran = []
-
-    def held():
-        entered.set()
-        assert release.wait(30), "the test never released the call"
-        ran.append("held")
-        return threading.get_native_id()
-
-    first = gevent.spawn(instances.apply, held)
-    while not entered.is_set():
-        gevent.sleep(0.001)
-    second = gevent.spawn(instances.apply, ran.append, ("queued",))
+    first = held.start(instances)
+    second = gevent.spawn(instances.apply, str, ("queued",))
     gevent.sleep(0)  # queued behind the held call
     instances.close()
-    release.set()
+    held.release.set()
     gevent.joinall([first, second], timeout=10, raise_error=True)
-    assert ran == ["held", "queued"]
+    assert second.value == "queued"
     thread = Path(f"/proc/self/task/{first.value}")
     with gevent.Timeout(10, AssertionError("the instance thread did not end")):
         while thread.exists():
