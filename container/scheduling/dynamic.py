@@ -95,8 +95,8 @@ class DynamicBatcher(Scheduler):
     def _still_alone(self) -> bool:
         """Whether the request is the model's only one once the loop has handled what it had received.
         Without this wait, the requests received while one ran on the loop would each find the queue
-        empty in turn and run alone on the loop too: batches would never form (measured: direct
-        execution's rate at 8 clients)."""
+        empty in turn and run alone on the loop too: batches would never form, and 8 clients would get
+        direct execution's rate."""
         with Timeout(GATHER_LIMIT, False):
             gevent.idle()
         return self.requests <= 1 and not len(self.queue) and self._running == 1
