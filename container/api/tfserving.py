@@ -232,7 +232,13 @@ def _only_input(signature: Signature) -> TensorSpec:
 
 
 def _tensor(name: str, value, signature: Signature) -> np.ndarray:
-    return as_datatype(name, tfjson.decode_b64(value, name), signature.input(name).datatype)
+    datatype = signature.input(name).datatype
+    if datatype != "BYTES":
+        try:  # numbers hold no {"b64": …} object: no Python walk over every value (1,024 of them: 110 µs)
+            return as_datatype(name, value, datatype)
+        except InvalidInput:
+            pass  # the walk below finds what a b64 object or a bad value says
+    return as_datatype(name, tfjson.decode_b64(value, name), datatype)
 
 
 def _regressions(outputs: dict[str, np.ndarray], document: dict, model: Model) -> bytes:
