@@ -26,6 +26,7 @@ TITLE = "MLP 1024→1024→1024, one row per request, V2 binary, with and withou
 MODELS = {"mlp_direct": {}, "mlp_batched": {"dynamic_batching": {}},
           "mlp_delay_500us": {"dynamic_batching": {"max_queue_delay_microseconds": 500}}}
 WIDTH = 1024
+CONCURRENCIES = (1, 8, 64)
 
 
 class MLP(torch.nn.Module):
@@ -64,7 +65,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
     ours, triton = measured["this server"], measured.get("Triton (python backend)", {})
     lines[0:0] = [] if triton else [MISSING, ""]
     for who, rows in (("this server", ours), ("Triton (python backend)", triton)):
-        for (name, connections), (load, batch, cpu_us) in rows.items():
+        for name, connections in ((n, c) for n in MODELS for c in CONCURRENCIES if (n, c) in rows):
+            load, batch, cpu_us = rows[name, connections]
             peer = triton.get((name, connections)) if who == "this server" else None
             lines.append(f"| {who} | {name} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
                          f"{load.p99_ms:.2f} | {load.errors} | {batch:.2f} | {cpu_us:,.0f} | "
@@ -76,14 +78,17 @@ def run(seconds: float, smoke: bool) -> list[str]:
 
 def _rows(servers: dict, body: bytes, headers: dict, seconds: float, smoke: bool) -> dict:
     """who → (model, concurrency) → (wrk's load, mean batch, server CPU µs per request); each row of
-    every server is measured before the next row, all servers pinned apart from wrk."""
+    every server is measured before the next row, all servers pinned apart from wrk, and every model
+    at one concurrency before the next, so the models compared with each other (batched with direct)
+    are measured within a minute."""
     rows = {who: {} for who in servers}
     for server in servers.values():
         server.pin()
     for name in MODELS:
         for server in servers.values():
             wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
-        for connections in (1, 8, 64):
+    for connections in CONCURRENCIES:
+        for name in MODELS:
             for who, server in servers.items():
                 before = _counts(server.url, name)
                 load, cpu_us = measure(server.url, server.process.pid, f"/v2/models/{name}/infer", body, headers, connections, seconds)

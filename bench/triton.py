@@ -57,9 +57,11 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
     """One table: each route at each concurrency through this server and, for the V2 routes, through
     Triton serving the same `models` — requests/s, latency, the server's CPU per request (its whole
     process tree), and the ratio of the two. Both servers run at once, pinned apart from wrk, and each
-    row of one is measured right after the same row of the other, so a noisy machine moves both alike.
-    `also(server)` may add lines measured on this server before it stops."""
-    rows, peer_rows, extra = [], {}, []
+    row of one is measured right after the same row of the other, so a noisy machine moves both alike;
+    every route at one concurrency is measured before the next, so the routes compared with each other
+    (TF Serving predict with V2 JSON, say) are measured within a minute. `also(server)` may add lines
+    measured on this server before it stops."""
+    measured, peer_rows, extra = {}, {}, []
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
@@ -70,14 +72,15 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
             running.callback(peer.stop)
             peer.pin()
         server.pin()
-        for label, path, body, headers in routes:
-            for connections in concurrencies:
+        for connections in concurrencies:
+            for label, path, body, headers in routes:
                 if peer is not None and path.startswith("/v2/"):
                     peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
-                rows.append(("this server", label, connections,
-                             measure(server.url, server.process.pid, path, body, headers, connections, seconds)))
+                measured[label, connections] = measure(server.url, server.process.pid, path, body, headers, connections, seconds)
         extra = also(server) if also else []
-    rows += [("Triton (python backend)", label, connections, result) for (label, connections), result in peer_rows.items()]
+    in_order = [(label, connections) for label, *_ in routes for connections in concurrencies]
+    rows = [("this server", *key, measured[key]) for key in in_order]
+    rows += [("Triton (python backend)", *key, peer_rows[key]) for key in in_order if key in peer_rows]
     lines = [] if peer_rows else [MISSING, ""]
     lines += ["| server | protocol | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
