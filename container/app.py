@@ -43,25 +43,27 @@ def create_app(settings: Settings) -> Flask:
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
     backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
-    schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000)
+    schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
+                                   wait_limit=settings.model_server_timeout)
     runtime = Runtime(backends, release_memory, free_memory, schedulers)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
-                        downloads=downloads)
+                        downloads=downloads, s3_roots=settings.s3_roots)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     core = Core(registry)
     started = Event()  # set once the models named at start have loaded
-    shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices))
+    shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
+                                 max_regions=settings.max_shm_regions)
     routes = Routes([
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, started, settings.max_payload_bytes),
-        *repository_routes(core),
+        *repository_routes(core, settings.allow_model_files),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
         *metrics_routes(core, gpus, idle.uss),
         *openapi_routes(package_version("container")),
     ], mounts=[tfserving.MOUNT])
-    dispatcher = Dispatcher(routes, settings.max_payload_bytes)
+    dispatcher = Dispatcher(routes, settings.max_payload_bytes, settings.restricted_api)
     # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher

@@ -10,7 +10,7 @@ from typing import Callable
 
 import gevent
 
-from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound
+from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound
 from container.inference import InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
 from container.models.overrides import build_override
@@ -201,12 +201,20 @@ class Core:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
         directory with that config and `files` (path → content; all of its files when given any)."""
         directory = None
+        if files:
+            self._check_upload(name)
         if config is not None:
             if not files and is_s3(self.model_root):
                 raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
             base = None if files else resolve_url(self.model_root, self.locate(name))
             directory = gevent.get_hub().threadpool.apply(build_override, (config, files or {}, base))
-        return self._registry.load(name, self.locate(name), reload=True, directory=directory)
+        return self._registry.load(name, self.locate(name), reload=True, directory=directory, uploaded=bool(files))
+
+    def _check_upload(self, name: str) -> None:
+        """Uploaded files never take a name the model root serves: the operator's model stays the operator's."""
+        current = self._registry.models.get(name)
+        if (current is not None and not current.uploaded) or any(n == name for n, _ in self._registry.entries()):
+            raise Forbidden(f"model '{name}' comes from the model root; uploaded files may not replace it")
 
     def ensure_loaded(self, name: str, url: str) -> Model:
         return self._registry.ensure_loaded(name, url)

@@ -4,7 +4,8 @@ ServeError (500)
 ├── InvalidRequest (400)                a client mistake: body, shape, dtype, name, url
 │   ├── InvalidInput (400)              an input tensor that does not match the model
 │   └── InvalidModel (400)              model files or config that cannot be served
-├── Forbidden (403)                     the model's storage (S3) refused access
+├── Forbidden (403)                     not this caller's to ask: a restricted API, model files, an S3 url
+│                                       outside the allowed roots; or the model's storage (S3) refused access
 ├── ModelNotFound (404)                 no such model is loaded (or no such version)
 ├── SourceNotFound (404)                the url to load from does not exist
 ├── ModelConflict (409)                 the name is already loaded or loading

@@ -2,8 +2,10 @@
 
 import os
 
+from container import resources
 from container.settings import Settings
 
+resources.raise_open_file_limit()  # first: the connection cap follows from it, and the worker inherits it
 _settings = Settings.from_env(os.environ)
 
 bind = f"0.0.0.0:{_settings.port}"

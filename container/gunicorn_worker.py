@@ -11,11 +11,16 @@ the WSGI environ cost more CPU than the rest of a small request. gunicorn still 
   behind one in flight) is answered 503 with Retry-After.
 - Errors in the HTTP itself (a malformed request, a request line or headers past gunicorn's limits)
   are answered in JSON like every other error, and the connection is closed.
-- First request: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is closed, so
-  idle connections cannot fill `worker_connections`; between requests the keep-alive timeout applies.
+- Slow and idle clients: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is
+  closed; between requests the keep-alive timeout applies. A request head must arrive whole within
+  SERVE_REQUEST_HEAD_TIMEOUT, and a body at SERVE_MIN_BODY_RATE on average (after a grace), else 408.
+  When every connection slot is taken, the connection idle the longest is closed to make room, so a
+  new client is always served.
+- Heads are bounded while they arrive: SERVE_MAX_HEADER_BYTES and gunicorn's field count (every
+  header line counts, repeated names too) and field size; past them, 431.
 - Bodies: read once, kept whole up to the size limit (the handler's buffer is what `np.frombuffer`
-  reads); past the limit they are read and dropped, and the pipeline answers 413. With
-  `Expect: 100-continue`, a body past the limit is refused before it is sent.
+  reads). A Content-Length past the limit is a 413 at once, before the body is read; a chunked body
+  that grows past it is read and dropped, and the pipeline answers 413.
 """
 
 import email.utils
@@ -34,13 +39,17 @@ from container.settings import Settings
 
 _RECEIVE = 256 << 10
 _INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
+_BODY_GRACE = 5.0  # seconds a body may take before SERVE_MIN_BODY_RATE applies
+_LINGER = 2.0  # seconds a refused request's unread body is drained, so its client can read the answer
 
 
 class Worker(GeventWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.idle: dict = {}  # greenlet → the socket of its connection, waiting for a next request
-        self.first_request_timeout = Settings.from_env(os.environ).first_request_timeout
+        # greenlet → the socket of its connection, waiting for a (next) request; the longest idle first
+        self.idle: dict = {}
+        self.connections = 0
+        self.settings = Settings.from_env(os.environ)
         self.dispatcher = None
 
     def load_wsgi(self):
@@ -48,9 +57,14 @@ class Worker(GeventWorker):
         self.dispatcher = self.wsgi.extensions["dispatcher"]  # the app create_app() made
 
     def handle(self, listener, client, addr):
+        self.connections += 1
+        if self.connections >= self.worker_connections and self.idle:
+            # the last slot is taken: free one, so the next client is accepted and served
+            _hang_up(self.idle.pop(next(iter(self.idle))))
         try:
             Connection(self, client).serve()
         finally:
+            self.connections -= 1
             _close(client)
 
     def handle_exit(self, sig, frame):
@@ -74,19 +88,24 @@ class Connection:
         self.worker, self.sock = worker, sock
         self.dispatcher = worker.dispatcher
         self.max_body = self.dispatcher.max_body
-        cfg = worker.cfg
+        cfg, settings = worker.cfg, worker.settings
         # gunicorn's limits, 0 meaning none
         self.max_line = cfg.limit_request_line or 1 << 62
         self.max_fields = cfg.limit_request_fields or 1 << 62
         self.max_field = cfg.limit_request_field_size or 1 << 62
+        self.max_head = settings.max_header_bytes
+        self.head_timeout, self.body_rate = settings.request_head_timeout, settings.min_body_rate
+        self.idle_timeout = settings.first_request_timeout  # until the first request; then keep-alive's
         self.parser = httptools.HttpRequestParser(self)
         self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
-        self.in_message = False
+        self.in_message = self.in_body = False
         self._reset()
 
     def _reset(self) -> None:
         self.url, self.headers, self.chunks, self.size = b"", {}, [], 0
+        self.fields = self.head_bytes = self.received = 0
         self.oversize: int | None = None
+        self.started = time.monotonic()
 
     # -- httptools callbacks -----------------------------------------------------------------------
 
@@ -100,7 +119,8 @@ class Connection:
             raise _Refused(414, f"Request Line is too large ({len(self.url)} > {self.max_line})")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self.headers) >= self.max_fields:
+        self.fields += 1
+        if self.fields > self.max_fields:
             raise _Refused(431, f"the request has more than {self.max_fields} header fields")
         if len(name) + len(value) > self.max_field:
             raise _Refused(431, f"header {name[:100].decode('latin-1')!r} is longer than {self.max_field} bytes")
@@ -109,15 +129,15 @@ class Connection:
         self.headers[key] = text if previous is None else f"{previous}, {text}"
 
     def on_headers_complete(self) -> None:
+        self.in_body, self.started = True, time.monotonic()
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            self.oversize = int(length)
+            raise _Refused(413, str(self.dispatcher.too_large(int(length))))
         if self.headers.get("expect", "").lower() == "100-continue":
-            if self.oversize is not None:
-                raise _Refused(413, str(self.dispatcher.too_large(self.oversize)))
             self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
         if self.oversize is not None:
             return
         self.size += len(body)
@@ -127,7 +147,7 @@ class Connection:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
-        self.in_message = False
+        self.in_message = self.in_body = False
         path, query = request_path(self.url)
         request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
                           b"".join(self.chunks), self.oversize)
@@ -137,23 +157,39 @@ class Connection:
 
     def serve(self) -> None:
         worker, sock = self.worker, self.sock
-        sock.settimeout(self.worker.first_request_timeout)
         greenlet = gevent.getcurrent()
         while True:
+            timeout, too_slow = self._deadline()
+            if timeout <= 0:
+                self._refuse(408, too_slow)
+                return
+            sock.settimeout(timeout)
             idle = not self.in_message
             if idle:
                 worker.idle[greenlet] = sock
             try:
                 data = sock.recv(_RECEIVE)
-            except OSError:  # a timeout, or the client went away
+            except socket.timeout:
+                if not idle:
+                    self._refuse(408, too_slow)
+                return
+            except OSError:  # the client went away, or was hung up on to make room
                 return
             finally:
                 worker.idle.pop(greenlet, None)
             if not data:
                 return
-            sock.settimeout(worker.cfg.keepalive)
+            self.idle_timeout = worker.cfg.keepalive
+            in_head = self.in_message and not self.in_body  # before this read: all of it is head
             try:
                 self.parser.feed_data(data)
+                if in_head and self.in_message and not self.in_body:
+                    self.head_bytes += len(data)  # httptools holds a header value whole until its line ends
+                    if self.head_bytes > self.max_head:
+                        raise _Refused(431, f"the request head is larger than {self.max_head} bytes (SERVE_MAX_HEADER_BYTES)")
+            except _Refused as refusal:
+                self._refuse(refusal.status, str(refusal))
+                return
             except httptools.HttpParserUpgrade:
                 pass  # no protocol upgrades here: the request is answered, and the connection closed
             except httptools.HttpParserError as exc:
@@ -165,6 +201,17 @@ class Connection:
                 return
             if not self._answer():
                 return
+
+    def _deadline(self) -> tuple[float, str]:
+        """Seconds the next read may wait, and what a request still arriving then is told."""
+        if not self.in_message:
+            return self.idle_timeout, ""
+        elapsed = time.monotonic() - self.started
+        if not self.in_body:
+            return self.head_timeout - elapsed, (f"the request head did not arrive within {self.head_timeout} s "
+                                                 f"(SERVE_REQUEST_HEAD_TIMEOUT)")
+        return _BODY_GRACE + self.received / self.body_rate - elapsed, (
+            f"the body arrived slower than {self.body_rate} bytes/s (SERVE_MIN_BODY_RATE)")
 
     def _answer(self) -> bool:
         """Answer the requests parsed so far, in order; False once the connection must close."""
@@ -188,8 +235,19 @@ class Connection:
         return True
 
     def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        """Answer `status` in JSON, and close the connection."""
+        """Answer `status` in JSON, and close the connection: first the sending side, then, for a
+        moment, read and drop what the client still sends (a body it was writing while refused), as
+        a client that sees its connection reset mid-write never reads the answer."""
         self._send(Response(json_error(message), "application/json", status, headers), close=True)
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + _LINGER
+            while (left := deadline - time.monotonic()) > 0:
+                self.sock.settimeout(left)
+                if not self.sock.recv(_RECEIVE):
+                    break
+        except OSError:
+            pass
 
     def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
         body = response.body

@@ -1,13 +1,17 @@
 """What one request or one model may cost, checked before the cost is paid. Each refusal names the
 setting to raise. The rules that follow from the platform rather than from taste are constants."""
 
+import math
 from dataclasses import dataclass
 
-from container.errors import InvalidModel, InvalidRequest, PayloadTooLarge
+from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, PayloadTooLarge
 from container.models.config import instance_count
 
 MAX_NAME_BYTES = 255  # a model name may become a directory name: NAME_MAX on every Linux file system
 MAX_DIMS = 32  # numpy refuses more than 64; no served model takes more than a handful
+# bytes per element of a state by its Triton data type (enum value); 8 for the rest, a TYPE_STRING
+# element being an object pointer at least
+_STATE_ITEM_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11: 4, 12: 8, 14: 4}
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class Limits:
     archive_depth: int = 32  # path components of one archive member
     instances: int = 64  # instance_group counts of one model, summed
     priority_levels: int = 64
+    total_instances: int = 1024  # instance threads of every model loaded, together
 
     def check_decoded(self, size: int, what: str = "the request's tensors") -> None:
         if size > self.decoded_bytes:
@@ -25,7 +30,8 @@ class Limits:
                 f"{what} decode to {size} bytes; the limit is {self.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
 
     def check_config(self, config) -> None:
-        """Instance and priority counts a config may ask for: each instance is a thread, each level a queue."""
+        """What a config may make the server allocate before any request: instances (each a thread),
+        priority levels (each a queue), and each sequence's implicit state (allocated at every start)."""
         instances = instance_count(config)
         if instances > self.instances:
             raise InvalidModel(f"instance_group asks for {instances} instances; at most {self.instances} "
@@ -34,6 +40,18 @@ class Limits:
         if levels > self.priority_levels:
             raise InvalidModel(f"dynamic_batching asks for {levels} priority levels; at most {self.priority_levels} "
                                f"(SERVE_MAX_PRIORITY_LEVELS)")
+        for state in config.sequence_batching.state:
+            for initial in [state, *state.initial_state]:
+                size = math.prod(1 if d < 0 else d for d in initial.dims) * _STATE_ITEM_BYTES.get(state.data_type, 8)
+                if size > self.decoded_bytes:
+                    raise InvalidModel(f"state '{state.input_name}' takes {size} bytes for each sequence; at most "
+                                       f"{self.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
+
+
+    def check_total_instances(self, running: int, wanted: int) -> None:
+        if running + wanted > self.total_instances:
+            raise InsufficientMemory(f"the models loaded run {running} instance threads; {wanted} more would pass "
+                                     f"{self.total_instances} (SERVE_MAX_TOTAL_INSTANCES): unload a model first")
 
 
 def check_name(name) -> str:

@@ -1,6 +1,8 @@
-"""What this container may use: CPU quota and memory limit from cgroups (GPUs: backends/gpus.py)."""
+"""What this container may use: CPU quota and memory limit from cgroups, open files from rlimits (GPUs:
+backends/gpus.py)."""
 
 import os
+import resource
 from pathlib import Path
 
 import psutil
@@ -56,3 +58,28 @@ def _cgroup_usage() -> int | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+# Descriptors kept for what is not a client connection: model files, handler workers' sockets, shared
+# memory regions, logs. Each client connection takes one.
+_RESERVED_FILES = 256
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one (allowed without privileges); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a hard limit the kernel's nr_open refuses
+            pass
+    return soft
+
+
+def connection_limit(requested: int | None) -> int:
+    """Client connections this process can hold with the open files it may have: `requested`, or as many
+    as the soft limit allows less a reserve, whichever is fewer."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    room = max(1, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - _RESERVED_FILES)
+    return min(requested, room) if requested else room

@@ -97,12 +97,36 @@ class Settings:
     max_archive_members: int = _env("SERVE_MAX_ARCHIVE_MEMBERS", "10000", "Most files and directories one model archive may hold.")
     max_archive_depth: int = _env("SERVE_MAX_ARCHIVE_DEPTH", "32", "Most path components of one archive member (`a/b/c` has 3).")
     max_instances: int = _env("SERVE_MAX_INSTANCES", "64", "Most instances (threads) one model's `instance_group` may ask for.")
+    max_total_instances: int = _env(
+        "SERVE_MAX_TOTAL_INSTANCES", "1024", "Most instances (threads, or a handler model's worker process) of all loaded models together; a load past it gets 507."
+    )
     max_priority_levels: int = _env("SERVE_MAX_PRIORITY_LEVELS", "64", "Most `priority_levels` one model's dynamic batcher may declare.")
     max_connections: int = _env(
-        "SERVE_MAX_CONNECTIONS", "1000", "Most client connections served at once; more wait in the listen queue."
+        "SERVE_MAX_CONNECTIONS", "", "Most client connections served at once; unset: as many as the open-file limit allows (its soft limit is raised to the hard one at start). When all are taken, the connection idle the longest is closed to make room for a new one."
+    )
+    max_header_bytes: int = _env(
+        "SERVE_MAX_HEADER_BYTES", "64KiB", "Most bytes of one request's head (request line and headers), counted while it arrives; more get 431."
+    )
+    request_head_timeout: int = _env(
+        "SERVE_REQUEST_HEAD_TIMEOUT", "10", "Seconds from a request's first byte to the end of its head; a slower head gets 408."
+    )
+    min_body_rate: int = _env(
+        "SERVE_MIN_BODY_RATE", "16KiB", "Bytes per second a request body must average, after a 5-second grace, while it arrives; a slower body gets 408."
     )
     allow_client_shm: bool = _env(
-        "SERVE_ALLOW_CLIENT_SHM", "true", "`true`: clients may register system and CUDA shared memory regions for inputs and outputs; `false` refuses them, as Triton does by default."
+        "SERVE_ALLOW_CLIENT_SHM", "false", "A relaxation. `true`: clients may register system and CUDA shared memory regions for inputs and outputs (Triton's `--allow-client-shm`); `false` refuses them, as Triton does by default."
+    )
+    max_shm_regions: int = _env(
+        "SERVE_MAX_SHM_REGIONS", "256", "Most shared memory regions registered at once (each holds a descriptor or a device mapping)."
+    )
+    allow_model_files: bool = _env(
+        "SERVE_ALLOW_MODEL_FILES", "false", "A relaxation. `true`: a V2 repository `load` may carry a model's files (`file:` parameters), which then run in the server; such a model never replaces one from the model root. `false` refuses them (403)."
+    )
+    s3_roots: tuple[str, ...] = _env(
+        "SERVE_S3_ROOTS", "", "A relaxation. Comma-separated `s3://bucket/prefix/` roots under which an absolute `s3://` load url (in `POST /models` or `X-Amzn-SageMaker-Target-Model`) is fetched; an S3 `SERVE_MODEL_ROOT` is always one. Empty: no absolute S3 url is fetched (403)."
+    )
+    restricted_api: tuple = _env(
+        "SERVE_RESTRICTED_API", "", "API groups that answer only requests carrying a header: `<group>[,<group>…]:<header>=<value>`, several such separated by `;`, as Triton's `--http-restricted-api`. Groups: `health`, `metadata`, `inference`, `shared-memory`, `model-config`, `model-repository` (SageMaker's `/models` writes too), `statistics` (with `/metrics`). A request without the header gets 403."
     )
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
@@ -144,9 +168,18 @@ class Settings:
             max_archive_members=_positive("SERVE_MAX_ARCHIVE_MEMBERS", raw["max_archive_members"]),
             max_archive_depth=_positive("SERVE_MAX_ARCHIVE_DEPTH", raw["max_archive_depth"]),
             max_instances=_positive("SERVE_MAX_INSTANCES", raw["max_instances"]),
+            max_total_instances=_positive("SERVE_MAX_TOTAL_INSTANCES", raw["max_total_instances"]),
             max_priority_levels=_positive("SERVE_MAX_PRIORITY_LEVELS", raw["max_priority_levels"]),
-            max_connections=_positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]),
+            max_connections=resources.connection_limit(
+                _positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]) if raw["max_connections"] else None),
+            max_header_bytes=_size("SERVE_MAX_HEADER_BYTES", raw["max_header_bytes"], 1),
+            request_head_timeout=_positive("SERVE_REQUEST_HEAD_TIMEOUT", raw["request_head_timeout"]),
+            min_body_rate=_size("SERVE_MIN_BODY_RATE", raw["min_body_rate"], 1),
             allow_client_shm=_boolean("SERVE_ALLOW_CLIENT_SHM", raw["allow_client_shm"]),
+            max_shm_regions=_positive("SERVE_MAX_SHM_REGIONS", raw["max_shm_regions"]),
+            allow_model_files=_boolean("SERVE_ALLOW_MODEL_FILES", raw["allow_model_files"]),
+            s3_roots=_s3_roots(raw["s3_roots"], raw["model_root"]),
+            restricted_api=restricted_api(raw["restricted_api"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
             inline_below_us=_integer("SERVE_INLINE_BELOW_US", raw["inline_below_us"]),
         )
@@ -158,7 +191,7 @@ class Settings:
     @property
     def limits(self) -> Limits:
         return Limits(self.max_decoded_size, self.max_archive_size, self.max_archive_members, self.max_archive_depth,
-                      self.max_instances, self.max_priority_levels)
+                      self.max_instances, self.max_priority_levels, self.max_total_instances)
 
     def gpu_budget(self, total: int) -> int:
         return parse_size(self.gpu_memory_limit, total)
@@ -201,6 +234,46 @@ def _mode(raw: dict[str, str]) -> bool:
             return not any(entries)
     except OSError:  # absent, or not a directory
         return True
+
+
+API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics")
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """API groups that answer only requests whose `header` holds `value`."""
+
+    groups: frozenset[str]
+    header: str  # lower-case, as requests carry header names
+    value: str
+
+
+def restricted_api(text: str) -> tuple[Restriction, ...]:
+    """Triton's `--http-restricted-api` grammar, `;` between specs: `model-repository,statistics:key=value`."""
+    restrictions, seen = [], set()
+    for spec in filter(None, (part.strip() for part in text.split(";"))):
+        groups_text, _, header_spec = spec.partition(":")
+        header, _, value = header_spec.partition("=")
+        groups = frozenset(g.strip() for g in groups_text.split(",") if g.strip())
+        unknown = sorted(groups - set(API_GROUPS))
+        if not groups or unknown or not header.strip() or not value:
+            raise SettingsError(f"SERVE_RESTRICTED_API={spec!r}: expected <group>[,<group>...]:<header>=<value> with "
+                                f"groups among {', '.join(API_GROUPS)}" + (f"; unknown: {unknown}" if unknown else ""))
+        if groups & seen:
+            raise SettingsError(f"SERVE_RESTRICTED_API: {sorted(groups & seen)} restricted twice")
+        seen |= groups
+        restrictions.append(Restriction(groups, header.strip().lower(), value))
+    return tuple(restrictions)
+
+
+def _s3_roots(text: str, model_root: str) -> tuple[str, ...]:
+    """Each root as `s3://bucket/prefix/` (a prefix ends with '/', so `s3://b/m` does not admit `s3://b/models2`)."""
+    roots = [r.strip() for r in text.split(",") if r.strip()] + ([model_root] if model_root.startswith("s3://") else [])
+    for root in roots:
+        bucket, _, key = root.removeprefix("s3://").partition("/")
+        if not root.startswith("s3://") or not bucket or ".." in key.split("/"):
+            raise SettingsError(f"SERVE_S3_ROOTS: {root!r} is not an s3://bucket/prefix url")
+    return tuple(dict.fromkeys(r.rstrip("/") + "/" for r in roots))
 
 
 def _program(text: str) -> str:

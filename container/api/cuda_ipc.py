@@ -31,6 +31,16 @@ class CudaRuntime:
         self._call("cudaIpcOpenMemHandle", ctypes.byref(pointer), _Handle.from_buffer_copy(handle), _LAZY_PEER_ACCESS)
         return pointer.value
 
+    def allocation_bytes(self, address: int) -> int:
+        """Bytes from `address` to the end of the allocation that holds it (the driver's own count): what
+        a client's `byte_size` may claim, as copies are not bounds-checked on the device."""
+        driver = self._driver = getattr(self, "_driver", None) or ctypes.CDLL("libcuda.so.1")
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        code = driver.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(address))
+        if code:
+            raise InvalidRequest(f"cuMemGetAddressRange failed on the opened handle (CUDA driver error {code})")
+        return base.value + size.value - address
+
     def close(self, address: int, device: int) -> None:
         self._call("cudaSetDevice", device)
         self._call("cudaIpcCloseMemHandle", address)

@@ -145,4 +145,4 @@ def metrics_routes(core: Core, gpus, idle_bytes: int) -> list[Route]:
     def scrape(request) -> Response:
         return Response(collector.triton_counters().encode() + generate_latest(metrics), CONTENT_TYPE)
 
-    return [Route("GET", "/metrics", scrape)]
+    return [Route("GET", "/metrics", scrape, "statistics")]

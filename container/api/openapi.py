@@ -156,4 +156,4 @@ def document(version: str) -> dict:
 
 def openapi_routes(version: str) -> list[Route]:
     body = content.encode_json(document(version))
-    return [Route("GET", "/openapi.json", lambda request: Response(body, content.JSON))]
+    return [Route("GET", "/openapi.json", lambda request: Response(body, content.JSON), "metadata")]

@@ -2,6 +2,7 @@
 handler, the one error renderer, the access log. The HTTP worker (gunicorn_worker.py) hands it requests
 it has parsed itself; any other WSGI server (Flask's test client, say) reaches it through `__call__`."""
 
+import hmac
 import itertools
 import os
 import time
@@ -13,7 +14,8 @@ from container import content
 from container.api.errors import describe, status_line
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
-from container.errors import PayloadTooLarge
+from container.errors import Forbidden, PayloadTooLarge
+from container.settings import Restriction
 
 REQUEST_ID = "X-Request-Id"
 LIMIT_SETTING = "SAGEMAKER_MAX_PAYLOAD_IN_MB"
@@ -58,8 +60,9 @@ class Response:
 
 
 class Dispatcher:
-    def __init__(self, routes: Routes, max_body: int):
+    def __init__(self, routes: Routes, max_body: int, restrictions: tuple[Restriction, ...] = ()):
         self.routes, self.max_body = routes, max_body
+        self._restricted = {group: r for r in restrictions for group in r.groups}  # API group → its restriction
         # A made request id is this process's random prefix and a count: unique, and without the
         # getrandom() call per request, which lets go of the GIL and hands it to a busy execution thread.
         prefix = os.urandom(8).hex()
@@ -72,6 +75,8 @@ class Dispatcher:
             match = self.routes.match(request.method, request.path)
             request.params = match.params
             request.model = match.params.get("name")
+            if self._restricted and match.route.api in self._restricted:
+                _check_restriction(request, self._restricted[match.route.api])
             if request.oversize is not None:
                 raise self.too_large(request.oversize)
             response = match.route.handler(request)
@@ -108,6 +113,12 @@ class Dispatcher:
         response.headers["Content-Length"] = str(len(response.body))
         start_response(status_line(response.status), list(response.headers.items()))
         return [b"" if request.method == "HEAD" else response.body]
+
+
+def _check_restriction(request: Request, restriction: Restriction) -> None:
+    sent = request.headers.get(restriction.header)
+    if sent is None or not hmac.compare_digest(sent.encode("latin-1"), restriction.value.encode("latin-1", "replace")):
+        raise Forbidden(f"This API is restricted, expecting header '{restriction.header}'")  # Triton's words
 
 
 def request_path(raw: bytes) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from typing import Callable
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from container.api.errors import json_error
+from container.settings import API_GROUPS
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,11 @@ class Route:
     method: str
     template: str  # "/v2/models/{name}/versions/{version}/infer"; a segment may be "{name}:predict"
     handler: Callable  # (Request) → Response
+    api: str  # its group among settings.API_GROUPS, which SERVE_RESTRICTED_API may put behind a header
+
+    def __post_init__(self):
+        if self.api not in API_GROUPS:
+            raise ValueError(f"{self.method} {self.template}: API group {self.api!r} is not one of {API_GROUPS}")
 
 
 @dataclass(frozen=True)

@@ -69,13 +69,13 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         return serve_invoke(core, request, settings.default_accept)
 
     return [
-        Route("GET", "/ping", ping),
-        Route("POST", "/invocations", invocations),
-        Route("GET", "/models", list_models),
-        Route("POST", "/models", load_model),
-        Route("GET", "/models/{name}", get_model),
-        Route("DELETE", "/models/{name}", unload_model),
-        Route("POST", "/models/{name}/invoke", invoke),
+        Route("GET", "/ping", ping, "health"),
+        Route("POST", "/invocations", invocations, "inference"),
+        Route("GET", "/models", list_models, "metadata"),
+        Route("POST", "/models", load_model, "model-repository"),
+        Route("GET", "/models/{name}", get_model, "metadata"),
+        Route("DELETE", "/models/{name}", unload_model, "model-repository"),
+        Route("POST", "/models/{name}/invoke", invoke, "inference"),
     ]
 
 

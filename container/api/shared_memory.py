@@ -92,8 +92,9 @@ _KINDS = {"system": SystemRegion, "cuda": CudaRegion}
 
 
 class SharedMemory:
-    def __init__(self, root: Path = SHM_ROOT, allowed: bool = True, gpus: int = 0):
-        self._root, self._allowed, self._gpus = root, allowed, gpus
+    def __init__(self, root: Path = SHM_ROOT, allowed: bool = True, gpus: int = 0, max_regions: int = 256):
+        """`max_regions`: each region holds a descriptor (system) or a device mapping (CUDA) until unregistered."""
+        self._root, self._allowed, self._gpus, self._max_regions = root, allowed, gpus, max_regions
         self._regions: dict[str, SystemRegion | CudaRegion] = {}
         self._cuda: CudaRuntime | None = None
 
@@ -134,6 +135,13 @@ class SharedMemory:
             raise InvalidRequest("'raw_handle' must be {\"b64\": ...} holding a base64 cudaIpcMemHandle_t")
         self._cuda = self._cuda or CudaRuntime()
         address = self._cuda.open(handle, device_id)
+        try:
+            held = self._cuda.allocation_bytes(address)
+            if byte_size > held:
+                raise InvalidRequest(f"'byte_size' {byte_size} is larger than the {held} bytes the handle's allocation holds")
+        except BaseException:
+            self._cuda.close(address, device_id)
+            raise
         self._regions[name] = CudaRegion(name, device_id, byte_size, address, self._cuda)
 
     def unregister(self, kind: str, name: str | None = None) -> None:
@@ -174,6 +182,9 @@ class SharedMemory:
         self._check_allowed()
         if name in self._regions:
             raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
+        if len(self._regions) >= self._max_regions:
+            raise InvalidRequest(f"{len(self._regions)} shared memory regions are registered, the most this server "
+                                 f"holds (SERVE_MAX_SHM_REGIONS); unregister one first")
 
     def _check_allowed(self) -> None:
         if not self._allowed:
@@ -196,9 +207,9 @@ def shared_memory_routes(shared_memory: SharedMemory) -> list[Route]:
             shared_memory.unregister(kind, request.params.get("name"))
             return Response()
 
-        routes += [Route("GET", f"{prefix}/status", status), Route("GET", f"{prefix}/region/{{name}}/status", status),
-                   Route("POST", f"{prefix}/unregister", unregister),
-                   Route("POST", f"{prefix}/region/{{name}}/unregister", unregister)]
+        routes += [Route("GET", f"{prefix}/status", status, "shared-memory"), Route("GET", f"{prefix}/region/{{name}}/status", status, "shared-memory"),
+                   Route("POST", f"{prefix}/unregister", unregister, "shared-memory"),
+                   Route("POST", f"{prefix}/region/{{name}}/unregister", unregister, "shared-memory")]
 
     def register_system(request: Request) -> Response:
         document = content.parse_object(request.body, 'the body {"key": "...", "offset": 0, "byte_size": N}')
@@ -212,5 +223,5 @@ def shared_memory_routes(shared_memory: SharedMemory) -> list[Route]:
                                     document.get("byte_size"))
         return Response()
 
-    return routes + [Route("POST", "/v2/systemsharedmemory/region/{name}/register", register_system),
-                     Route("POST", "/v2/cudasharedmemory/region/{name}/register", register_cuda)]
+    return routes + [Route("POST", "/v2/systemsharedmemory/region/{name}/register", register_system, "shared-memory"),
+                     Route("POST", "/v2/cudasharedmemory/region/{name}/register", register_cuda, "shared-memory")]

@@ -59,9 +59,9 @@ def tfserving_routes(core: Core) -> list[Route]:
         return serve
 
     bases = ["/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}"]
-    routes = [Route("GET", base, status) for base in bases]
-    routes += [Route("GET", base + "/metadata", metadata) for base in bases]
-    routes += [Route("POST", base + verb, run(verb)) for verb in DEFAULT_SIGNATURE for base in bases]
+    routes = [Route("GET", base, status, "metadata") for base in bases]
+    routes += [Route("GET", base + "/metadata", metadata, "metadata") for base in bases]
+    routes += [Route("POST", base + verb, run(verb), "inference") for verb in DEFAULT_SIGNATURE for base in bases]
     return routes
 
 

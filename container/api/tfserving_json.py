@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 
 from container.errors import InvalidRequest
+from container.limits import MAX_DIMS
 
 _TOKENS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
@@ -25,10 +26,14 @@ def parse(body: bytes):
             raise InvalidRequest(f"JSON Parse error: {exc}") from None
 
 
-def decode_b64(value, name: str):
-    """Nested request values with every `{"b64": "…"}` object replaced by its bytes."""
+def decode_b64(value, name: str, depth: int = 0):
+    """Nested request values with every `{"b64": "…"}` object replaced by its bytes. Lists nest no
+    deeper than a tensor has dimensions, so a hostile document cannot exhaust the stack."""
     if isinstance(value, list):
-        return [decode_b64(v, name) for v in value]
+        if depth >= MAX_DIMS:
+            raise InvalidRequest(f"input '{name}': values nest deeper than {MAX_DIMS} levels; a tensor has at most "
+                                 f"{MAX_DIMS} dimensions")
+        return [decode_b64(v, name, depth + 1) for v in value]
     if isinstance(value, dict):
         if set(value) != {"b64"} or not isinstance(value["b64"], str):
             raise InvalidRequest(f'input \'{name}\': objects in tensor values must be {{"b64": "<base64>"}}')

@@ -86,15 +86,15 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
     model = "/v2/models/{name}"
     versioned = [model, model + "/versions/{version}"]
     return [
-        Route("GET", "/v2/health/live", live),
-        Route("GET", "/v2/health/ready", ready),
-        Route("GET", "/v2", metadata),
-        Route("GET", "/v2/models/stats", statistics),
-        *[Route("GET", path, model_metadata) for path in versioned],
-        *[Route("GET", path + "/ready", model_ready) for path in versioned],
-        *[Route("GET", path + "/config", model_config) for path in versioned],
-        *[Route("GET", path + "/stats", statistics) for path in versioned],
-        *[Route("POST", path + "/infer", infer) for path in versioned],
+        Route("GET", "/v2/health/live", live, "health"),
+        Route("GET", "/v2/health/ready", ready, "health"),
+        Route("GET", "/v2", metadata, "metadata"),
+        Route("GET", "/v2/models/stats", statistics, "statistics"),
+        *[Route("GET", path, model_metadata, "metadata") for path in versioned],
+        *[Route("GET", path + "/ready", model_ready, "health") for path in versioned],
+        *[Route("GET", path + "/config", model_config, "model-config") for path in versioned],
+        *[Route("GET", path + "/stats", statistics, "statistics") for path in versioned],
+        *[Route("POST", path + "/infer", infer, "inference") for path in versioned],
     ]
 
 

@@ -51,6 +51,8 @@ def decode_inputs(document: dict, binary: memoryview, signature: Signature, shar
             offset += size
         elif "shared_memory_region" in parameters:
             region, region_offset, size = _shared_memory_parameters(parameters, name)
+            if datatype != "BYTES":
+                _check_size(name, size, datatype, shape)  # before a byte of the region is read
             inputs[name] = from_binary(name, shared_memory.read(region, region_offset, size), datatype, shape)
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
@@ -147,12 +149,16 @@ def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         return unpack_strings(name, bytes(data), count).reshape(shape)
-    itemsize = _wire_itemsize(datatype)
-    if len(data) != count * itemsize:
-        raise InvalidInput(f"input '{name}': {len(data)} bytes of data for {datatype}{shape}; expected {count * itemsize}")
+    _check_size(name, len(data), datatype, shape)
     if datatype == "BF16":  # bfloat16 is the upper half of a float32
         return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
     return np.frombuffer(data, numpy_dtype(datatype).newbyteorder("<")).reshape(shape)
+
+
+def _check_size(name: str, size: int, datatype: str, shape: list[int]) -> None:
+    expected = math.prod(shape) * _wire_itemsize(datatype)
+    if size != expected:
+        raise InvalidInput(f"input '{name}': {size} bytes of data for {datatype}{shape}; expected {expected}")
 
 
 def to_binary(array: np.ndarray, datatype: str) -> bytes:

@@ -8,11 +8,13 @@ from container import content
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
-from container.errors import InvalidRequest
+from container.errors import Forbidden, InvalidRequest
 from container.limits import check_name
 
 
-def repository_routes(core: Core) -> list[Route]:
+def repository_routes(core: Core, allow_files: bool) -> list[Route]:
+    """`allow_files`: whether a load may carry the model's own files (SERVE_ALLOW_MODEL_FILES)."""
+
     def index(request: Request) -> Response:
         ready_only = _body(request).get("ready", False)
         if not isinstance(ready_only, bool):
@@ -34,6 +36,9 @@ def repository_routes(core: Core) -> list[Route]:
         files = {key[len("file:"):]: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
         if config is not None and not isinstance(config, str):
             raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
+        if files and not allow_files:
+            raise Forbidden("a load may not carry model files ('file:' parameters): they would run in the server. "
+                            "Put the model under the model root, or start the server with SERVE_ALLOW_MODEL_FILES=true")
         if files and config is None:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
         core.reload(name, config, files)
@@ -47,9 +52,9 @@ def repository_routes(core: Core) -> list[Route]:
         return Response()
 
     return [
-        Route("POST", "/v2/repository/index", index),
-        Route("POST", "/v2/repository/models/{name}/load", load),
-        Route("POST", "/v2/repository/models/{name}/unload", unload),
+        Route("POST", "/v2/repository/index", index, "model-repository"),
+        Route("POST", "/v2/repository/models/{name}/load", load, "model-repository"),
+        Route("POST", "/v2/repository/models/{name}/unload", unload, "model-repository"),
     ]
 
 

@@ -1,8 +1,13 @@
 """A handler model's `code/requirements.txt`, installed with `pip --target` into a directory of its own
-(never the server's environment), kept per distinct file so reloads and other models reuse it."""
+(never the server's environment), kept per distinct file so reloads and other models reuse it.
+
+pip expands `${VARIABLES}` in requirements files and quotes what it reads, from `-r` files too, so its
+output goes to the server's log and never into an answer: a failure names the file's own lines."""
 
 import hashlib
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,12 +16,15 @@ from pathlib import Path
 
 from container.errors import InvalidModel
 
-_PIP_TAIL = 1500  # characters of pip's output a 400 shows
+log = logging.getLogger(__name__)
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_CREDENTIALS = re.compile(r"//[^/@\s]*@")  # user:token@ in a url
 
 
 def install(requirements: Path, cache_root: str) -> Path:
     """The directory holding the installed packages; blocking (pip runs here, in the model's worker)."""
-    key = hashlib.sha256(requirements.read_bytes() + sys.version.encode()).hexdigest()[:24]
+    text = requirements.read_bytes()
+    key = hashlib.sha256(text + sys.version.encode()).hexdigest()[:24]
     target = Path(cache_root) / key
     if (target / ".complete").is_file():
         return target
@@ -29,8 +37,10 @@ def install(requirements: Path, cache_root: str) -> Path:
             cwd=requirements.parent, capture_output=True, text=True,
         )
         if result.returncode != 0:
-            message = (result.stderr or result.stdout).strip()[-_PIP_TAIL:]
-            raise InvalidModel(f"code/requirements.txt did not install (pip exited {result.returncode}): {message}")
+            output = (result.stderr + result.stdout).strip()
+            log.warning("requirements.txt did not install", extra={"fields": {
+                "requirements": str(requirements), "exit": result.returncode, "pip": output[-4000:]}})
+            raise InvalidModel(failure_message(text.decode(errors="replace"), output, result.returncode))
         (staging / ".complete").touch()
         try:
             os.rename(staging, target)
@@ -40,3 +50,28 @@ def install(requirements: Path, cache_root: str) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def failure_message(text: str, output: str, status: int) -> str:
+    """What a client is told: the lines of the file (as written, variables unexpanded, credentials in
+    urls masked) that pip's output names, never pip's output itself."""
+    named = [f"line {number}: {_CREDENTIALS.sub('//***@', line.strip())!r}" for number, line in failing_lines(text, output)]
+    where = f"; pip failed on {', '.join(named[:3])}" if named else ""
+    return (f"code/requirements.txt did not install (pip exited {status}){where}. pip's own output is in the "
+            f"server's log")
+
+
+def failing_lines(text: str, output: str) -> list[tuple[int, str]]:
+    """(number, line) of each requirement line whose requirement pip's output names. Option lines
+    (`-r`, `--index-url`, …) are never quoted: they may name files or carry credentials."""
+    folded = output.lower()
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        spec = line.split(" #")[0].strip()
+        if not spec or spec.startswith(("#", "-")):
+            continue
+        token = spec.split(";")[0].split()[0]
+        project = _PROJECT.match(os.path.basename(token))
+        if token.lower() in folded or (project and re.search(rf"(?<![\w.-]){re.escape(project[0].lower())}(?![\w-])", folded)):
+            found.append((number, spec))
+    return found

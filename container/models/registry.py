@@ -7,6 +7,7 @@ update, so no lock is needed; the blocking parts (extraction, loading, freeing) 
 
 import enum
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from gevent.threadpool import ThreadPool
 from container.errors import (
     DeviceFault,
     DeviceOutOfMemory,
+    Forbidden,
     InsufficientMemory,
     InvalidModel,
     ModelConflict,
@@ -27,6 +29,7 @@ from container.errors import (
 )
 from container.limits import Limits
 from container.models.cache import MemoryCache, total_by_device
+from container.models.config import instance_count
 from container.models.downloads import DownloadCache
 from container.models.s3 import S3Url, is_s3
 from container.models.signature import Signature
@@ -68,6 +71,7 @@ class Model:
     placement: str = ""  # why the model runs where it runs, when not where its config asks
     settling: int = _SETTLING_REQUESTS  # requests left after which its memory is charged again
     download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
+    uploaded: bool = False  # built from a client's files, not from the model root
 
     def __str__(self) -> str:
         return self.name
@@ -107,8 +111,9 @@ class Counters:
 
 class Registry:
     def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, limits: Limits | None = None,
-                 load_threads: int = 4, downloads: DownloadCache | None = None):
+                 load_threads: int = 4, downloads: DownloadCache | None = None, s3_roots: tuple[str, ...] = ()):
         self.model_root = model_root
+        self.s3_roots = s3_roots  # each ends with '/'; absolute s3:// urls must fall under one
         self.downloads = downloads
         self.limits = limits or Limits()
         self.cache = cache
@@ -124,17 +129,26 @@ class Registry:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def load(self, name: str, url: str, *, reload: bool = False, directory: Path | None = None) -> Model:
-        """Load `url` (or `directory`, which then belongs to the registry) as `name`; returns when ready.
-        A loaded name is a 409 unless `reload`: then the old model serves until the new one is ready,
-        and a failed reload leaves it serving."""
+    def load(self, name: str, url: str, *, reload: bool = False, directory: Path | None = None,
+             uploaded: bool = False) -> Model:
+        """Load `url` (or `directory`, which then belongs to the registry, and is removed whatever
+        happens) as `name`; returns when ready. A loaded name is a 409 unless `reload`: then the old
+        model serves until the new one is ready, and a failed reload leaves it serving."""
+        try:
+            return self._load_named(name, url, reload, directory, uploaded)
+        except BaseException:
+            if directory is not None:
+                self._pool.apply(shutil.rmtree, (directory, True))
+            raise
+
+    def _load_named(self, name: str, url: str, reload: bool, directory: Path | None, uploaded: bool) -> Model:
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
         current = self._settled(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
             raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
-        model = Model(name, url)
+        model = Model(name, url, uploaded=uploaded)
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
         self._reloading.add(name)
@@ -217,10 +231,13 @@ class Registry:
         return name if is_s3(self.model_root) else locate(self.model_root, name)
 
     def _remote(self, url: str) -> str | None:
-        """The S3 url a load url stands for, absolute or under an S3 model root; None for a local one."""
+        """The S3 url a load url stands for, absolute (under an allowed S3 root) or under an S3 model
+        root; None for a local one."""
         if is_s3(url):
-            S3Url.parse(url)
-            return url
+            parsed = str(S3Url.parse(url))
+            if not any(parsed.startswith(root) and parsed != root for root in self.s3_roots):
+                raise Forbidden(f"url {url[:200]!r} is not under an S3 root this server may read (SERVE_S3_ROOTS)")
+            return parsed
         if is_s3(self.model_root):
             return str(S3Url.parse(self.model_root).child(url))
         return None
@@ -259,6 +276,8 @@ class Registry:
         if owned:
             source.scratch = path
         config = source.layout.config if isinstance(source.layout, TritonLayout) else None
+        running = sum(instance_count(m.config) if m.config is not None else 1 for m in self.models.values() if m is not model)
+        self.limits.check_total_instances(running, instance_count(config) if config is not None else 1)
         device, model.placement = place(config, self.cache)
         if model.placement:
             log.warning("model placed on CPU", extra={"fields": {"model": model.name, "reason": model.placement}})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gevent.monkey import get_original
 
-from container.errors import Forbidden, InvalidRequest, SourceNotFound, Unavailable
+from container.errors import Forbidden, InvalidModel, InvalidRequest, SourceNotFound, Unavailable
 
 log = logging.getLogger(__name__)
 SCHEME = "s3://"
@@ -133,10 +133,10 @@ class S3:
         started = time.monotonic()
         progress = _progress(str(url), listing.bytes)
         config = TransferConfig(max_concurrency=8, multipart_chunksize=16 << 20)
+        targets = [(item, into / local_path(item.key, listing.prefix)) for item in listing.objects]  # all judged first
         with _errors(url), create_transfer_manager(self.client, config) as manager:
             futures = []
-            for item in listing.objects:
-                target = into / item.key[len(listing.prefix):].lstrip("/")
+            for item, target in targets:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 futures.append(manager.download(url.bucket, item.key, str(target), subscribers=[progress]))
             for future in futures:
@@ -160,6 +160,15 @@ class Listing:
     def version(self) -> tuple:
         """Changes when any object changes: a cached copy with another version is stale."""
         return tuple((o.key, o.size, o.etag) for o in self.objects)
+
+
+def local_path(key: str, prefix: str) -> str:
+    """Where the object `key` goes under a model's directory: its key less the listing's prefix, judged
+    as a path. S3 keys are any text, so `prefix/../../x` is a key; it is refused, never followed."""
+    parts = [part for part in key[len(prefix):].split("/") if part]
+    if not parts or any(part in (".", "..") or "\0" in part for part in parts):
+        raise InvalidModel(f"object key {key[:200]!r} is not a path inside its model's directory; rename it")
+    return "/".join(parts)
 
 
 def _as_prefix(key: str) -> str:

@@ -114,6 +114,9 @@ class Signature:
 def _control(name: str, control, spec) -> ControlSpec:
     kind = pb.ModelSequenceBatching.Control.Kind.Name(control.kind).removeprefix("CONTROL_SEQUENCE_")
     if kind == "CORRID":
+        if control.data_type not in (pb.TYPE_UINT64, pb.TYPE_INT64, pb.TYPE_UINT32, pb.TYPE_INT32, pb.TYPE_STRING):
+            raise InvalidModel(f"control input '{name}' (CORRID) must be TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
+                               f"TYPE_INT32 or TYPE_STRING, as in Triton")
         return ControlSpec(spec(control.data_type), kind, ())
     for values_field, data_type in (("int32_false_true", pb.TYPE_INT32), ("fp32_false_true", pb.TYPE_FP32),
                                     ("bool_false_true", pb.TYPE_BOOL)):

@@ -88,8 +88,11 @@ def locate(root: str, name: str) -> str:
     base = Path(root)
     if not (base / name).exists():
         for suffix in ARCHIVE_SUFFIXES:
-            if (base / (name + suffix)).is_file():
-                return name + suffix
+            try:
+                if (base / (name + suffix)).is_file():
+                    return name + suffix
+            except OSError:  # a name of up to 255 bytes, its suffix making it longer than a file name may be
+                continue
     return name
 
 

@@ -13,13 +13,14 @@ from container.scheduling.sequence import SequenceBatcher
 
 
 def scheduler_for(model_name: str, config=None, signature: Signature | None = None, recover: Recover | None = None,
-                  inline_below_ns: int = 0):
+                  inline_below_ns: int = 0, wait_limit: float = 60.0):
     """`signature`: the model's, with its implicit states' initial values (default: the config's);
     `recover`: frees device memory after an out-of-memory error (recovery.py); `inline_below_ns`: see
-    inline.py."""
+    inline.py; `wait_limit`: seconds a sequence request may wait for a slot."""
     instances = instance_count(config) if config is not None else 1
     if config is not None and config.HasField("sequence_batching"):
-        return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover)
+        return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover,
+                               wait_limit)
     if config is not None and config.HasField("dynamic_batching") and config.max_batch_size > 0:
         return DynamicBatcher(model_name, config, instances, recover, inline_below_ns)
     return DirectScheduler(model_name, instances, recover, inline_below_ns)

@@ -24,6 +24,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, run_jobs
+from container.scheduling.queue import QueueTimeout
 from container.scheduling.recovery import Recover, execute
 from container.tensors import datatype_of, numpy_dtype, zeros
 
@@ -39,8 +40,11 @@ class Sequence:
 
 
 class SequenceBatcher(Scheduler):
-    def __init__(self, model_name: str, config, signature: Signature, instances: int = 1, recover: Recover | None = None):
+    def __init__(self, model_name: str, config, signature: Signature, instances: int = 1, recover: Recover | None = None,
+                 wait_limit: float = 60.0):
+        """`wait_limit`: seconds a request may wait for its sequence to get a slot (SAGEMAKER_MODEL_SERVER_TIMEOUT)."""
         super().__init__()
+        self.wait_limit = wait_limit
         self.model_name = model_name
         self._recover = recover
         self.signature = signature
@@ -86,7 +90,7 @@ class SequenceBatcher(Scheduler):
             self._ready.append((run, sequence))
             self._arrived.set()
             try:
-                outputs, phases = run.result.get()
+                outputs, phases = self._wait(run, sequence)
             except BaseException:
                 if (run, sequence) in self._ready:  # its client went away before it ran
                     self._ready.remove((run, sequence))
@@ -98,6 +102,17 @@ class SequenceBatcher(Scheduler):
         if end and self.sequences.get(sequence_id) is sequence:
             self._release(sequence_id)
         return outputs, phases
+
+    def _wait(self, run: Job, sequence: Sequence) -> tuple[dict, Phases]:
+        """The request's outputs; a request still waiting for a slot after the wait limit gives up (503),
+        so a full backlog cannot hold its clients, and its sequence's turn, for ever."""
+        try:
+            return run.result.get(timeout=self.wait_limit)
+        except gevent.Timeout:
+            if (run, sequence) not in self._ready:  # taken into a batch meanwhile: its state must come back
+                return run.result.get()
+        raise QueueTimeout(f"sequence model '{self.model_name}' had no free sequence slot within {self.wait_limit:g} s "
+                           f"(SAGEMAKER_MODEL_SERVER_TIMEOUT); retry, or end idle sequences")
 
     def queue_depth(self) -> int:
         """Requests waiting for an execution thread."""
@@ -155,13 +170,13 @@ class SequenceBatcher(Scheduler):
 
     def _assign_slots(self) -> None:
         """Sequences without a slot take the lowest free ones, oldest first."""
+        waiting = [s for s in self.sequences.values() if s.slot is None]
+        if not waiting:
+            return
         taken = {s.slot for s in self.sequences.values() if s.slot is not None}
-        free = [slot for slot in range(self._slots) if slot not in taken]
-        for sequence in self.sequences.values():
-            if not free:
-                return
-            if sequence.slot is None:
-                sequence.slot = free.pop(0)
+        free = (slot for slot in range(self._slots) if slot not in taken)  # lazily: max_batch_size may be 2³¹−1
+        for sequence, slot in zip(waiting, free):
+            sequence.slot = slot
 
     def _take(self, instance: int) -> tuple[list[Job], int]:
         """The next batch and how many requests it holds: the oldest ready request and the ready
@@ -202,6 +217,11 @@ class SequenceBatcher(Scheduler):
         if corrid is not None and (corrid.tensor.datatype == "BYTES") != isinstance(sequence_id, str):
             kind = "a string" if corrid.tensor.datatype == "BYTES" else "an integer"
             raise InvalidRequest(f"model '{self.model_name}' takes {kind} sequence_id")
+        if corrid is not None and isinstance(sequence_id, int):
+            bounds = np.iinfo(numpy_dtype(corrid.tensor.datatype))
+            if not bounds.min <= sequence_id <= bounds.max:
+                raise InvalidRequest(f"sequence_id {sequence_id} does not fit model '{self.model_name}''s CORRID "
+                                     f"{corrid.tensor.datatype} ({bounds.min} to {bounds.max})")
         return sequence_id, bool(parameters.get("sequence_start")), bool(parameters.get("sequence_end"))
 
     def _controls(self, sequence_id, start: bool, end: bool, ready: bool = True) -> dict[str, np.ndarray]:

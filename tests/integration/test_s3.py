@@ -75,7 +75,7 @@ class S3:
         """What the server needs to reach this S3: an endpoint, a region, credentials, a cache directory."""
         return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
                 "AWS_SECRET_ACCESS_KEY": "testing", "SERVE_DOWNLOAD_CACHE": str(cache or self._tmp.mktemp("cache")),
-                "SERVE_LOG_LEVEL": "info", **more}
+                "SERVE_LOG_LEVEL": "info", "SERVE_S3_ROOTS": "s3://models,s3://no-such-bucket,s3://private", **more}
 
 
 def upload_directory(client, directory: Path, prefix: str) -> None:

@@ -31,7 +31,7 @@ def server(start_server, tmp_path_factory):
         fp32_model(root, name)
     (root / "broken").mkdir()
     handler_model(root, "swap", "def predict_fn(data, model):\n    return model(data)\n", Scale())
-    return start_server(root)
+    return start_server(root, SERVE_ALLOW_MODEL_FILES="true")  # the relaxation under test; test_trust.py has the default
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ BYTES = 2 * 4 * 4  # FP32 [2, 4]
 def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "double")
-    server = start_server(root)
+    server = start_server(root, SERVE_ALLOW_CLIENT_SHM="true")
     assert server.load("double").status_code == 200
     return server
 
@@ -97,9 +97,9 @@ def test_duplicate_registration_and_unknown_status(server, regions):
     assert answer.status_code == 404 and "'nothing' is not registered" in answer.json()["error"]
 
 
-def test_client_shared_memory_can_be_turned_off(start_server, tmp_path):
+def test_client_shared_memory_is_off_by_default(start_server, tmp_path):
     fp32_model(tmp_path / "models", "double")
-    server = start_server(tmp_path / "models", SERVE_ALLOW_CLIENT_SHM="false")
+    server = start_server(tmp_path / "models")
     assert server.load("double").status_code == 200
     disabled = "Client shared memory is disabled. Start the server with SERVE_ALLOW_CLIENT_SHM=true to enable."
     for path, body in [("/v2/systemsharedmemory/region/input/register", {"key": "/anything", "byte_size": BYTES}),

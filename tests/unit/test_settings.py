@@ -84,7 +84,7 @@ def test_bad_values_name_the_variable(env, named):
 def test_readme_table_matches_the_settings_object():
     from dataclasses import fields
 
-    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| `?([^`|]*?)`? \|", README.read_text(), re.MULTILINE))
+    rows = dict(re.findall(r"^\| `([A-Z0-9_]+)` \| `?([^`|]*?)`? \|", README.read_text(), re.MULTILINE))
     rows = {name: "" if default == "—" else default for name, default in rows.items()}
     declared = {f.metadata["env"]: f.metadata["default"] for f in fields(Settings)}
     assert rows == declared
