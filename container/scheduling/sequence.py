@@ -175,7 +175,7 @@ class SequenceBatcher(Scheduler):
             return
         taken = {s.slot for s in self.sequences.values() if s.slot is not None}
         free = (slot for slot in range(self._slots) if slot not in taken)  # lazily: max_batch_size may be 2³¹−1
-        for sequence, slot in zip(waiting, free):
+        for sequence, slot in zip(waiting, free, strict=False):  # more waiting than free: the rest wait on
             sequence.slot = slot
 
     def _take(self, instance: int) -> tuple[list[Job], int]:
