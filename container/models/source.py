@@ -3,6 +3,7 @@ layout recognised, and the size estimated from the files before anything is load
 
 import math
 import os
+import posixpath
 import shutil
 import tarfile
 import tempfile
@@ -219,18 +220,38 @@ def inside(directory: Path, relative: str, what: str) -> Path:
     return directory / relative_path(relative, what)
 
 
+def _check_link(archive: Path, member: tarfile.TarInfo, files: set[str]) -> None:
+    """A symbolic link must point, as written, to a place inside the archive's tree; a hard link must
+    name a regular file the archive has already extracted. Anything else is refused."""
+    if not (member.issym() or member.islnk()):
+        return
+    target = member.linkname
+    if member.issym():
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(posixpath.normpath(member.name)), target))
+        escapes = not target or target.startswith("/") or resolved == ".." or resolved.startswith("../")
+    else:
+        escapes = posixpath.normpath(target) not in files
+    if escapes or "\0" in target:
+        kind = "symbolic" if member.issym() else "hard"
+        raise InvalidModel(f"archive {archive.name!r} refused: {kind} link {member.name[:100]!r} → {target[:100]!r} "
+                           f"leads outside the model's own files; links must stay inside the archive")
+
+
 def _has_model_files(path: Path) -> bool:
     return any((path / n).exists() for n in ("config.pbtxt", "config.json", "code")) or bool(_weights(path))
 
 
 def _extract(archive: Path, into: Path, limits: Limits) -> Path:
     """Extract member by member as the archive streams in, with tarfile's `data` filter (no absolute
-    paths, no `..`, no links or devices that escape) and the limits checked before each member is
-    written: a small archive that expands without bound stops at the limit, not at a full disk."""
+    paths, no `..`, no devices) and the limits checked before each member is written: a small archive
+    that expands without bound stops at the limit, not at a full disk. Links are judged by our own
+    rule first (`_check_link`): the filter's link checks had escapes fixed only in CPython 3.11.13."""
     try:
         with tarfile.open(archive, mode="r|*") as tar:
             members = written = 0
+            files: set[str] = set()  # regular files extracted so far: what a hard link may name
             for member in tar:
+                _check_link(archive, member, files)
                 members += 1
                 written += member.size
                 depth = len(Path(member.name).parts)
@@ -242,6 +263,8 @@ def _extract(archive: Path, into: Path, limits: Limits) -> Path:
                 if written > limits.archive_bytes:
                     raise InvalidModel(f"archive {archive.name!r} expands to more than {limits.archive_bytes} bytes (SERVE_MAX_ARCHIVE_SIZE)")
                 tar.extract(member, into, filter="data")
+                if member.isreg():
+                    files.add(posixpath.normpath(member.name))
     except tarfile.FilterError as exc:
         raise InvalidModel(f"archive {archive.name!r} refused: {exc}") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, RecursionError) as exc:  # deep paths recurse in mkdir

@@ -1,5 +1,6 @@
 import io
 import tarfile
+import tempfile
 
 import pytest
 
@@ -17,16 +18,18 @@ from container.models.source import (
 LIMITS = Limits()
 
 
-def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] | None = None):
+def tar_with(path, members: dict[str, bytes], symlinks: dict[str, str] | None = None,
+             hardlinks: dict[str, str] | None = None):
     with tarfile.open(path, "w:gz") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        for name, target in (symlinks or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
+        for kind, links in ((tarfile.SYMTYPE, symlinks), (tarfile.LNKTYPE, hardlinks)):
+            for name, target in (links or {}).items():
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname = kind, target
+                tar.addfile(info)
     return path
 
 
@@ -55,6 +58,32 @@ def test_archive_members_cannot_escape(tmp_path, members, symlinks):
     with pytest.raises(InvalidModel, match="refused"):
         open_source(archive, LIMITS)
     assert not (tmp_path.parent / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("symlinks, hardlinks", [
+    ({"sub/link": "../../outside"}, {}),
+    ({"dot": "."}, {"hard": "dot/../../etc/passwd"}),  # the kind of chain CPython's filter let through before 3.11.13
+    ({"a": "b/../.."}, {}),
+    ({"chain": "a/a/a/../../../.."}, {}),
+    ({"empty": ""}, {}),
+    ({}, {"hard": "/etc/passwd"}),
+    ({}, {"hard": "../outside"}),
+    ({}, {"hard": "not-extracted-yet"}),
+])
+def test_links_are_judged_by_our_own_rule_whatever_the_python(tmp_path, monkeypatch, symlinks, hardlinks):
+    archive = tar_with(tmp_path / "links.tar.gz", {"model.pt": b"x"}, symlinks, hardlinks)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where extraction makes its scratch directory
+    with pytest.raises(InvalidModel, match="link .* leads outside the model's own files"):
+        open_source(archive, LIMITS)
+    assert [p.name for p in tmp_path.iterdir()] == ["links.tar.gz"]  # nothing extracted is left behind
+
+
+def test_links_inside_the_archive_are_kept(tmp_path):
+    archive = tar_with(tmp_path / "links.tar.gz", {"model.pt": b"x", "code/inference.py": b""},
+                       {"code/weights.pt": "../model.pt"}, {"copy.pt": "model.pt"})
+    source = open_source(archive, LIMITS)
+    assert (source.directory / "code" / "weights.pt").read_bytes() == b"x" == (source.directory / "copy.pt").read_bytes()
+    source.remove_scratch()
 
 
 def test_absolute_members_land_inside(tmp_path):
