@@ -73,7 +73,7 @@ def create_app(settings: Settings) -> Flask:
 
 def handler_options(settings: Settings, cuda_contexts: dict[str, int]) -> HandlerOptions:
     return HandlerOptions(settings.program, settings.default_accept, settings.install_requirements,
-                          settings.requirements_cache, torch.get_num_threads(), cuda_contexts)
+                          settings.requirements_cache, torch.get_num_threads(), cuda_contexts, settings.log_level)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

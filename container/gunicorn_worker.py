@@ -31,6 +31,7 @@ from collections import deque
 
 import gevent
 import httptools
+from gevent.monkey import get_original
 from gunicorn.workers.ggevent import GeventWorker
 
 from container.api.errors import json_error, status_line
@@ -51,6 +52,15 @@ class Worker(GeventWorker):
         self.connections = 0
         self.settings = Settings.from_env(os.environ)
         self.dispatcher = None
+
+    def patch(self):
+        super().patch()  # gevent's monkey.patch_all()
+        # gevent (≥ 25.8) defers closing a descriptor that is not a regular file to the loop of the
+        # calling thread's hub. A thread-pool thread that once made a hub (multiprocessing's gevent
+        # socket does) never runs that loop, so every directory descriptor shutil.rmtree closed there
+        # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
+        # watcher still uses, which is all the deferral guards against.
+        os.close = get_original("os", "close")
 
     def load_wsgi(self):
         super().load_wsgi()

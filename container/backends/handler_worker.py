@@ -29,6 +29,7 @@ from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
 from container.backends.pytorch import release_memory
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
+from container.logs import configure_logging
 from container.models.cache import total_by_device
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
@@ -45,6 +46,7 @@ class HandlerOptions:
     requirements_cache: str = "/tmp/serve-requirements"
     torch_threads: int = 1
     cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
+    log_level: str = "INFO"  # the worker logs to the server's stderr in the server's JSON lines
 
 
 class HandlerWorker:
@@ -208,6 +210,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
     to stop or the server goes away. A server gone mid-load or mid-request leaves nobody to answer:
     the worker ends without a word, as its stderr is the server's JSON log."""
     _isolate(options.torch_threads)
+    configure_logging(options.log_level)
     try:
         model = _load(name, Path(directory), device, options)
         footprint.reset_host_peak()  # from here, the high-water mark is what requests add

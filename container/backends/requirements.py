@@ -40,7 +40,7 @@ def install(requirements: Path, cache_root: str) -> Path:
             output = (result.stderr + result.stdout).strip()
             log.warning("requirements.txt did not install", extra={"fields": {
                 "requirements": str(requirements), "exit": result.returncode, "pip": output[-4000:]}})
-            raise InvalidModel(failure_message(text.decode(errors="replace"), output, result.returncode))
+            raise InvalidModel(failure_message(text.decode(errors="replace"), output, result.returncode, requirements.name))
         (staging / ".complete").touch()
         try:
             os.rename(staging, target)
@@ -52,19 +52,21 @@ def install(requirements: Path, cache_root: str) -> Path:
     return target
 
 
-def failure_message(text: str, output: str, status: int) -> str:
+def failure_message(text: str, output: str, status: int, filename: str = "requirements.txt") -> str:
     """What a client is told: the lines of the file (as written, variables unexpanded, credentials in
     urls masked) that pip's output names, never pip's output itself."""
-    named = [f"line {number}: {_CREDENTIALS.sub('//***@', line.strip())!r}" for number, line in failing_lines(text, output)]
+    named = [f"line {number}: {_CREDENTIALS.sub('//***@', line)!r}" for number, line in failing_lines(text, output, filename)]
     where = f"; pip failed on {', '.join(named[:3])}" if named else ""
     return (f"code/requirements.txt did not install (pip exited {status}){where}. pip's own output is in the "
             f"server's log")
 
 
-def failing_lines(text: str, output: str) -> list[tuple[int, str]]:
-    """(number, line) of each requirement line whose requirement pip's output names. Option lines
+def failing_lines(text: str, output: str, filename: str = "requirements.txt") -> list[tuple[int, str]]:
+    """(number, line) of each requirement line pip's output names: by its number (`from line 2 of
+    requirements.txt`, as pip says of a line it cannot parse), or by its requirement. Option lines
     (`-r`, `--index-url`, …) are never quoted: they may name files or carry credentials."""
     folded = output.lower()
+    numbered = {int(n) for n in re.findall(rf"from line (\d+) of (?:\S*/)?{re.escape(filename)}\b", output)}
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         spec = line.split(" #")[0].strip()
@@ -72,6 +74,7 @@ def failing_lines(text: str, output: str) -> list[tuple[int, str]]:
             continue
         token = spec.split(";")[0].split()[0]
         project = _PROJECT.match(os.path.basename(token))
-        if token.lower() in folded or (project and re.search(rf"(?<![\w.-]){re.escape(project[0].lower())}(?![\w-])", folded)):
+        if number in numbered or token.lower() in folded or (
+                project and re.search(rf"(?<![\w.-]){re.escape(project[0].lower())}(?![\w-])", folded)):
             found.append((number, spec))
     return found
