@@ -47,8 +47,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
                 client.download_file("bench", f"copy{copy}/1/model.pt", str(target))
                 torch.jit.load(str(target))
                 in_process.append(time.perf_counter() - start)
-            server = Server(root, SERVE_LOAD_MODELS="", AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID="bench",
-                            AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+            server = Server(root, SERVE_LOAD_MODELS="", SERVE_S3_ROOTS="s3://bench", AWS_ENDPOINT_URL_S3=endpoint,
+                            AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                             SERVE_DOWNLOAD_CACHE=str(Path(scratch) / "cache"))
             try:
                 cold = [_load(server, f"s3://bench/copy{copy}") for copy in range(repeats)]

@@ -37,7 +37,9 @@ from container.settings import Settings
 def create_app(settings: Settings) -> Flask:
     configure_logging(settings.log_level)
     logging.getLogger("container").info("serving", extra={"fields": {
-        "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root}})
+        "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root,
+        "relaxations": settings.relaxations(),
+        "restricted_api": {g: r.header for r in settings.restricted_api for g in sorted(r.groups)}}})  # never a value
     configure_threads(resources.cpu_quota())
     warm_up()
     gpus = Gpus()

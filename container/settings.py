@@ -193,6 +193,12 @@ class Settings:
         return Limits(self.max_decoded_size, self.max_archive_size, self.max_archive_members, self.max_archive_depth,
                       self.max_instances, self.max_priority_levels, self.max_total_instances)
 
+    def relaxations(self) -> dict[str, object]:
+        """The trust relaxations switched on (README, "Threat model"), by variable: logged at start."""
+        switched = {"SERVE_ALLOW_CLIENT_SHM": self.allow_client_shm, "SERVE_ALLOW_MODEL_FILES": self.allow_model_files,
+                    "SERVE_S3_ROOTS": ",".join(r for r in self.s3_roots if r != self.model_root.rstrip("/") + "/")}
+        return {name: value for name, value in switched.items() if value}
+
     def gpu_budget(self, total: int) -> int:
         return parse_size(self.gpu_memory_limit, total)
 

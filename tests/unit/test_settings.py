@@ -88,3 +88,31 @@ def test_readme_table_matches_the_settings_object():
     rows = {name: "" if default == "—" else default for name, default in rows.items()}
     declared = {f.metadata["env"]: f.metadata["default"] for f in fields(Settings)}
     assert rows == declared
+
+
+def test_relaxations_are_off_by_default_and_named_when_on():
+    assert Settings.from_env({}).relaxations() == {}
+    settings = Settings.from_env({"SERVE_ALLOW_CLIENT_SHM": "true", "SERVE_ALLOW_MODEL_FILES": "yes",
+                                  "SERVE_S3_ROOTS": "s3://models/repo, s3://other", "SERVE_MODEL_ROOT": "s3://root/m"})
+    assert settings.s3_roots == ("s3://models/repo/", "s3://other/", "s3://root/m/")
+    assert settings.relaxations() == {"SERVE_ALLOW_CLIENT_SHM": True, "SERVE_ALLOW_MODEL_FILES": True,
+                                      "SERVE_S3_ROOTS": "s3://models/repo/,s3://other/"}  # the model root is no relaxation
+
+
+@pytest.mark.parametrize("text", ["s3:/x", "http://bucket/x", "s3://", "s3://b/../c"])
+def test_s3_roots_must_be_s3_urls(text):
+    with pytest.raises(SettingsError, match="SERVE_S3_ROOTS"):
+        Settings.from_env({"SERVE_S3_ROOTS": text})
+
+
+def test_restricted_api_takes_tritons_grammar():
+    (first, second) = Settings.from_env({"SERVE_RESTRICTED_API": "model-repository,shared-memory:Admin-Key=a=b; statistics:k=v"}).restricted_api
+    assert first.groups == {"model-repository", "shared-memory"} and first.header == "admin-key" and first.value == "a=b"
+    assert second.groups == {"statistics"} and (second.header, second.value) == ("k", "v")
+
+
+@pytest.mark.parametrize("text", ["model-repository", "model-repository:key", "model-repository:=v", "trace:k=v",
+                                  ":k=v", "statistics:k=v;statistics:j=w"])
+def test_restricted_api_refuses_what_it_cannot_enforce(text):
+    with pytest.raises(SettingsError, match="SERVE_RESTRICTED_API"):
+        Settings.from_env({"SERVE_RESTRICTED_API": text})
