@@ -256,6 +256,7 @@ class Connection:
                 self.sock.settimeout(left)
                 if not self.sock.recv(_RECEIVE):
                     break
+                gevent.sleep(0)  # a read that finds data does not yield: let the other connections run
         except OSError:
             pass
 

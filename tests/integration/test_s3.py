@@ -219,3 +219,32 @@ def test_throttling_is_retried_then_503_with_retry_after(start_server, s3, tmp_p
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
     assert "SlowDown" in answer.json()["error"] and "s3://models/throttled/m" in answer.json()["error"]
     assert s3.gate.throttled >= 2  # botocore's standard mode asked again before giving up
+
+
+def test_absolute_urls_are_fetched_only_under_the_allowed_roots(start_server, s3, tmp_path):
+    default = start_server(tmp_path / "default", **s3.env(SERVE_S3_ROOTS=None))  # as the server ships
+    answer = default.load("a", "s3://models/repo/a")
+    assert answer.status_code == 403 and "SERVE_S3_ROOTS" in answer.json()["error"], answer.text
+    target = {"X-Amzn-SageMaker-Target-Model": "s3://models/repo/a", "Content-Type": "application/json"}
+    answer = requests.post(default.url + "/invocations", data="[[1, 2, 3, 4]]", headers=target)
+    assert answer.status_code == 403 and "SERVE_S3_ROOTS" in answer.json()["error"], answer.text
+    assert counter(default, "serve_download_cache_misses_total") == 0  # S3 was never asked
+    rooted = start_server(tmp_path / "rooted", **s3.env(SERVE_S3_ROOTS="s3://models/repo"))
+    assert rooted.load("a", "s3://models/repo/a").status_code == 200
+    for url in ("s3://models/big", "s3://models/repo", "s3://models/repo-other/a", "s3://private/m"):
+        answer = rooted.load("x", url)
+        assert answer.status_code == 403 and "SERVE_S3_ROOTS" in answer.json()["error"], (url, answer.text)
+    assert invoke_ok(rooted, "a")
+
+
+def test_an_object_key_is_judged_as_a_path_before_it_is_written(start_server, s3, tmp_path):
+    cache = tmp_path / "cache"
+    s3.client.put_object(Bucket=BUCKET, Key="climb/model.pt", Body=b"x")
+    s3.client.put_object(Bucket=BUCKET, Key="climb/../../../canary", Body=b"written outside")
+    listed = [o["Key"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="climb/")["Contents"]]
+    assert "climb/../../../canary" in listed  # S3 keys are any text: the store keeps it as written
+    server = start_server(tmp_path / "local", **s3.env(cache))
+    answer = server.load("climb", "s3://models/climb")
+    assert answer.status_code == 400 and "not a path inside" in answer.json()["error"], answer.text
+    assert not list(tmp_path.rglob("canary")) and not (cache.parent.parent / "canary").exists()
+    assert requests.get(server.url + "/ping").status_code == 200
