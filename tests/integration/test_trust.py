@@ -9,6 +9,7 @@ import os
 import select
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import requests
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import Scale, fp32_model, handler_model, tensor, triton_model, wait_for
+from tests.builders import Gate, Scale, archive, fp32_model, gated_load, handler_model, tensor, triton_model, wait_for
 from tests.integration.test_observability import log_lines
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
@@ -41,9 +42,15 @@ def sequence_model(root: Path, name: str, **changes) -> Path:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
+def gate(tmp_path_factory) -> Gate:
+    return Gate(tmp_path_factory.mktemp("gates"), "load")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, gate):
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "mlp", Scale(2.0))
+    handler_model(root, "slowload", gated_load(gate), Scale())
     sequence_model(root, "accumulate")
     secret = tmp_path_factory.mktemp("secret") / "secret.txt"
     secret.write_text("the-file-content-canary\n")
@@ -299,7 +306,6 @@ def test_no_path_leaves_a_descriptor_scratch_directory_or_thread(relaxed, root, 
     model = (root / "mlp" / "1" / "model.pt").read_bytes()
     (root / "broken.tar.gz").write_bytes(b"not a gzip stream")
     fp32_model(tmp_path, "packed")
-    from tests.builders import archive
     archive(tmp_path / "packed", root / "packed.tar.gz")
     shm = Path("/dev/shm") / f"trust_{server.port}"
     shm.write_bytes(bytes(64))
@@ -327,6 +333,20 @@ def test_no_path_leaves_a_descriptor_scratch_directory_or_thread(relaxed, root, 
         relaxed.returns_to(before)
     finally:
         shm.unlink()
+    relaxed.still_serving()
+
+
+def test_a_conflicting_override_leaves_no_scratch_directory(relaxed, gate):
+    server, before = relaxed.server, relaxed.level()
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(load_with, server, "slowload", ADMIN, config="{}")  # its model_fn waits at the gate
+        gate.wait_entered()
+        refused(load_with(server, "slowload", ADMIN, config="{}"), 409, "still loading")
+        assert len(list(relaxed.scratch.iterdir())) == before[2] + 1  # the first override's directory alone
+        gate.release()
+        assert first.result().status_code == 200
+    assert server.request("POST", "/v2/repository/models/slowload/unload", headers=ADMIN).status_code == 200
+    relaxed.returns_to(before)  # its worker process gone, its override directory removed
     relaxed.still_serving()
 
 
