@@ -133,8 +133,24 @@ def unpack_strings(name: str, data: bytes, count: int) -> np.ndarray:
 
 def pack_strings(array: np.ndarray) -> bytes:
     """A BYTES tensor serialized: each element behind its 4-byte little-endian length."""
+    if array.dtype.kind == "S":
+        flat = np.ascontiguousarray(array.reshape(-1))
+        return join_fixed_width(flat, np.char.str_len(flat).astype("<u4").view(np.uint8).reshape(-1, 4))
     values = [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1)]
     return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+
+
+def join_fixed_width(flat: np.ndarray, before: np.ndarray, after: bytes = b"") -> bytes:
+    """The fixed-width byte strings of the 1-D `flat` (what classification makes) in one buffer, each
+    behind its row of `before` (uint8, one row a string) and ahead of `after`, without their padding:
+    one table and one pass, no Python object per string."""
+    width, head = flat.dtype.itemsize, before.shape[1]
+    table = np.empty((len(flat), head + width + len(after)), np.uint8)
+    table[:, :head] = before
+    table[:, head:head + width] = np.ascontiguousarray(flat).view(np.uint8).reshape(-1, width)
+    table[:, head + width:] = np.frombuffer(after, np.uint8)
+    columns = np.arange(table.shape[1])
+    return table[(columns < head + np.char.str_len(flat)[:, None]) | (columns >= head + width)].tobytes()
 
 
 def zeros(datatype: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -178,11 +178,19 @@ def classify(name: str, array: np.ndarray, count, labels: list[str], signature: 
         raise InvalidRequest(f"output '{name}' is BYTES; only numeric outputs can be classified")
     rows = array.reshape(len(array), -1) if signature.max_batch_size else array.reshape(1, -1)
     top = np.argsort(rows, axis=1, kind="stable")[:, ::-1][:, : min(count, rows.shape[1])]
-    result = np.empty(top.shape, dtype=object)
-    for (row, column), index in np.ndenumerate(top):
-        label = f":{labels[index]}" if index < len(labels) else ""
-        result[row, column] = f"{str(rows[row, index])}:{index}{label}".encode()  # float32 at its own precision
+    # fixed-width byte strings, narrowed to their longest, built a column at a time: a Python object
+    # per class took ten times the answer's size (1.5 M classes: 327 MiB at peak for a 30 MiB answer)
+    values = _narrow(np.take_along_axis(rows, top, axis=1).astype("S"))  # as str() writes each: float32 at its own precision
+    result = np.char.add(np.char.add(values, b":"), _narrow(top.astype("S")))
+    if labels:
+        named = np.array([b":" + label.encode() for label in labels] + [b""])  # the last: no label
+        result = np.char.add(result, named[np.minimum(top, len(labels))])
     return result if signature.max_batch_size else result[0]
+
+
+def _narrow(strings: np.ndarray) -> np.ndarray:
+    """Fixed-width byte strings at the width of the longest (`astype("S")` gives a float32 32 bytes)."""
+    return strings.astype(f"S{max(int(np.char.str_len(strings).max(initial=1)), 1)}")
 
 
 def _tensor_header(entry) -> tuple[str, list[int], str, dict]:
