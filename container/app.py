@@ -52,14 +52,14 @@ def create_app(settings: Settings) -> Flask:
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads, s3_roots=settings.s3_roots)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
-    core = Core(registry)
+    core = Core(registry, settings.allow_model_files)
     started = Event()  # set once the models named at start have loaded
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
                                  max_regions=settings.max_shm_regions)
     routes = Routes([
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, started, settings.max_payload_bytes),
-        *repository_routes(core, settings.allow_model_files),
+        *repository_routes(core),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
         *metrics_routes(core, gpus, idle.uss),

@@ -55,8 +55,11 @@ class Lease:
 
 
 class Core:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, allow_model_files: bool = False):
+        """`allow_model_files`: a load may carry the model's own files (SERVE_ALLOW_MODEL_FILES), which
+        then run in the server; every front-end's load comes through `reload`, so the rule holds once."""
         self._registry = registry
+        self._allow_model_files = allow_model_files
         self.limits = registry.limits
         self.model_root = registry.model_root
         self.counters = registry.counters
@@ -211,7 +214,11 @@ class Core:
         return self._registry.load(name, self.locate(name), reload=True, directory=directory, uploaded=bool(files))
 
     def _check_upload(self, name: str) -> None:
-        """Uploaded files never take a name the model root serves: the operator's model stays the operator's."""
+        """Model files from a client are refused unless allowed; allowed, they never take a name the model
+        root serves: the operator's model stays the operator's."""
+        if not self._allow_model_files:
+            raise Forbidden("a load may not carry model files ('file:' parameters): they would run in the server. "
+                            "Put the model under the model root, or start the server with SERVE_ALLOW_MODEL_FILES=true")
         current = self._registry.models.get(name)
         if (current is not None and not current.uploaded) or any(n == name for n, _ in self._registry.entries()):
             raise Forbidden(f"model '{name}' comes from the model root; uploaded files may not replace it")

@@ -8,13 +8,11 @@ from container import content
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
-from container.errors import Forbidden, InvalidRequest
+from container.errors import InvalidRequest
 from container.limits import check_name
 
 
-def repository_routes(core: Core, allow_files: bool) -> list[Route]:
-    """`allow_files`: whether a load may carry the model's own files (SERVE_ALLOW_MODEL_FILES)."""
-
+def repository_routes(core: Core) -> list[Route]:
     def index(request: Request) -> Response:
         ready_only = _body(request).get("ready", False)
         if not isinstance(ready_only, bool):
@@ -36,9 +34,6 @@ def repository_routes(core: Core, allow_files: bool) -> list[Route]:
         files = {key[len("file:"):]: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
         if config is not None and not isinstance(config, str):
             raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-        if files and not allow_files:
-            raise Forbidden("a load may not carry model files ('file:' parameters): they would run in the server. "
-                            "Put the model under the model root, or start the server with SERVE_ALLOW_MODEL_FILES=true")
         if files and config is None:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
         core.reload(name, config, files)

@@ -71,7 +71,10 @@ def test_cache_metrics_follow_loads_evictions_hits_misses_and_507s(server):
     assert delta(before, after, "serve_cache_misses_total") == 1
     assert after[("serve_memory_budget_bytes", (("device", "cpu"),))] == 20 << 20
     held = after[("serve_model_memory_bytes", (("device", "cpu"), ("model", "small3")))]
-    assert held == 8 << 20 and after[("serve_memory_accounted_bytes", (("device", "cpu"),))] <= 20 << 20
+    # its 8 MiB of weights, or what its load grew the process by when that is more: RSS moves by a page
+    # when another thread allocates meanwhile (seen once in about ten runs)
+    assert 8 << 20 <= held <= (8 << 20) + (64 << 10)
+    assert after[("serve_memory_accounted_bytes", (("device", "cpu"),))] <= 20 << 20
     requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
     assert delta(after, scrape(server), "serve_cache_hits_total") == 1
 
