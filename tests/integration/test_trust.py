@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import psutil
 import pytest
 import requests
 import tritonclient.http as http
@@ -87,10 +88,10 @@ class Watched:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
         return not any(line.split()[1].endswith(port.strip()) and line.split()[3] == "01" for line in lines)
 
-    def level(self) -> tuple[int, int, int]:
-        """(descriptors, threads, scratch directories) of the worker process."""
+    def level(self) -> tuple[int, int, int, int]:
+        """(descriptors, threads, processes below it, scratch directories) of the worker process."""
         return (len(os.listdir(f"/proc/{self.pid}/fd")), len(os.listdir(f"/proc/{self.pid}/task")),
-                len(list(self.scratch.iterdir())))
+                len(psutil.Process(self.pid).children(recursive=True)), len(list(self.scratch.iterdir())))
 
     def leaves_nothing(self, attack, rounds: int = 3) -> None:
         """After `attack` has run once (thread pools grow to what they need, the fork server starts, for
@@ -378,12 +379,14 @@ def test_a_conflicting_override_leaves_no_scratch_directory(relaxed, gate):
 
     def conflict():
         gate.marker.unlink(missing_ok=True)
+        level_before = relaxed.level()
         scratch = len(list(relaxed.scratch.iterdir()))
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(load_with, server, "slowload", ADMIN, config="{}")  # its model_fn waits at the gate
             gate.wait_entered()
             refused(load_with(server, "slowload", ADMIN, config="{}"), 409, "still loading")
             assert len(list(relaxed.scratch.iterdir())) == scratch + 1  # the first override's directory alone
+            assert relaxed.level()[2] > level_before[2]  # its worker process, seen by the level
             gate.release()
             assert first.result().status_code == 200
         assert server.request("POST", "/v2/repository/models/slowload/unload", headers=ADMIN).status_code == 200
