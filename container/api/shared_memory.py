@@ -173,15 +173,14 @@ class SharedMemory:
         if region is None:
             raise InvalidRequest(f"shared memory region '{name}' is not registered")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-            raise InvalidRequest(
-                f"[{offset}, {offset + byte_size}) lies outside shared memory region '{name}' of {region.byte_size} bytes"
-            )
+            raise InvalidRequest(f"Invalid offset + byte size for shared memory region: '{name}' "  # Triton's words
+                                 f"([{offset}, {offset + byte_size}) lies outside its {region.byte_size} bytes)")
         return region
 
     def _check_new(self, name: str) -> None:
         self._check_allowed()
         if name in self._regions:
-            raise InvalidRequest(f"shared memory region '{name}' is already registered; unregister it first")
+            raise InvalidRequest(f"shared memory region '{name}' already in manager; unregister it first")  # Triton's words
         if len(self._regions) >= self._max_regions:
             raise InvalidRequest(f"{len(self._regions)} shared memory regions are registered, the most this server "
                                  f"holds (SERVE_MAX_SHM_REGIONS); unregister one first")

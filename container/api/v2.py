@@ -114,7 +114,8 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
         else:
             document, binary = offload.run(heavy, v2_codec.split, body, header_length)
         parameters = _request_parameters(document)
-        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, core.limits)
+        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, core.limits,
+                                model.name)
         requested = v2_codec.requested_outputs(document)
         names = [r["name"] for r in requested] if requested else None
         response = core.infer(model, InferRequest(name, inputs, number, names, parameters))

@@ -28,8 +28,9 @@ def split(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
 
 
 def decode_inputs(document: dict, binary: memoryview, signature: Signature, shared_memory,
-                  limits: Limits) -> dict[str, np.ndarray]:
-    """The input tensors; each one's decoded size is checked against the limit before it is allocated."""
+                  limits: Limits, model: str = "") -> dict[str, np.ndarray]:
+    """The input tensors of a request to `model`; each one's decoded size is checked against the limit
+    before it is allocated."""
     entries = document.get("inputs")
     if not isinstance(entries, list) or not entries:
         raise InvalidRequest("'inputs' must be a non-empty list of tensors")
@@ -47,13 +48,13 @@ def decode_inputs(document: dict, binary: memoryview, signature: Signature, shar
             size = _size(parameters, "binary_data_size", name)
             if offset + size > len(binary):
                 raise InvalidInput(f"input '{name}' claims {size} bytes of binary data; only {len(binary) - offset} remain")
-            inputs[name] = from_binary(name, binary[offset: offset + size], datatype, shape)
+            inputs[name] = from_binary(name, binary[offset: offset + size], datatype, shape, model)
             offset += size
         elif "shared_memory_region" in parameters:
             region, region_offset, size = _shared_memory_parameters(parameters, name)
             if datatype != "BYTES":
-                _check_size(name, size, datatype, shape)  # before a byte of the region is read
-            inputs[name] = from_binary(name, shared_memory.read(region, region_offset, size), datatype, shape)
+                _check_size(name, size, datatype, shape, model)  # before a byte of the region is read
+            inputs[name] = from_binary(name, shared_memory.read(region, region_offset, size), datatype, shape, model)
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
         else:
@@ -145,20 +146,21 @@ def response_body(document: dict, chunks: list[bytes]) -> tuple[bytes, dict[str,
     return header + b"".join(chunks), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
 
 
-def from_binary(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
+def from_binary(name: str, data, datatype: str, shape: list[int], model: str = "") -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         return unpack_strings(name, bytes(data), count).reshape(shape)
-    _check_size(name, len(data), datatype, shape)
+    _check_size(name, len(data), datatype, shape, model)
     if datatype == "BF16":  # bfloat16 is the upper half of a float32
         return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
     return np.frombuffer(data, numpy_dtype(datatype).newbyteorder("<")).reshape(shape)
 
 
-def _check_size(name: str, size: int, datatype: str, shape: list[int]) -> None:
+def _check_size(name: str, size: int, datatype: str, shape: list[int], model: str) -> None:
     expected = math.prod(shape) * _wire_itemsize(datatype)
-    if size != expected:
-        raise InvalidInput(f"input '{name}': {size} bytes of data for {datatype}{shape}; expected {expected}")
+    if size != expected:  # Triton's words, which its clients' tests match
+        raise InvalidInput(f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
+                           f"got {size} (the data of {datatype}{shape})")
 
 
 def to_binary(array: np.ndarray, datatype: str) -> bytes:

@@ -8,7 +8,7 @@ from container import content
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
-from container.errors import InvalidRequest
+from container.errors import InvalidRequest, SourceNotFound
 from container.limits import check_name
 
 
@@ -36,14 +36,21 @@ def repository_routes(core: Core) -> list[Route]:
             raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
         if files and config is None:
             raise InvalidRequest("'file:' parameters need the 'config' parameter too")
-        core.reload(name, config, files)
+        try:
+            core.reload(name, config, files)
+        except SourceNotFound as exc:  # Triton's words, which scripts check, then ours
+            raise SourceNotFound(f"failed to load '{name}', failed to poll from model repository ({exc})") from None
+        except InvalidRequest as exc:
+            raise type(exc)(f"failed to load '{name}', {exc}") from None
         return Response()
 
     def unload(request: Request) -> Response:
         dependents = _parameters(_body(request)).get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise InvalidRequest("parameter 'unload_dependents' must be true or false")
-        core.unload(request.params["name"])  # no ensembles here, so no model has dependents
+        name = request.params["name"]
+        if core.state(name) is not None:  # unloading a model that is not loaded succeeds, as in Triton
+            core.unload(name)  # no ensembles here, so no model has dependents
         return Response()
 
     return [

@@ -205,14 +205,16 @@ class SequenceBatcher(Scheduler):
         return Job(template.backend, template.statistics, inputs, template.outputs, 1)
 
     def _not_running(self, sequence_id) -> InvalidRequest:
-        return InvalidRequest(f"sequence {sequence_id!r} is not running: start it with sequence_start "
-                              f"(an idle sequence is released after {self.idle_limit:g} s)")
+        return InvalidRequest(f"inference request for sequence {sequence_id} to model '{self.model_name}' must specify "
+                              f"the START flag on the first request of the sequence (sequence_start; an idle "
+                              f"sequence is released after {self.idle_limit:g} s)")  # Triton's words, then ours
 
     def _flags(self, job: Job) -> tuple[object, bool, bool]:
         parameters = job.parameters
         sequence_id = parameters.get("sequence_id")
         if sequence_id in (None, 0, ""):
-            raise InvalidRequest(f"model '{self.model_name}' is a sequence model: send a sequence_id parameter")
+            raise InvalidRequest(f"inference request to model '{self.model_name}' must specify a non-zero or non-empty "
+                                 f"correlation ID (the sequence_id parameter)")  # Triton's words, then ours
         corrid = next((c for c in self.signature.controls if c.kind == "CORRID"), None)
         if corrid is not None and (corrid.tensor.datatype == "BYTES") != isinstance(sequence_id, str):
             kind = "a string" if corrid.tensor.datatype == "BYTES" else "an integer"

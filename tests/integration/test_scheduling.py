@@ -112,7 +112,7 @@ def test_interleaved_sequences_keep_their_own_state(server):
     last = step(client, 11, 1, end=True)
     assert last.as_numpy("OUTPUT").item() == 6
     assert [o["name"] for o in last.get_response()["outputs"]] == ["OUTPUT", "CONTROLS"]  # state stays inside
-    with pytest.raises(InferenceServerException, match="sequence 11 is not running"):
+    with pytest.raises(InferenceServerException, match="for sequence 11 to model 'accumulate' must specify the START flag"):
         step(client, 11, 1)  # ended
 
 
@@ -124,8 +124,9 @@ def test_the_server_makes_the_control_inputs(server):
 
 
 @pytest.mark.parametrize("parameters, message", [
-    ({}, "send a sequence_id parameter"),
-    ({"sequence_id": 5}, "sequence 5 is not running: start it with sequence_start"),
+    ({}, "inference request to model 'accumulate' must specify a non-zero or non-empty correlation ID"),
+    ({"sequence_id": 5}, "inference request for sequence 5 to model 'accumulate' must specify the START flag on the first "
+                         "request of the sequence"),
     ({"sequence_id": "abc", "sequence_start": True}, "takes an integer sequence_id"),
 ])
 def test_sequence_errors(server, parameters, message):
@@ -152,5 +153,5 @@ def test_an_abandoned_sequence_is_released_after_its_idle_time(server):
     step(client, 99, 1, start=True)
     assert active_sequences(server) == 1
     wait_for(lambda: active_sequences(server) == 0, message="the idle sequence was not released")
-    with pytest.raises(InferenceServerException, match="sequence 99 is not running"):
+    with pytest.raises(InferenceServerException, match="for sequence 99 to model .* must specify the START flag"):
         step(client, 99, 1)

@@ -257,7 +257,7 @@ def test_raw_binary_request_is_the_one_inputs_bytes(server):
 
 @pytest.mark.parametrize("model, body, message", [
     ("addsub", b"\0" * 32, "needs a model with one input; this one takes 2"),
-    ("reshape", b"\0" * 15, "15 bytes of data for FP32[1, 4]; expected 16"),
+    ("reshape", b"\0" * 15, "input byte size mismatch for input 'INPUT0' for model 'reshape'. Expected 16, got 15"),
     ("flags", b"\1\0\1", None),
 ])
 def test_raw_binary_requests_the_model_cannot_take_say_why(server, model, body, message):

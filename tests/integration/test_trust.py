@@ -423,7 +423,8 @@ def test_a_shared_memory_input_larger_than_its_shape_is_refused_unread(relaxed):
         os.truncate(shm, 16)  # a read of the claimed size would now fail as truncated: the answer shows none was tried
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {
             "shared_memory_region": "big", "shared_memory_byte_size": 64 << 20}}]}
-        refused(server.request("POST", "/v2/models/mlp/infer", json=body), 400, f"{64 << 20} bytes", "expected 16")
+        refused(server.request("POST", "/v2/models/mlp/infer", json=body), 400,
+                "input byte size mismatch for input 'x' for model 'mlp'", f"Expected 16, got {64 << 20}")
         assert server.request("POST", "/v2/systemsharedmemory/region/big/unregister", headers=ADMIN).status_code == 200
     finally:
         shm.unlink()

@@ -254,7 +254,7 @@ def binary_request(size_claimed: int, data: bytes, datatype="FP32", shape=(1, 2)
 
 @pytest.mark.parametrize("request_parts, message", [
     (binary_request(8, b"\0" * 4), "claims 8 bytes"),
-    (binary_request(4, b"\0" * 4), "4 bytes of data for FP32[1, 2]; expected 8"),
+    (binary_request(4, b"\0" * 4), "Expected 8, got 4 (the data of FP32[1, 2])"),
     (binary_request(8, b"\0" * 12), "4 bytes of binary data are not claimed"),
     (binary_request(3, b"\x05\0\0", "BYTES", (1,), "strings", "TEXT"), "ends inside an element's 4-byte length"),
     (binary_request(6, b"\x09\0\0\0ab", "BYTES", (1,), "strings", "TEXT"), "runs past the data"),

@@ -63,8 +63,9 @@ def test_load_unload_and_visibility_across_apis(server, client):
     assert server.request("POST", "/v1/models/beta:predict", data='{"instances": [[1, 2, 3, 4]]}').json() == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
     client.unload_model("beta", unload_dependents=True)
     assert not client.is_model_ready("beta") and "beta" not in server.loaded()
-    with pytest.raises(InferenceServerException, match="'beta' is not loaded"):
-        client.unload_model("beta")
+    client.unload_model("beta")  # not loaded: a success, as in Triton
+    with pytest.raises(InferenceServerException, match="failed to load 'nowhere', failed to poll from model repository"):
+        client.load_model("nowhere")
 
 
 def test_reload_keeps_the_old_model_serving_until_the_new_one_is_ready(server, client, tmp_path):
@@ -117,12 +118,14 @@ def test_model_built_from_files_lives_in_server_storage(server, client):
     ({"config": json.dumps(CONFIG), "file:/etc/passwd": "eA=="}, 400, "relative path inside"),
     ({"config": json.dumps(CONFIG), "file:1/model.pt": "%%%"}, 400, "not valid base64"),
     ({"config": json.dumps(CONFIG), "file:1/model.pt": base64.b64encode(b"garbage").decode()}, 400, "not a TorchScript model"),
-    ({"config": json.dumps(CONFIG)}, 404, "does not exist"),
+    ({"config": json.dumps(CONFIG)}, 404, "failed to poll from model repository"),
 ])
 def test_bad_load_requests(server, parameters, status, message):
     answer = requests.post(server.url + "/v2/repository/models/fromfiles2/load", json={"parameters": parameters})
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]
+    if not any(words in message for words in ("'config' parameter", "must be a string", "base64")):  # refused before any load
+        assert answer.json()["error"].startswith("failed to load 'fromfiles2', ")  # Triton's words first
     assert "fromfiles2" not in server.loaded()
 
 
