@@ -116,10 +116,27 @@ def _json(body):
 
 
 def _csv(body) -> np.ndarray:
+    source = text(body)
     try:
-        return np.genfromtxt(io.StringIO(text(body)), delimiter=",")
+        values = np.genfromtxt(io.StringIO(source), delimiter=",")
     except ValueError as exc:
         raise InvalidRequest(f"malformed CSV body (expected rows of numbers): {exc}") from None
+    if np.isnan(values).any():  # genfromtxt reads a header or a word as NaN: never predict on made-up numbers
+        _check_numbers(source)
+    return values
+
+
+def _check_numbers(source: str) -> None:
+    """A 400 naming the first cell that is not a number (`nan` written out is one)."""
+    for row, line in enumerate(source.splitlines(), 1):
+        if not line.strip():
+            continue
+        for column, cell in enumerate(line.split(","), 1):
+            try:
+                float(cell)
+            except ValueError:
+                raise InvalidRequest(f"CSV row {row}, column {column}: {cell.strip()[:40]!r} is not a number; send "
+                                     f"rows of numbers without a header") from None
 
 
 def _float_tensor(value) -> torch.Tensor:

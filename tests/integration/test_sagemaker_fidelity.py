@@ -277,6 +277,17 @@ def test_csv_one_row_is_a_vector_and_a_vector_is_one_value_per_line(server):
     assert answer.status_code == 200 and answer.text == "2.0\n4.0\n6.0\n"
 
 
+@pytest.mark.parametrize("body, says", [
+    (b"a,b,c\n1,2,3", "CSV row 1, column 1: 'a' is not a number"),  # a header row
+    (b"1,2,3\n4,five,6", "CSV row 2, column 2: 'five' is not a number"),
+    (b"1,,3", "CSV row 1, column 2: '' is not a number"),
+])
+def test_csv_that_is_not_numbers_is_a_400_naming_the_cell(server, body, says):
+    answer = post(server, "defaults", body, "text/csv")  # the toolkit's default input_fn predicted on NaN
+    assert answer.status_code == 400 and says in answer.json()["error"], answer.text
+    assert post(server, "defaults", b"1,nan,3", "text/csv", accept="text/csv").text == "2.0\nnan\n6.0\n"  # NaN written out is a number
+
+
 def test_non_finite_values_are_written_as_python_writes_them(server):
     answer = post(server, "infinite", b"[1.0, -1.0, 0.0]")
     assert answer.text == "[Infinity, -Infinity, NaN]"
