@@ -5,6 +5,7 @@ import ctypes
 import gc
 import io
 import itertools
+import math
 import re
 import threading
 import time
@@ -249,34 +250,36 @@ class TorchScriptModel:
                 raise
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
-        produced = self._name_outputs(result)
+        batch = len(next(iter(inputs.values()))) if self.signature.max_batch_size and inputs else None
+        produced = self._name_outputs(result, batch)
         wanted = outputs or self._output_names
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
         return {n: produced[n] for n in wanted}
 
-    def _name_outputs(self, result) -> dict[str, np.ndarray]:
+    def _name_outputs(self, result, batch: int | None) -> dict[str, np.ndarray]:
+        """The outputs by name; `batch`: the request's batch size, for the strings a model returns flat."""
         bound = self._outputs
         if isinstance(result, dict):
             missing = [s.name for s, _ in bound if s.name not in result]
             if missing:
                 raise ModelError(f"model '{self.name}' returned a dict without output(s) {missing}")
-            return {s.name: self._from_model(s, result[s.name]) for s, _ in bound}
+            return {s.name: self._from_model(s, result[s.name], batch) for s, _ in bound}
         if isinstance(result, tuple) or (isinstance(result, list) and len(bound) > 1):
             values = list(result)
         else:
             values = [result]
         if len(values) < self._needed:
             raise ModelError(f"model '{self.name}' returned {len(values)} outputs; its config needs {self._needed}")
-        return {s.name: self._from_model(s, values[index]) for s, index in bound}
+        return {s.name: self._from_model(s, values[index], batch) for s, index in bound}
 
     def _to_model(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.reshape is None:
             return array
         return _reshaped(spec, array, self.signature.max_batch_size > 0, True, self.name)
 
-    def _from_model(self, spec: TensorSpec, value) -> np.ndarray:
-        array = _to_numpy(spec, value, self.name)
+    def _from_model(self, spec: TensorSpec, value, batch: int | None) -> np.ndarray:
+        array = _to_numpy(spec, value, self.name, batch)
         if spec.reshape is None:
             return array
         return _reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
@@ -377,13 +380,13 @@ def _to_torch(spec: TensorSpec, array: np.ndarray, device: str):
     return tensor if device == "cpu" else tensor.to(device, non_blocking=True)
 
 
-def _to_numpy(spec: TensorSpec, value, model: str) -> np.ndarray:
+def _to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndarray:
     if spec.datatype == "BYTES":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ModelError(f"model '{model}' output '{spec.name}' is TYPE_STRING: forward must return List[str]")
         array = np.empty(len(value), dtype=object)
         array[:] = [v.encode() for v in value]
-        return _shape_strings(array, spec.shape)
+        return _shape_strings(array, spec.shape, batch)
     if not isinstance(value, torch.Tensor):
         raise ModelError(f"model '{model}' output '{spec.name}' is {type(value).__name__}, not a tensor")
     value = value.detach()
@@ -411,9 +414,17 @@ def _reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool
                          f"configured dims {list(dims)}") from None
 
 
-def _shape_strings(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A flat List[str] regains the configured shape when only the batch dimension is free."""
-    inner = shape[1:] if shape[:1] == (-1,) else shape
-    if -1 in inner or not inner:
+def _shape_strings(array: np.ndarray, shape: tuple[int, ...], batch: int | None) -> np.ndarray:
+    """A flat List[str] regains the configured shape: its fixed dims, or, with one free dim, the
+    request's batch dimension ahead of what the strings fill (a batched model's `[-1]` output keeps its
+    `[batch, n]`, as Triton answers)."""
+    batched = shape[:1] == (-1,)
+    inner = shape[1:] if batched else shape
+    if not inner:
         return array
-    return array.reshape((-1, *inner) if shape[:1] == (-1,) else inner)
+    if -1 not in inner:
+        return array.reshape((-1, *inner) if batched else inner)
+    fixed = math.prod(d for d in inner if d != -1)
+    if batched and batch and inner.count(-1) == 1 and len(array) % (batch * fixed) == 0:
+        return array.reshape((batch, *inner))
+    return array

@@ -3,6 +3,7 @@ generators write them (`qa/common/gen_qa_*.py`: `<name>__<index>` tensors, `resh
 with `INPUT_STATE__1`/`START__2`/`READY__3`), driven with tritonclient."""
 
 import gzip
+import math
 from typing import List, Tuple
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import tensor, triton_model, wait_for
+from tests.builders import Upper, tensor, triton_model, wait_for
 
 FOUR = np.array([[1, 2, 3, 4]], np.float32)
 
@@ -134,6 +135,8 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "on_gpu", AddSubNet(), int32, [tensor("OUTPUT__0", "TYPE_INT32", [4]), tensor("OUTPUT__1", "TYPE_INT32", [4])],
                  max_batch_size=8, instance_group=[{"kind": "KIND_GPU", "count": 2, "gpus": [0]}])
     triton_model(root, "flags", Flags(), [tensor("FLAGS", "TYPE_BOOL", [-1])], [tensor("NOT", "TYPE_BOOL", [-1])])
+    triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("OUT", "TYPE_STRING", [-1])],
+                 max_batch_size=8)
     server = start_server(root, SERVE_LOAD_MODELS="*")
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
     wait_for(client.is_server_ready, message="the models named at start did not load")
@@ -147,6 +150,13 @@ def client(server):
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
     yield client
     client.close()
+
+
+@pytest.mark.parametrize("shape", [[1, 16], [2, 3], [3, 1]])
+def test_a_batched_string_output_keeps_the_batch_dimension(client, shape):
+    words = np.array([f"w{i}".encode() for i in range(math.prod(shape))], dtype=object).reshape(shape)
+    out = infer(client, "upper", {"TEXT": words})["OUT"]
+    assert out.shape == tuple(shape) and out.tolist() == [[w.upper() for w in row] for row in words.tolist()]
 
 
 def infer(client, model, named: dict, **kwargs) -> dict:
