@@ -4,6 +4,7 @@ the backends. A request resolves and leases its model once (`lease`) and runs th
 executions, by the scheduler that batches them). Front-ends read a `Model` as a description (its
 config, signature, versions, labels) and never change it."""
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +23,7 @@ from container.scheduling import new_job
 from container.tensors import decoded_size
 
 __all__ = ["Core", "IndexEntry", "Model", "State"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,11 @@ class Core:
             if not files and is_s3(self.model_root):
                 raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
             base = None if files else resolve_url(self.model_root, self.locate(name))
-            directory = gevent.get_hub().threadpool.apply(build_override, (config, files or {}, base))
+            try:
+                directory = gevent.get_hub().threadpool.apply(build_override, (config, files or {}, base))
+            except InvalidRequest as exc:  # a client's mistake: one line, in Triton's words, no traceback
+                log.warning("Invalid config override", extra={"fields": {"model": name, "error": str(exc)}})
+                raise
         return self._registry.load(name, self.locate(name), reload=True, directory=directory, uploaded=bool(files))
 
     def _check_upload(self, name: str) -> None:

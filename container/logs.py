@@ -11,6 +11,8 @@ import gevent
 import orjson
 from gunicorn import glogging
 
+from container.errors import ServeError
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -37,7 +39,12 @@ def configure_logging(level: str) -> None:
 
 
 def _greenlet_failed(context, kind, value, traceback) -> None:
-    """A greenlet that died of an exception: gevent would print it as plain text."""
+    """A greenlet that died of an exception: gevent would print it as plain text. A client's mistake
+    raised on a thread-pool thread (a model that cannot load) reaches its caller, which answers it: no
+    ERROR and no traceback for it here."""
+    if isinstance(value, ServeError) and value.status < 500:
+        logging.getLogger("gevent").debug("a thread-pool task refused its input", extra={"fields": {"error": str(value)}})
+        return
     logging.getLogger("gevent").error("a greenlet failed", exc_info=(kind, value, traceback),
                                       extra={"fields": {"greenlet": repr(context)[:300]}})
 

@@ -12,6 +12,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import Gate, Scale, fp32_model, handler_model
+from tests.integration.test_observability import log_lines
 
 CONFIG = {"name": "fromfiles", "backend": "pytorch", "max_batch_size": 4,
           "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
@@ -139,3 +140,15 @@ def test_bad_load_requests(server, parameters, status, message):
 def test_bad_repository_bodies(server, path, body, message):
     answer = requests.post(server.url + path, data=body)
     assert answer.status_code == 400 and message in answer.json()["error"]
+
+
+def test_a_client_mistake_in_a_load_is_one_warning_without_a_traceback(server):
+    errors = sum(line["level"] == "ERROR" for line in log_lines(server))
+    for parameters in ({"config": "{not json"}, {"config": json.dumps({**CONFIG, "max_batch_size": "lots"})}):
+        answer = requests.post(server.url + "/v2/repository/models/alpha/load", json={"parameters": parameters})
+        assert answer.status_code == 400 and answer.json()["error"].startswith("failed to load 'alpha', "), answer.text
+    answer = requests.post(server.url + "/v2/repository/models/broken/load")  # fails on a thread: no model in it
+    assert answer.status_code == 400 and "no model in 'broken'" in answer.json()["error"]
+    lines = log_lines(server)
+    assert sum(line["message"] == "Invalid config override" and line["level"] == "WARNING" for line in lines) >= 2
+    assert sum(line["level"] == "ERROR" for line in lines) == errors  # a client's mistake is not the server's error
