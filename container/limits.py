@@ -54,6 +54,12 @@ class Limits:
                                      f"{self.total_instances} (SERVE_MAX_TOTAL_INSTANCES): unload a model first")
 
 
+def too_deep(name: str) -> str:
+    """Values nested deeper than a tensor may have dimensions, in Triton's words (its limit is 100)."""
+    return (f"JSON nesting depth exceeds maximum allowed limit ({MAX_DIMS}): the values of input '{name}' nest "
+            f"deeper than a tensor's {MAX_DIMS} dimensions")
+
+
 def check_name(name) -> str:
     """The one rule for model names, in every API: 1–255 UTF-8 bytes, no '/', '\\' or control
     characters, and not '.' or '..' (a name may become a path under the server's directories)."""

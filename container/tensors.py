@@ -9,7 +9,7 @@ import struct
 import numpy as np
 
 from container.errors import InvalidInput
-from container.limits import MAX_DIMS
+from container.limits import MAX_DIMS, too_deep
 
 _LENGTH = struct.Struct("<I")
 
@@ -53,10 +53,10 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     """Decoded request data (lists, scalars or an array) → an array of `datatype`, refusing lossy casts."""
     try:  # strings stay Python objects: numpy would turn a number among them into its digits
         array = np.asarray(value, dtype=object if datatype == "BYTES" and not isinstance(value, np.ndarray) else None)
-    except ValueError as exc:  # ragged nesting
-        raise InvalidInput(f"input '{name}': {exc}") from None
+    except ValueError as exc:  # ragged nesting, or deeper than numpy's 64 dimensions
+        raise InvalidInput(too_deep(name) if "maximum number of dimension" in str(exc) else f"input '{name}': {exc}") from None
     if array.ndim > MAX_DIMS:
-        raise InvalidInput(f"input '{name}' has {array.ndim} dimensions; at most {MAX_DIMS}")
+        raise InvalidInput(too_deep(name))
     if not array.size:  # `[]` parses as float64, which no integer or BOOL input would take
         return np.empty(array.shape, _TABLE[datatype])
     kind = array.dtype.kind

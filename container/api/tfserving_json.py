@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from container.errors import InvalidRequest
-from container.limits import MAX_DIMS
+from container.limits import MAX_DIMS, too_deep
 
 _TOKENS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
@@ -31,8 +31,7 @@ def decode_b64(value, name: str, depth: int = 0):
     deeper than a tensor has dimensions, so a hostile document cannot exhaust the stack."""
     if isinstance(value, list):
         if depth >= MAX_DIMS:
-            raise InvalidRequest(f"input '{name}': values nest deeper than {MAX_DIMS} levels; a tensor has at most "
-                                 f"{MAX_DIMS} dimensions")
+            raise InvalidRequest(too_deep(name))
         return [decode_b64(v, name, depth + 1) for v in value]
     if isinstance(value, dict):
         if set(value) != {"b64"} or not isinstance(value["b64"], str):

@@ -110,7 +110,7 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
         header_length = request.header(v2_codec.HEADER_LENGTH)
         heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
         if header_length is not None and whole_number(header_length) == 0:
-            document, binary = v2_codec.raw_request(model.signature, len(body)), memoryview(body)
+            document, binary = v2_codec.raw_request(model.signature, len(body), model.name), memoryview(body)
         else:
             document, binary = offload.run(heavy, v2_codec.split, body, header_length)
         parameters = _request_parameters(document)

@@ -72,12 +72,13 @@ def _claimed_bytes(name: str, shape: list[int], datatype: str, parameters: dict)
     return math.prod(shape) * numpy_dtype(datatype).itemsize  # BF16 decodes to float32
 
 
-def raw_request(signature: Signature, size: int) -> dict:
+def raw_request(signature: Signature, size: int, model: str = "") -> dict:
     """The document a raw binary request (`Inference-Header-Content-Length: 0`) stands for: the whole
     body is the one input's data, a batch of one, its variable dimension (at most one) taken from the
     body's size; every output comes back as binary data."""
     if len(signature.inputs) != 1:
-        raise InvalidRequest(f"a raw binary request needs a model with one input; this one takes {len(signature.inputs)}")
+        raise InvalidRequest(f"Raw request must only have 1 input (found 1) to be deduced but got "  # Triton's words
+                             f"{len(signature.inputs)} inputs in '{model}' model configuration")
     spec = signature.inputs[0]
     dims = list(spec.shape[1:] if signature.max_batch_size else spec.shape)
     if spec.datatype == "BYTES":

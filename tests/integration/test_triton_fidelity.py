@@ -266,7 +266,8 @@ def test_raw_binary_request_is_the_one_inputs_bytes(server):
 
 
 @pytest.mark.parametrize("model, body, message", [
-    ("addsub", b"\0" * 32, "needs a model with one input; this one takes 2"),
+    ("addsub", b"\0" * 32, "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'addsub' "
+                           "model configuration"),
     ("reshape", b"\0" * 15, "input byte size mismatch for input 'INPUT0' for model 'reshape'. Expected 16, got 15"),
     ("flags", b"\1\0\1", None),
 ])

@@ -435,10 +435,11 @@ def test_a_shared_memory_input_larger_than_its_shape_is_refused_unread(relaxed):
 
 def test_hostile_values_are_client_errors(default, triton):
     deep = "[" * 1000 + "1" + "]" * 1000
-    refused(default.server.request("POST", "/v1/models/mlp:predict", data=f'{{"instances": {deep}}}'), 400)
+    nesting = "JSON nesting depth exceeds maximum allowed limit"  # Triton's words
+    refused(default.server.request("POST", "/v1/models/mlp:predict", data=f'{{"instances": {deep}}}'), 400, nesting)
     refused(default.server.request("POST", "/v2/models/mlp/infer", data=(
-        f'{{"inputs": [{{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": {deep}}}]}}')), 400)
-    refused(default.server.invoke("mlp", json.loads("[" * 500 + "1" + "]" * 500)), 400)
+        f'{{"inputs": [{{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": {deep}}}]}}')), 400, nesting)
+    refused(default.server.invoke("mlp", json.loads("[" * 500 + "1" + "]" * 500)), 400, nesting)
     client = triton(default.server)
     assert default.server.load("accumulate").status_code in (200, 409)
     x = http.InferInput("INPUT", [1, 1], "FP32")
