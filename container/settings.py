@@ -263,7 +263,8 @@ def restricted_api(text: str) -> tuple[Restriction, ...]:
         groups = frozenset(g.strip() for g in groups_text.split(",") if g.strip())
         unknown = sorted(groups - set(API_GROUPS))
         if not groups or unknown or not header.strip() or not value:
-            raise SettingsError(f"SERVE_RESTRICTED_API={spec!r}: expected <group>[,<group>...]:<header>=<value> with "
+            shown = f"{groups_text}:{header}=…" if value else spec  # the value is a secret: never in a message
+            raise SettingsError(f"SERVE_RESTRICTED_API={shown!r}: expected <group>[,<group>...]:<header>=<value> with "
                                 f"groups among {', '.join(API_GROUPS)}" + (f"; unknown: {unknown}" if unknown else ""))
         if groups & seen:
             raise SettingsError(f"SERVE_RESTRICTED_API: {sorted(groups & seen)} restricted twice")

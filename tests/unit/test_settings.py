@@ -116,3 +116,9 @@ def test_restricted_api_takes_tritons_grammar():
 def test_restricted_api_refuses_what_it_cannot_enforce(text):
     with pytest.raises(SettingsError, match="SERVE_RESTRICTED_API"):
         Settings.from_env({"SERVE_RESTRICTED_API": text})
+
+
+def test_a_refused_restriction_never_shows_its_value():
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"SERVE_RESTRICTED_API": "trace:key=the-secret-value"})
+    assert "the-secret-value" not in str(refused.value) and "trace" in str(refused.value)
