@@ -1,7 +1,6 @@
 """What one request or one model may cost, checked before the cost is paid. Each refusal names the
 setting to raise. The rules that follow from the platform rather than from taste are constants."""
 
-import math
 from dataclasses import dataclass
 
 from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, PayloadTooLarge
@@ -9,9 +8,6 @@ from container.models.config import instance_count
 
 MAX_NAME_BYTES = 255  # a model name may become a directory name: NAME_MAX on every Linux file system
 MAX_DIMS = 32  # numpy refuses more than 64; no served model takes more than a handful
-# bytes per element of a state by its Triton data type (enum value); 8 for the rest, a TYPE_STRING
-# element being an object pointer at least
-_STATE_ITEM_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11: 4, 12: 8, 14: 4}
 
 
 @dataclass(frozen=True)
@@ -30,8 +26,7 @@ class Limits:
                 f"{what} decode to {size} bytes; the limit is {self.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
 
     def check_config(self, config) -> None:
-        """What a config may make the server allocate before any request: instances (each a thread),
-        priority levels (each a queue), and each sequence's implicit state (allocated at every start)."""
+        """Instance and priority counts a config may ask for: each instance is a thread, each level a queue."""
         instances = instance_count(config)
         if instances > self.instances:
             raise InvalidModel(f"instance_group asks for {instances} instances; at most {self.instances} "
@@ -40,12 +35,6 @@ class Limits:
         if levels > self.priority_levels:
             raise InvalidModel(f"dynamic_batching asks for {levels} priority levels; at most {self.priority_levels} "
                                f"(SERVE_MAX_PRIORITY_LEVELS)")
-        for state in config.sequence_batching.state:
-            for initial in [state, *state.initial_state]:
-                size = math.prod(1 if d < 0 else d for d in initial.dims) * _STATE_ITEM_BYTES.get(state.data_type, 8)
-                if size > self.decoded_bytes:
-                    raise InvalidModel(f"state '{state.input_name}' takes {size} bytes for each sequence; at most "
-                                       f"{self.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
 
 
     def check_total_instances(self, running: int, wanted: int) -> None:

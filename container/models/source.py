@@ -151,6 +151,7 @@ def _weights(directory: Path) -> list[Path]:
 def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
     limits.check_config(config)
+    _check_state_sizes(config, limits)
     filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
     inside(directory, filename, "default_model_filename")
     versions = {(whole_number(p.name), p / filename) for p in directory.iterdir()}
@@ -161,6 +162,20 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
         raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
     signature = Signature.from_config(config, _initial_states(directory, config, limits))
     return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
+
+
+def _check_state_sizes(config, limits: Limits) -> None:
+    """Each sequence's implicit state is allocated at every start: it may take no more than a request's
+    decoded tensors may (a BYTES element counts as the object pointer it is at least)."""
+    for state in config.sequence_batching.state:
+        if state.data_type == pb.TYPE_INVALID:
+            continue  # no type: the signature refuses it, saying so
+        itemsize = numpy_dtype(from_config(pb.DataType.Name(state.data_type))).itemsize
+        for shaped in (state, *state.initial_state):
+            size = math.prod(1 if d < 0 else d for d in shaped.dims) * itemsize
+            if size > limits.decoded_bytes:
+                raise InvalidModel(f"state '{state.input_name}' takes {size} bytes for each sequence; at most "
+                                   f"{limits.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
 
 
 def _initial_states(directory: Path, config, limits: Limits) -> dict[str, np.ndarray]:

@@ -130,7 +130,7 @@ def default(start_server, root, tmp_path_factory):
 def relaxed(start_server, root, tmp_path_factory):
     """Model files and client shared memory allowed, model control and statistics behind headers."""
     return start_watched(start_server, root, tmp_path_factory.mktemp("relaxed") / "tmp", SERVE_ALLOW_MODEL_FILES="true",
-                         SERVE_ALLOW_CLIENT_SHM="true", SERVE_MAX_TOTAL_INSTANCES="4", SAGEMAKER_MODEL_SERVER_TIMEOUT="3",
+                         SERVE_ALLOW_CLIENT_SHM="true", SERVE_MAX_SHM_REGIONS="2", SERVE_MAX_TOTAL_INSTANCES="4", SAGEMAKER_MODEL_SERVER_TIMEOUT="3",
                          SERVE_RESTRICTED_API="model-repository,shared-memory:admin-key=s3cret;statistics:stats-key=x")
 
 
@@ -426,6 +426,26 @@ def test_a_shared_memory_input_larger_than_its_shape_is_refused_unread(relaxed):
         refused(server.request("POST", "/v2/models/mlp/infer", json=body), 400,
                 "input byte size mismatch for input 'x' for model 'mlp'", f"Expected 16, got {64 << 20}")
         assert server.request("POST", "/v2/systemsharedmemory/region/big/unregister", headers=ADMIN).status_code == 200
+    finally:
+        shm.unlink()
+    relaxed.still_serving()
+
+
+def test_shared_memory_regions_are_bounded_in_number(relaxed):
+    server = relaxed.server
+    shm = Path("/dev/shm") / f"trust_many_{server.port}"
+    shm.write_bytes(bytes(16))
+    region = {"key": shm.name, "offset": 0, "byte_size": 16}
+    try:
+        for name in ("one", "two"):  # SERVE_MAX_SHM_REGIONS=2: each holds a descriptor
+            assert server.request("POST", f"/v2/systemsharedmemory/region/{name}/register", json=region,
+                                  headers=ADMIN).status_code == 200
+        refused(server.request("POST", "/v2/systemsharedmemory/region/three/register", json=region, headers=ADMIN), 400,
+                "SERVE_MAX_SHM_REGIONS", "unregister one first")
+        assert server.request("POST", "/v2/systemsharedmemory/region/one/unregister", headers=ADMIN).status_code == 200
+        assert server.request("POST", "/v2/systemsharedmemory/region/three/register", json=region,
+                              headers=ADMIN).status_code == 200  # room again
+        assert server.request("POST", "/v2/systemsharedmemory/unregister", headers=ADMIN).status_code == 200
     finally:
         shm.unlink()
     relaxed.still_serving()
