@@ -12,7 +12,7 @@ from typing import Callable
 import gevent
 
 from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound
-from container.inference import InferRequest, InferResponse, TransformRequest
+from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
 from container.models.overrides import build_override
 from container.models.registry import Model, Registry, State
@@ -41,18 +41,18 @@ class Lease:
     way), neither evicted nor unloaded until the request ends. A class, not a generator: it is on every
     request's path."""
 
-    __slots__ = ("registry", "model")
+    __slots__ = ("registry", "model", "client")
 
-    def __init__(self, registry: Registry, model: Model):
-        self.registry, self.model = registry, model
+    def __init__(self, registry: Registry, model: Model, client: Client | None):
+        self.registry, self.model, self.client = registry, model, client
 
     def __enter__(self) -> Model:
         self.registry.hold(self.model)
-        self.model.scheduler.request_arrived()
+        self.model.scheduler.request_arrived(self.client)
         return self.model
 
     def __exit__(self, *exc) -> None:
-        self.model.scheduler.request_left()
+        self.model.scheduler.request_left(self.client)
         self.registry.release(self.model)
 
 
@@ -69,13 +69,15 @@ class Core:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None) -> "Lease":
+    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None,
+              client: Client | None = None) -> "Lease":
         """The ready model `name`, to hold for one request (`with core.lease(name) as model`). A miss
-        raises `not_found(name)`, a front-end's own words for it (default: ModelNotFound)."""
+        raises `not_found(name)`, a front-end's own words for it (default: ModelNotFound). `client`: the
+        connection it came on, so that a batcher may wait for that client's next request."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
             raise (not_found or _not_loaded)(name)
-        return Lease(self._registry, model)
+        return Lease(self._registry, model, client)
 
     def infer(self, model: Model, request: InferRequest) -> InferResponse:
         """Tensors in, tensors out, through the leased `model`'s scheduler."""

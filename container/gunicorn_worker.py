@@ -36,6 +36,7 @@ from gunicorn.workers.ggevent import GeventWorker
 
 from container.api.errors import json_error, status_line
 from container.api.pipeline import Request, Response, request_path
+from container.inference import Client
 from container.settings import Settings
 
 _RECEIVE = 256 << 10
@@ -71,11 +72,13 @@ class Worker(GeventWorker):
         if self.connections >= self.worker_connections and self.idle:
             # the last slot is taken: free one, so the next client is accepted and served
             _hang_up(self.idle.pop(next(iter(self.idle))))
+        connection = Connection(self, client)
         try:
-            Connection(self, client).serve()
+            connection.serve()
         finally:
             self.connections -= 1
             _close(client)
+            connection.client.close()
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
@@ -107,6 +110,7 @@ class Connection:
         self.head_timeout, self.body_rate = settings.request_head_timeout, settings.min_body_rate
         self.idle_timeout = settings.first_request_timeout  # until the first request; then keep-alive's
         self.parser = httptools.HttpRequestParser(self)
+        self.client = Client()  # the connection as the schedulers see it
         self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
         self.in_message = self.in_body = False
         self._reset()
@@ -159,8 +163,9 @@ class Connection:
     def on_message_complete(self) -> None:
         self.in_message = self.in_body = False
         path, query = request_path(self.url)
+        self.client.requests += 1
         request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
-                          b"".join(self.chunks), self.oversize)
+                          b"".join(self.chunks), self.oversize, self.client)
         self.ready.append((request, self.parser.should_keep_alive()))
 
     # -- the connection ----------------------------------------------------------------------------

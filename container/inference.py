@@ -1,6 +1,7 @@
 """What front-ends hand the core and get back: named numpy tensors, protocol-free."""
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -31,3 +32,24 @@ class TransformRequest:
     accept: str | None  # the Accept header as sent
     headers: dict[str, str] = field(default_factory=dict)
     request_id: str | None = None
+
+
+class Client:
+    """One client connection, as the schedulers see it. A dynamic batcher with a queue delay expects a
+    client it answered within that delay to come back, and waits for it (up to the delay) to form a
+    batch; once the connection closes, nobody waits for it. The front-end makes one per connection
+    and closes it with the connection."""
+
+    __slots__ = ("requests", "_on_close")
+
+    def __init__(self):
+        self.requests = 0  # requests the connection has carried (the front-end counts them)
+        self._on_close: set[Callable[["Client"], None]] = set()
+
+    def when_closed(self, callback: Callable[["Client"], None]) -> None:
+        self._on_close.add(callback)
+
+    def close(self) -> None:
+        callbacks, self._on_close = self._on_close, set()
+        for callback in callbacks:
+            callback(self)

@@ -15,6 +15,7 @@ from container.api.errors import describe, status_line
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
 from container.errors import Forbidden, PayloadTooLarge
+from container.inference import Client
 from container.settings import Restriction
 
 REQUEST_ID = "X-Request-Id"
@@ -25,13 +26,15 @@ class Request:
     """What a handler sees of its request. Header names are lower-case; values are latin-1 text, as
     HTTP carries them."""
 
-    __slots__ = ("method", "path", "query_string", "headers", "body", "oversize", "params", "request_id", "model")
+    __slots__ = ("method", "path", "query_string", "headers", "body", "oversize", "client", "params", "request_id",
+                 "model")
 
     def __init__(self, method: str, path: str, query_string: str, headers: dict[str, str], body: bytes = b"",
-                 oversize: int | None = None):
-        """`oversize`: the body was longer than the limit and was not kept: its length, 0 when unknown."""
+                 oversize: int | None = None, client: Client | None = None):
+        """`oversize`: the body was longer than the limit and was not kept: its length, 0 when unknown.
+        `client`: the connection it came on (None: not known)."""
         self.method, self.path, self.query_string, self.headers = method, path, query_string, headers
-        self.body, self.oversize = body, oversize
+        self.body, self.oversize, self.client = body, oversize, client
         self.params: dict[str, str] = {}
         self.request_id = ""
         self.model: str | None = None  # the model the request is for, in the access log

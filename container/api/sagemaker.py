@@ -102,7 +102,7 @@ def serve_invoke(core: Core, request: Request, default_accept: str) -> Response:
         log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": attributes,
                                                          "request_id": request.request_id}})
     accept = request.header("accept")
-    with core.lease(name) as model:
+    with core.lease(name, client=request.client) as model:
         if model.signature is None:
             media_type = content.media_type(request.header("content-type"), default=None)
             transform = TransformRequest(name, body, media_type, accept, _titled(request.headers), request.request_id)

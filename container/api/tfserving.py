@@ -42,7 +42,7 @@ def tfserving_routes(core: Core) -> list[Route]:
     def run(verb: str):
         def serve(request: Request) -> Response:
             name = request.params["name"]
-            with core.lease(name, not_found=lambda _: _servable_not_found(request)) as model:
+            with core.lease(name, lambda _: _servable_not_found(request), request.client) as model:
                 version = _version(model, request)
                 body = request.body
                 heavy = offload.heavy(len(body))

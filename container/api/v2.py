@@ -102,7 +102,7 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
     """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers."""
     name, version = request.params["name"], request.params.get("version")
     number = _version(version)
-    with core.lease(name, not_found=lambda _: _unknown(core, name)) as model:
+    with core.lease(name, lambda _: _unknown(core, name), request.client) as model:
         if number is not None and number not in model.versions:
             raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
         if model.signature is None:

@@ -29,13 +29,12 @@ GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop
 class DynamicBatcher(Scheduler):
     def __init__(self, model_name: str, config, instances: int = 1, recover: Recover | None = None,
                  inline_below_ns: int = 0):
-        super().__init__()
+        batching = config.dynamic_batching
+        super().__init__(batching.max_queue_delay_microseconds / 1e6)
         self.model_name = model_name
         self._recover = recover
-        batching = config.dynamic_batching
         self.max_batch_size = config.max_batch_size
         self.preferred = sorted(s for s in batching.preferred_batch_size if s <= self.max_batch_size)
-        self.delay = batching.max_queue_delay_microseconds / 1e6
         self.preserve_ordering = batching.preserve_ordering
         self.queue = JobQueue(batching)
         self._threads = Instances(instances)
@@ -47,7 +46,7 @@ class DynamicBatcher(Scheduler):
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
         self.queue.level_of(job)  # a priority outside the levels is refused, queued or not
-        if self._alone() and self._free.acquire(blocking=False):
+        if not len(self.queue) and not self.preserve_ordering and self._alone() and self._free.acquire(blocking=False):
             return self._run_now(job)
         timeout = self.queue.put(job)
         if self.preserve_ordering:
@@ -65,11 +64,6 @@ class DynamicBatcher(Scheduler):
                 self.queue.discard(job)
                 self._deliver(job, None, ok=False)
             raise
-
-    def _alone(self) -> bool:
-        """Nothing queued, no order to keep (preserve_ordering answers through the queue), and no delay
-        to spend on requests on their way."""
-        return not len(self.queue) and not self.preserve_ordering and (not self.delay or self.requests <= 1)
 
     def _run_now(self, job: Job) -> tuple[dict, Phases]:
         """A request with an instance free and nothing to wait for runs as a batch of one from its own
@@ -115,7 +109,7 @@ class DynamicBatcher(Scheduler):
             with self._free:  # an instance is free: the batch grows in the queue until then
                 self._gather_received()
                 if self.delay:
-                    self._wait_for_more(self.queue.__len__, (self.preferred or [self.max_batch_size])[0], self.delay)
+                    self._wait_for_more(self.queue.__len__, (self.preferred or [self.max_batch_size])[0])
                 if len(self.queue):
                     self._run_batch()
 

@@ -43,19 +43,18 @@ class SequenceBatcher(Scheduler):
     def __init__(self, model_name: str, config, signature: Signature, instances: int = 1, recover: Recover | None = None,
                  wait_limit: float = 60.0):
         """`wait_limit`: seconds a request may wait for its sequence to get a slot (SAGEMAKER_MODEL_SERVER_TIMEOUT)."""
-        super().__init__()
+        batching = config.sequence_batching
+        oldest = batching.oldest if batching.HasField("oldest") else None
+        super().__init__((oldest or batching.direct).max_queue_delay_microseconds / 1e6)
         self.wait_limit = wait_limit
         self.model_name = model_name
         self._recover = recover
         self.signature = signature
-        batching = config.sequence_batching
         self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
-        oldest = batching.oldest if batching.HasField("oldest") else None
         self.direct = oldest is None
         self.max_batch_size = max(config.max_batch_size, 1)
         self.preferred = sorted(s for s in oldest.preferred_batch_size if s <= self.max_batch_size) if oldest else []
         self.candidates = (oldest.max_candidate_sequences if oldest else 0) or None  # None: every sequence
-        self.delay = (oldest or batching.direct).max_queue_delay_microseconds / 1e6
         self.sequences: dict[object, Sequence] = {}  # in the order they started: the oldest first
         self._ready: list[tuple[Job, Sequence]] = []  # the next request of each sequence that has one
         self._behind = 0  # requests waiting for their sequence's previous request to run
@@ -133,8 +132,7 @@ class SequenceBatcher(Scheduler):
                 self._arrived.clear()
                 self._arrived.wait()
             if self.delay:
-                self._wait_for_more(lambda: len(self._ready) + self._behind, (self.preferred or [self.max_batch_size])[0],
-                                    self.delay)
+                self._wait_for_more(lambda: len(self._ready) + self._behind, (self.preferred or [self.max_batch_size])[0])
             batch, requests = self._take(instance)
             if not batch:
                 continue

@@ -1,8 +1,10 @@
-"""Scheduling on a real server: batched results reach the right requests under concurrency, and
-stateful sequences keep their state per sequence_id."""
+"""Scheduling on a real server: batched results reach the right requests under concurrency, a burst
+of clients forms batches while a lone client never waits, and stateful sequences keep their state per
+sequence_id."""
 
 import random
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,17 +51,24 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "batched", Affine(), [tensor("x", "TYPE_FP32", [3])], [tensor("y", "TYPE_FP32", [3])], max_batch_size=8,
                  dynamic_batching={"preferred_batch_size": [4, 8], "priority_levels": 2, "default_priority_level": 2},
                  instance_group=[{"count": 2, "kind": "KIND_CPU"}])
+    # a queue delay no request of these tests may wait out: a wrong wait fails on the clients' deadline
+    triton_model(root, "burst", Affine(), [tensor("x", "TYPE_FP32", [3])], [tensor("y", "TYPE_FP32", [3])], max_batch_size=8,
+                 dynamic_batching={"preferred_batch_size": [8], "max_queue_delay_microseconds": 600_000_000})
     triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
                  [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
                  sequence_batching=SEQUENCE)
     server = start_server(root)
-    for name in ("batched", "accumulate"):
+    for name in ("batched", "burst", "accumulate"):
         assert server.load(name).status_code == 200, server.load(name).text
     return server
 
 
 def client_for(server) -> http.InferenceServerClient:
-    return http.InferenceServerClient(server.url.removeprefix("http://"))
+    return http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30)
+
+
+def burst_stats(server) -> dict:
+    return requests.get(server.url + "/v2/models/burst/stats").json()["model_stats"][0]
 
 
 def test_batched_results_reach_the_right_requests_under_concurrency(server):
@@ -86,6 +95,63 @@ def test_batched_results_reach_the_right_requests_under_concurrency(server):
     executions = after["execution_count"] - before["execution_count"]
     assert 1 <= executions <= len(cases)
     assert sum(b["compute_infer"]["count"] for b in after["batch_stats"]) == after["execution_count"]
+
+
+def test_a_burst_of_clients_forms_preferred_batches(server):
+    """32 connections send two requests each, the second as soon as the first is answered. A model that
+    costs microseconds answers a request before the next one is read, so only the clients expected back
+    (answered within the queue delay, on a connection they keep) make a batch wait for them: the burst
+    runs mostly as batches of the preferred 8, and ends at once when its last clients close."""
+    barrier = threading.Barrier(32)
+
+    def client_requests(index: int) -> list[np.ndarray]:
+        client = client_for(server)
+        try:
+            assert client.is_server_ready()  # the connection is open before the burst starts
+            barrier.wait()
+            answers = []
+            for step_ in range(2):
+                values = np.full((1, 3), index * 10 + step_, np.float32)
+                tensor_in = http.InferInput("x", [1, 3], "FP32")
+                tensor_in.set_data_from_numpy(values)
+                answers.append(client.infer("burst", [tensor_in]).as_numpy("y") - (values * 2 + 1))
+            return answers
+        finally:
+            client.close()
+
+    client = client_for(server)
+    tensor_in = http.InferInput("x", [1, 3], "FP32")
+    tensor_in.set_data_from_numpy(np.ones((1, 3), np.float32))
+    for _ in range(20):  # executions enough for the model to be judged cheap enough to run on the loop
+        client.infer("burst", [tensor_in])
+    client.close()
+    before = burst_stats(server)
+    with ThreadPoolExecutor(32) as pool:
+        differences = [d for answers in pool.map(client_requests, range(32)) for d in answers]
+    assert len(differences) == 64 and not any(d.any() for d in differences)
+    after = burst_stats(server)
+    eights = [{b["batch_size"]: b["compute_infer"]["count"] for b in s["batch_stats"]}.get(8, 0) for s in (before, after)]
+    assert after["execution_count"] - before["execution_count"] <= 16  # a mean batch of 4 at least
+    assert eights[1] - eights[0] >= 4  # half the requests, at least, in batches of 8
+
+
+def test_a_lone_client_never_waits_for_a_batch(server):
+    """One client at a time, on one connection or on a new one per request (the last one left open, as
+    `requests.post` does while its response is referenced): each request runs at once, as a batch of one,
+    though the clients of the burst before were expected back (they closed)."""
+    before = burst_stats(server)["execution_count"]
+    client = client_for(server)
+    tensor_in = http.InferInput("x", [1, 3], "FP32")
+    tensor_in.set_data_from_numpy(np.ones((1, 3), np.float32))
+    for _ in range(5):
+        assert client.infer("burst", [tensor_in]).as_numpy("y").tolist() == [[3, 3, 3]]
+    client.close()
+    body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    answers = []
+    for _ in range(5):
+        answers.append(requests.post(server.url + "/v2/models/burst/infer", json=body, timeout=30))
+        assert answers[-1].json()["outputs"][0]["data"] == [3, 5, 7]
+    assert burst_stats(server)["execution_count"] - before == 10
 
 
 def test_priority_outside_the_levels_is_400(server):

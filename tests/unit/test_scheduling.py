@@ -11,6 +11,7 @@ from gevent.socket import wait_read
 from google.protobuf import json_format
 
 from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
+from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
@@ -132,6 +133,69 @@ def test_a_request_that_never_comes_is_waited_for_only_the_delay(backend):
     with scheduler.request(), scheduler.request():
         assert values(spawn(scheduler, job(backend, 1))[0]) == [2.0]
     assert backend.batches == [[1.0]]
+    scheduler.close()
+
+
+def connection(requests: int) -> Client:
+    """A client connection that has carried `requests` requests so far."""
+    client = Client()
+    client.requests = requests
+    return client
+
+
+def answered(scheduler, client: Client) -> None:
+    """One of `client`'s requests was answered just now."""
+    with scheduler.request(client):
+        pass
+
+
+def infer_as(scheduler, client: Client, request: Job):
+    """`request` from `client`, counted on its way from its lease to its answer."""
+    def infer():
+        with scheduler.request(client):
+            return scheduler.infer(request)
+    greenlet = gevent.spawn(infer)
+    gevent.sleep(0)
+    return greenlet
+
+
+def test_a_client_answered_within_the_delay_is_waited_for_until_it_comes_back(backend):
+    """A kept connection answered a moment ago is expected back: another client's request waits for it,
+    however often the loop turns, and the two run as one batch."""
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
+    returning, other = connection(2), connection(1)
+    answered(scheduler, returning)
+    waiting = infer_as(scheduler, other, job(backend, 1))
+    for _ in range(100):
+        gevent.sleep(0)
+    assert not backend.entered.acquire(blocking=False), "the batch left without the client expected back"
+    back = infer_as(scheduler, returning, job(backend, 2))
+    backend.release.set()
+    assert values(waiting) == [2.0] and values(back) == [4.0]
+    assert backend.batches == [[1.0, 2.0]]
+    scheduler.close()
+
+
+def test_a_client_expected_back_is_not_waited_for_once_it_closes(backend):
+    backend.hold = False
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
+    gone = connection(2)
+    answered(scheduler, gone)
+    waiting = infer_as(scheduler, connection(1), job(backend, 1))
+    gone.close()
+    with gevent.Timeout(10):  # an hour's delay would trip this
+        assert values(waiting) == [2.0]
+    scheduler.close()
+
+
+def test_a_connection_used_for_one_request_is_not_expected_back(backend):
+    """A client that opens a connection per request leaves each one open until it is collected: were
+    that connection waited for, every request of one such client would wait out the delay."""
+    backend.hold = False
+    scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
+    answered(scheduler, connection(1))
+    with gevent.Timeout(10):
+        assert values(infer_as(scheduler, connection(1), job(backend, 1))) == [2.0]
     scheduler.close()
 
 
