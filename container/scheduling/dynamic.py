@@ -88,11 +88,13 @@ class DynamicBatcher(Scheduler):
 
     def _still_alone(self) -> bool:
         """Whether the request is the model's only one once the loop has handled what it had received.
-        Without this wait, the requests received while one ran on the loop would each find the queue
-        empty in turn and run alone on the loop too: batches would never form, and 8 clients would get
-        direct execution's rate."""
-        with Timeout(GATHER_LIMIT, False):
-            gevent.idle()
+        Without a queue delay, nothing else tells a batcher of the requests received while one ran on
+        the loop: each would find the queue empty in turn and run alone on the loop too, batches would
+        never form, and 8 clients would get direct execution's rate. With a delay, the clients expected
+        back tell it (base.py), and a lone client is spared the wait for the loop (~30 µs a request)."""
+        if not self.delay:
+            with Timeout(GATHER_LIMIT, False):
+                gevent.idle()
         return self.requests <= 1 and not len(self.queue) and self._running == 1
 
     def queue_depth(self) -> int:
