@@ -47,12 +47,12 @@ def create_app(settings: Settings) -> Flask:
     backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
-    runtime = Runtime(backends, release_memory, free_memory, schedulers)
+    runtime = Runtime(backends, release_memory, free_memory)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads, s3_roots=settings.s3_roots)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
-    core = Core(registry, settings.allow_model_files)
+    core = Core(registry, schedulers, settings.allow_model_files)
     started = Event()  # set once the models named at start have loaded
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
                                  max_regions=settings.max_shm_regions)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import gevent
 
-from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound
+from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound, ServeError
 from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
 from container.models.overrides import build_override
@@ -19,7 +19,7 @@ from container.models.registry import Model, Registry, State
 from container.models.s3 import is_s3
 from container.models.source import resolve_url
 from container.models.statistics import Statistics
-from container.scheduling import new_job
+from container.scheduling import new_job, scheduler_for
 from container.tensors import decoded_size
 
 __all__ = ["Core", "IndexEntry", "Model", "State"]
@@ -57,10 +57,12 @@ class Lease:
 
 
 class Core:
-    def __init__(self, registry: Registry, allow_model_files: bool = False):
-        """`allow_model_files`: a load may carry the model's own files (SERVE_ALLOW_MODEL_FILES), which
-        then run in the server; every front-end's load comes through `reload`, so the rule holds once."""
+    def __init__(self, registry: Registry, schedulers: Callable = scheduler_for, allow_model_files: bool = False):
+        """`schedulers`: scheduler_for with the server's options; `allow_model_files`: a load may carry the
+        model's own files (SERVE_ALLOW_MODEL_FILES), which then run in the server; every front-end's load
+        comes through `reload`, so the rule holds once."""
         self._registry = registry
+        self._schedulers = schedulers
         self._allow_model_files = allow_model_files
         self.limits = registry.limits
         self.model_root = registry.model_root
@@ -202,7 +204,18 @@ class Core:
         self._registry.check_health()
 
     def load(self, name: str, url: str, **options) -> Model:
-        return self._registry.load(name, url, **options)
+        """Load `url` as `name` (the registry's options: reload, directory, uploaded) and serve it through
+        a scheduler of its own, which closes once the registry has freed the model."""
+        model = self._registry.load(name, url, **options)
+        try:
+            model.scheduler = self._schedulers(model.name, model.config, model.signature,
+                                               lambda device, requested: self._registry.recover(model, device, requested))
+        except BaseException as exc:  # a config the scheduler refuses (a queue policy, say)
+            self._registry.abandon(model, exc)
+            raise
+        gevent.spawn(_close_when_gone, model, model.scheduler)
+        self._registry.serve(model)
+        return model
 
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Model:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
@@ -219,7 +232,7 @@ class Core:
             except InvalidRequest as exc:  # a client's mistake: one line, in Triton's words, no traceback
                 log.warning("Invalid config override", extra={"fields": {"model": name, "error": str(exc)}})
                 raise
-        return self._registry.load(name, self.locate(name), reload=True, directory=directory, uploaded=bool(files))
+        return self.load(name, self.locate(name), reload=True, directory=directory, uploaded=bool(files))
 
     def _check_upload(self, name: str) -> None:
         """Model files from a client are refused unless allowed; allowed, they never take a name the model
@@ -232,7 +245,14 @@ class Core:
             raise Forbidden(f"model '{name}' comes from the model root; uploaded files may not replace it")
 
     def ensure_loaded(self, name: str, url: str) -> Model:
-        return self._registry.ensure_loaded(name, url)
+        """The model under `name`, loading it on first use; concurrent first uses share one load. A
+        model being unloaded or evicted is waited for, then loaded again."""
+        model = self._registry.settled(name)
+        if model is None:
+            self.counters.misses += 1
+            return self.load(name, url)
+        self.counters.hits += 1
+        return model.loaded.get()
 
     def unload(self, name: str) -> None:
         self._registry.unload(name)
@@ -244,11 +264,25 @@ class Core:
         return self._registry.entries()
 
     def load_all(self, entries: list[tuple[str, str]]) -> None:
-        self._registry.load_all(entries)
+        """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
+        for name, url in entries:
+            try:
+                self.load(name, url)
+            except ServeError as exc:
+                log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
+            except Exception as exc:  # a server bug, or the system failing: the other models still load
+                log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
 
     def model_is_current(self, model: Model) -> bool:
         """Whether `model` is ready and still the one serving its name (not replaced, evicted or unloaded)."""
         return model.state is State.READY and self._registry.models.get(model.name) is model
+
+
+def _close_when_gone(model: Model, scheduler) -> None:
+    """Once the registry has freed `model` (unloaded, evicted, replaced or abandoned), its scheduler's
+    threads end."""
+    model.gone.wait()
+    scheduler.close()
 
 
 def _not_loaded(name: str) -> ModelNotFound:

@@ -4,7 +4,6 @@ setting to raise. The rules that follow from the platform rather than from taste
 from dataclasses import dataclass
 
 from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, PayloadTooLarge
-from container.models.config import instance_count
 
 MAX_NAME_BYTES = 255  # a model name may become a directory name: NAME_MAX on every Linux file system
 MAX_DIMS = 32  # numpy refuses more than 64; no served model takes more than a handful
@@ -25,13 +24,12 @@ class Limits:
             raise PayloadTooLarge(
                 f"{what} decode to {size} bytes; the limit is {self.decoded_bytes} (SERVE_MAX_DECODED_SIZE)")
 
-    def check_config(self, config) -> None:
-        """Instance and priority counts a config may ask for: each instance is a thread, each level a queue."""
-        instances = instance_count(config)
+    def check_model(self, instances: int, levels: int) -> None:
+        """The instances and priority levels a model's config asks for: each instance is a thread, each
+        level a queue."""
         if instances > self.instances:
             raise InvalidModel(f"instance_group asks for {instances} instances; at most {self.instances} "
                                f"(SERVE_MAX_INSTANCES)")
-        levels = config.dynamic_batching.priority_levels
         if levels > self.priority_levels:
             raise InvalidModel(f"dynamic_batching asks for {levels} priority levels; at most {self.priority_levels} "
                                f"(SERVE_MAX_PRIORITY_LEVELS)")

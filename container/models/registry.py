@@ -18,19 +18,18 @@ from gevent.threadpool import ThreadPool
 
 from container.errors import (
     DeviceFault,
-    DeviceOutOfMemory,
     Forbidden,
     InsufficientMemory,
     InvalidModel,
     ModelConflict,
     ModelNotFound,
-    ServeError,
     Unavailable,
 )
 from container.limits import Limits
 from container.models.cache import MemoryCache, total_by_device
 from container.models.config import instance_count
 from container.models.downloads import DownloadCache
+from container.models.recovery import execute
 from container.models.s3 import S3Url, is_s3
 from container.models.signature import Signature
 from container.models.source import ModelSource, TritonLayout, locate, open_source, repository_entries, resolve_url
@@ -72,6 +71,8 @@ class Model:
     settling: int = _SETTLING_REQUESTS  # requests left after which its memory is charged again
     download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
     uploaded: bool = False  # built from a client's files, not from the model root
+    replaces: "Model | None" = None  # while a reload loads: the copy serving the name meanwhile
+    started: float = 0.0  # when its load started (monotonic)
 
     def __str__(self) -> str:
         return self.name
@@ -87,12 +88,11 @@ class Model:
 
 @dataclass(frozen=True)
 class Runtime:
-    """The framework pieces the registry drives, injected so `models/` imports no backend or scheduler."""
+    """The framework pieces the registry drives, injected so `models/` imports no backend."""
 
     load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
     release_memory: Callable[[], None]
     free_memory: Callable[[str], int]  # device → bytes free on it now
-    scheduler_for: Callable  # (name, config or None, signature or None, recover) → scheduler with infer()/run()/close()
 
 
 @dataclass
@@ -132,8 +132,9 @@ class Registry:
     def load(self, name: str, url: str, *, reload: bool = False, directory: Path | None = None,
              uploaded: bool = False) -> Model:
         """Load `url` (or `directory`, which then belongs to the registry, and is removed whatever
-        happens) as `name`; returns when ready. A loaded name is a 409 unless `reload`: then the old
-        model serves until the new one is ready, and a failed reload leaves it serving."""
+        happens) as `name`, its memory reserved; returns it still LOADING: `serve(model)` makes it
+        ready, `abandon(model, exc)` drops it. A loaded name is a 409 unless `reload`: then the old
+        model serves until the new one is served, and a failed reload leaves it serving."""
         try:
             return self._load_named(name, url, reload, directory, uploaded)
         except BaseException:
@@ -144,55 +145,57 @@ class Registry:
     def _load_named(self, name: str, url: str, reload: bool, directory: Path | None, uploaded: bool) -> Model:
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
-        current = self._settled(name)
+        current = self.settled(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
             raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
-        model = Model(name, url, uploaded=uploaded)
+        model = Model(name, url, uploaded=uploaded, replaces=current)
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
         self._reloading.add(name)
-        started = time.monotonic()
+        model.started = time.monotonic()
         try:
             if remote:
                 model.download = self.downloads.fetch(remote)
                 path = model.download.path
             self._load(model, path, owned=directory is not None)
-            if current is not None and self.models.get(name) is not current:
-                raise ModelConflict(f"model '{name}' was unloaded while it reloaded")
         except BaseException as exc:
-            self.note_fault(exc)
-            self.failures[name] = str(exc)
-            self.counters.load_failures += 1
-            self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
-            self._discard(model)
-            model.loaded.set_exception(exc)
+            self.abandon(model, exc)
             raise
-        finally:
-            self._reloading.discard(name)
-            self.counters.load_seconds += time.monotonic() - started
-        self.failures.pop(name, None)
-        self.counters.loads += 1
-        model.state = State.READY
-        self.models[name] = model
-        model.loaded.set(model)
-        log.info("loaded model", extra={"fields": {"model": name, "url": url, "seconds": round(time.monotonic() - started, 3),
-                                                   "bytes": self.cache.size_of(model)}})
-        if current is not None:
-            self._retire(current)
         return model
 
-    def ensure_loaded(self, name: str, url: str) -> Model:
-        """The model under `name`, loading it on first use; concurrent first uses share one load. A
-        model being unloaded or evicted is waited for, then loaded again."""
-        model = self._settled(name)
-        if model is None:
-            self.counters.misses += 1
-            return self.load(name, url)
-        self.counters.hits += 1
-        return model.loaded.get()
+    def serve(self, model: Model) -> None:
+        """The loaded `model` serves its name from now; the copy a reload replaces retires."""
+        name, current = model.name, model.replaces
+        if current is not None and self.models.get(name) is not current:
+            exc = ModelConflict(f"model '{name}' was unloaded while it reloaded")
+            self.abandon(model, exc)
+            raise exc
+        self._reloading.discard(name)
+        self.counters.load_seconds += time.monotonic() - model.started
+        self.failures.pop(name, None)
+        self.counters.loads += 1
+        model.state, model.replaces = State.READY, None
+        self.models[name] = model
+        model.loaded.set(model)
+        log.info("loaded model", extra={"fields": {"model": name, "url": model.url, "bytes": self.cache.size_of(model),
+                                                   "seconds": round(time.monotonic() - model.started, 3)}})
+        if current is not None:
+            self._retire(current)
 
-    def _settled(self, name: str) -> Model | None:
+    def abandon(self, model: Model, exc: BaseException) -> None:
+        """A load that failed with `exc`: recorded as the name's failure, and what it held freed."""
+        self.note_fault(exc)
+        self._reloading.discard(model.name)
+        self.counters.load_seconds += time.monotonic() - model.started
+        self.failures[model.name] = str(exc)
+        self.counters.load_failures += 1
+        self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
+        model.replaces = None
+        self._discard(model)
+        model.loaded.set_exception(exc)
+
+    def settled(self, name: str) -> Model | None:
         """The model under `name` once any unload or eviction of it has finished: a load racing one
         waits for it instead of answering 409."""
         model = self.models.get(name)
@@ -209,16 +212,6 @@ class Registry:
         started, sizes = time.monotonic(), self.cache.size_of(model)
         self._retire(model)
         log.info("unloaded model", extra={"fields": {"model": name, "bytes": sizes, "seconds": round(time.monotonic() - started, 3)}})
-
-    def load_all(self, entries: list[tuple[str, str]]) -> None:
-        """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
-        for name, url in entries:
-            try:
-                self.load(name, url)
-            except ServeError as exc:
-                log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
-            except Exception as exc:  # a server bug, or the system failing: the other models still load
-                log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
 
     def entries(self) -> list[tuple[str, str]]:
         """(name, url) of every model in the repository under the model root."""
@@ -282,15 +275,11 @@ class Registry:
         if model.placement:
             log.warning("model placed on CPU", extra={"fields": {"model": model.name, "reason": model.placement}})
         self._make_room(model, self._measured.get(str(path)) or {device: source.estimated_bytes()})
-        try:
-            backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
-        except DeviceOutOfMemory as exc:
-            failure = exc.with_traceback(None)
-        else:
-            failure = None
-        if failure is not None:  # recovered outside the except block, whose traceback holds the failed load
-            self._recover(model, failure.device, failure.requested)
-            backends = self._pool.apply(self.runtime.load_backends, (model.name, source, device))
+        [(_, backends, ok)] = execute(lambda _: self._pool.apply(self.runtime.load_backends, (model.name, source, device)),
+                                      [model], lambda device, requested: self.recover(model, device, requested),
+                                      divisible=False)
+        if not ok:
+            raise backends
         model.versions = backends
         measured = self._pool.apply(_memory, (list(backends.values()),)) or {device: source.estimated_bytes()}
         self._make_room(model, measured)
@@ -301,8 +290,6 @@ class Registry:
             model.version_labels = source.layout.labels
             model.output_labels = source.layout.output_labels
         model.statistics = {version: Statistics() for version in backends}
-        model.scheduler = self.runtime.scheduler_for(model.name, model.config, model.signature,
-                                                     lambda device, requested: self._recover(model, device, requested))
 
     def settle(self, model: Model) -> None:
         """While the model's cost settles, charge what its backends measure now. A model that grew past
@@ -331,7 +318,7 @@ class Registry:
         victims = self.cache.reserve(model, sizes, idle=self._evictable)
         self._evict(victims, f"to make room for '{model.name}'")
 
-    def _recover(self, model: Model, device: str, requested: int) -> None:
+    def recover(self, model: Model, device: str, requested: int) -> None:
         """After `model` ran out of memory on `device` asking for `requested` bytes: drop cached blocks,
         then evict idle models, least recently used first, until the allocation fits both what the
         device has free and the budget's room (every idle model when the size is unknown). An allocation
@@ -374,9 +361,6 @@ class Registry:
             del self.models[model.name]
         self.cache.release(model)
         backends, model.versions = list(model.versions.values()), {}
-        scheduler, model.scheduler = model.scheduler, None
-        if scheduler is not None:
-            scheduler.close()
         try:
             self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
         finally:

@@ -17,6 +17,7 @@ from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceN
 from container.limits import Limits, whole_number
 from container.models.config import (
     DEFAULT_MODEL_FILENAME,
+    instance_count,
     read_config,
     read_text,
     relative_path,
@@ -150,7 +151,7 @@ def _weights(directory: Path) -> list[Path]:
 
 def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
-    limits.check_config(config)
+    limits.check_model(instance_count(config), config.dynamic_batching.priority_levels)
     _check_state_sizes(config, limits)
     filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
     inside(directory, filename, "default_model_filename")

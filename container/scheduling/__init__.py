@@ -4,11 +4,11 @@ off the event loop, on as many instance threads as `instance_group` asks for."""
 
 from container.inference import InferRequest
 from container.models.config import instance_count
+from container.models.recovery import Recover
 from container.models.signature import Signature
 from container.scheduling.direct import DirectScheduler
 from container.scheduling.dynamic import DynamicBatcher
 from container.scheduling.job import Job
-from container.scheduling.recovery import Recover
 from container.scheduling.sequence import SequenceBatcher
 
 

@@ -6,12 +6,12 @@ import time
 
 from gevent.event import Event
 
+from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, call, on_thread, run_batch
-from container.scheduling.recovery import Recover, execute
 
 
 class DirectScheduler(Scheduler):

@@ -1,8 +1,9 @@
-"""Out-of-memory recovery, the same for every scheduler. A batch that runs out of device memory gets
-one recovery — the registry evicts idle models until the failed allocation fits and drops cached
-blocks — and runs again; if it still does not fit, its halves run apart, down to single requests,
-and only a request that fits in no batch is answered 507. It all happens on the event loop after the
-execution thread has returned: no except block, and so no traceback of the failed call, is alive."""
+"""Out-of-memory recovery, the one policy for loads and executions alike. An attempt that runs out of
+device memory gets one recovery — the registry evicts idle models until the failed allocation fits
+and drops cached blocks — and runs again; a batch that still does not fit runs in halves, down to
+single requests, and only a request that fits in no batch is answered 507 (a load is not divisible:
+it fails). It all happens on the event loop after the thread that failed has returned: no except
+block, and so no traceback of the failed call, is alive."""
 
 from typing import Callable
 
