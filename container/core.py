@@ -14,10 +14,7 @@ import gevent
 from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound, ServeError
 from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
-from container.models.overrides import build_override
 from container.models.registry import Model, Registry, State
-from container.models.s3 import is_s3
-from container.models.source import resolve_url
 from container.models.statistics import Statistics
 from container.scheduling import new_job, scheduler_for
 from container.tensors import decoded_size
@@ -220,15 +217,12 @@ class Core:
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Model:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
         directory with that config and `files` (path → content; all of its files when given any)."""
-        directory = None
         if files:
             self._check_upload(name)
+        directory = None
         if config is not None:
-            if not files and is_s3(self.model_root):
-                raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
-            base = None if files else resolve_url(self.model_root, self.locate(name))
             try:
-                directory = gevent.get_hub().threadpool.apply(build_override, (config, files or {}, base))
+                directory = self._registry.override(name, config, files or {})
             except InvalidRequest as exc:  # a client's mistake: one line, in Triton's words, no traceback
                 log.warning("Invalid config override", extra={"fields": {"model": name, "error": str(exc)}})
                 raise

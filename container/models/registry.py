@@ -21,6 +21,7 @@ from container.errors import (
     Forbidden,
     InsufficientMemory,
     InvalidModel,
+    InvalidRequest,
     ModelConflict,
     ModelNotFound,
     Unavailable,
@@ -29,6 +30,7 @@ from container.limits import Limits
 from container.models.cache import MemoryCache, total_by_device
 from container.models.config import instance_count
 from container.models.downloads import DownloadCache
+from container.models.overrides import build_override
 from container.models.recovery import execute
 from container.models.s3 import S3Url, is_s3
 from container.models.signature import Signature
@@ -218,6 +220,14 @@ class Registry:
         if is_s3(self.model_root):
             return self._pool.apply(self.downloads.s3.entries, (S3Url.parse(self.model_root),))
         return repository_entries(self.model_root)
+
+    def override(self, name: str, config: str, files: dict[str, bytes]) -> Path:
+        """A scratch copy of the repository's model `name` with `config` (Triton's JSON) as its config, or
+        a directory of `files` alone when given any; `load(directory=…)` takes it over."""
+        if not files and is_s3(self.model_root):
+            raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
+        base = None if files else resolve_url(self.model_root, self.locate(name))
+        return self._pool.apply(build_override, (config, files, base))
 
     def locate(self, name: str) -> str:
         """The url of the repository entry `name` (an S3 root finds its archive when it fetches it)."""
