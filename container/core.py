@@ -11,15 +11,16 @@ from typing import Callable
 
 import gevent
 
-from container.errors import Forbidden, InsufficientMemory, InvalidModel, InvalidRequest, ModelNotFound, ServeError
+from container.errors import Forbidden, InsufficientMemory, InvalidRequest, ModelNotFound, ServeError, Unavailable
 from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
 from container.models.registry import Model, Registry, State
+from container.models.signature import Signature
 from container.models.statistics import Statistics
 from container.scheduling import new_job, scheduler_for
 from container.tensors import decoded_size
 
-__all__ = ["Core", "IndexEntry", "Model", "State"]
+__all__ = ["Core", "IndexEntry", "Lease", "Model", "State"]
 log = logging.getLogger(__name__)
 
 
@@ -34,23 +35,42 @@ class IndexEntry:
 
 
 class Lease:
-    """A model held for one request: counted with its scheduler (a batcher waits for requests on their
-    way), neither evicted nor unloaded until the request ends. A class, not a generator: it is on every
-    request's path."""
+    """A model held for one request and resolved once: the model, the version the request names (the
+    latest when it names none), counted with its scheduler (a batcher waits for requests on their way),
+    neither evicted nor unloaded until the request ends. `with core.lease(…) as lease`. A class, not a
+    generator: it is on every request's path."""
 
-    __slots__ = ("registry", "model", "client")
+    __slots__ = ("registry", "model", "version", "client")
 
-    def __init__(self, registry: Registry, model: Model, client: Client | None):
-        self.registry, self.model, self.client = registry, model, client
+    def __init__(self, registry: Registry, model: Model, version: int, client: Client | None):
+        self.registry, self.model, self.version, self.client = registry, model, version, client
 
-    def __enter__(self) -> Model:
+    def __enter__(self) -> "Lease":
         self.registry.hold(self.model)
         self.model.scheduler.request_arrived(self.client)
-        return self.model
+        return self
 
     def __exit__(self, *exc) -> None:
         self.model.scheduler.request_left(self.client)
         self.registry.release(self.model)
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def takes_tensors(self) -> bool:
+        """A model with a Triton signature; else a SageMaker handler model, which takes a request body."""
+        return self.model.signature is not None
+
+    @property
+    def signature(self) -> Signature:
+        """The tensors the model takes and gives; a handler model has none, and a tensor request to one
+        is refused here, for every protocol."""
+        if self.model.signature is None:
+            raise InvalidRequest(f"model '{self.model.name}' is a SageMaker handler model: it takes a request body "
+                                 f"(POST /models/{self.model.name}/invoke), not tensors")
+        return self.model.signature
 
 
 class Core:
@@ -68,29 +88,43 @@ class Core:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def lease(self, name: str, not_found: Callable[[str], Exception] | None = None,
-              client: Client | None = None) -> "Lease":
-        """The ready model `name`, to hold for one request (`with core.lease(name) as model`). A miss
-        raises `not_found(name)`, a front-end's own words for it (default: ModelNotFound). `client`: the
-        connection it came on, so that a batcher may wait for that client's next request."""
+    def lease(self, name: str, version: int | None = None, *, not_found: Callable[..., Exception] | None = None,
+              client: Client | None = None) -> Lease:
+        """The ready model `name` at `version` (None: its latest), to hold for one request. A miss raises
+        `not_found(name)`, or `not_found(name, version)` for a version it does not serve: a front-end's own
+        words for it (default: ModelNotFound). `client`: the connection the request came on, so that a
+        batcher may wait for that client's next request."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
             raise (not_found or _not_loaded)(name)
-        return Lease(self._registry, model, client)
+        if version is None:
+            version = max(model.versions)
+        elif version not in model.versions:
+            raise (not_found or _not_loaded)(name, version)
+        return Lease(self._registry, model, version, client)
 
-    def infer(self, model: Model, request: InferRequest) -> InferResponse:
-        """Tensors in, tensors out, through the leased `model`'s scheduler."""
-        if model.signature is None:
-            raise InvalidModel(f"model '{model.name}' is a SageMaker handler model; invoke it with a request body")
-        version = model.version(request.model_version)
+    def lease_loading(self, name: str, url: str, client: Client | None = None) -> Lease:
+        """`lease(name)`, loading `url` as `name` first when it is not loaded (concurrent first uses share
+        one load). A model evicted or unloaded after its load and before this request could hold it is
+        loaded again: the caller asked for exactly that."""
+        for _ in range(3):
+            model = self.ensure_loaded(name, url)
+            if self.model_is_current(model):  # nothing yields from here until the lease holds it
+                return Lease(self._registry, model, max(model.versions), client)
+        raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
+
+    def infer(self, lease: Lease, request: InferRequest) -> InferResponse:
+        """Tensors in, tensors out, through the leased model's scheduler: the inputs checked against its
+        signature here, for every protocol."""
+        model, version, signature = lease.model, lease.version, lease.signature
         backend, statistics = model.versions[version], model.statistics[version]
         start = time.perf_counter_ns()
         try:
             self.limits.check_decoded(decoded_size(request.inputs.values()))
-            model.signature.check_inputs(request.inputs)
+            signature.check_inputs(request.inputs)
             if request.outputs:
-                model.signature.check_outputs(request.outputs)
-            items = next(iter(request.inputs.values())).shape[0] if model.signature.max_batch_size else 1
+                signature.check_outputs(request.outputs)
+            items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
             outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
         except BaseException as exc:
             self._failed(statistics, start, exc)
@@ -99,9 +133,9 @@ class Core:
         self._registry.settle(model)
         return InferResponse(model.name, version, outputs)
 
-    def transform(self, model: Model, request: TransformRequest):
-        """A request body through the leased SageMaker handler `model`; returns its backend's response."""
-        version = model.version()
+    def transform(self, lease: Lease, request: TransformRequest):
+        """A request body through the leased SageMaker handler model; returns its backend's response."""
+        model, version = lease.model, lease.version
         transform, statistics = model.versions[version].transform, model.statistics[version]
         args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
         start = time.perf_counter_ns()
@@ -279,5 +313,7 @@ def _close_when_gone(model: Model, scheduler) -> None:
     scheduler.close()
 
 
-def _not_loaded(name: str) -> ModelNotFound:
+def _not_loaded(name: str, version: int | None = None) -> ModelNotFound:
+    if version is not None:
+        return ModelNotFound(f"model '{name}' has no version {version}")
     return ModelNotFound(f"model '{name}' is not loaded")

@@ -8,9 +8,9 @@ import numpy as np
 
 @dataclass
 class InferRequest:
-    model_name: str
+    """Tensors for the model and version a lease resolved (core.Lease)."""
+
     inputs: dict[str, np.ndarray]
-    model_version: int | None = None  # None: the latest served version
     outputs: list[str] | None = None  # None: every output
     parameters: dict = field(default_factory=dict)
 
@@ -26,7 +26,6 @@ class InferResponse:
 class TransformRequest:
     """A request body for a SageMaker handler model, which decodes it itself."""
 
-    model_name: str
     body: bytes
     content_type: str | None  # one media type, lower-case, without parameters; None when absent
     accept: str | None  # the Accept header as sent

@@ -8,8 +8,8 @@ from container import content
 from container.api import invoke_codec, offload
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.core import Core
-from container.errors import InvalidRequest, ModelNotFound, Unavailable
+from container.core import Core, Lease
+from container.errors import InvalidRequest, Unavailable
 from container.inference import InferRequest, TransformRequest
 from container.limits import check_name, whole_number
 from container.settings import Settings
@@ -80,39 +80,36 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
 
 
 def _invoke_on_demand(core: Core, request: Request, default_accept: str) -> Response:
-    """Load the target on first use. A target evicted or unloaded between its load and its request's
-    lease is loaded again: the platform sent the request expecting exactly that."""
-    for _ in range(3):
-        model = core.ensure_loaded(request.model, request.model)
-        try:
-            return serve_invoke(core, request, default_accept)
-        except ModelNotFound:
-            if core.model_is_current(model):
-                raise  # not a race: the model is there and serving
-    raise Unavailable(f"model '{request.model}' was evicted three times before it could serve; retry")
+    """Load the target on first use, and invoke it."""
+    with core.lease_loading(request.model, request.model, request.client) as lease:
+        return _invoke(core, lease, request, default_accept)
 
 
 def serve_invoke(core: Core, request: Request, default_accept: str) -> Response:
-    """One invoke of `request.model`: a handler model gets the body as is; a tensor model's body is
-    decoded for its inputs and its outputs encoded as the Accept header asks (`default_accept` for
-    none or `*/*`)."""
-    name, body = request.model, request.body
+    """One invoke of the loaded `request.model`."""
+    with core.lease(request.model, client=request.client) as lease:
+        return _invoke(core, lease, request, default_accept)
+
+
+def _invoke(core: Core, lease: Lease, request: Request, default_accept: str) -> Response:
+    """A handler model gets the body as is; a tensor model's body is decoded for its inputs and its
+    outputs encoded as the Accept header asks (`default_accept` for none or `*/*`)."""
+    body = request.body
     attributes = request.header(CUSTOM_ATTRIBUTES)
     if attributes is not None:
-        log.info("custom attributes", extra={"fields": {"model": name, "custom_attributes": attributes,
+        log.info("custom attributes", extra={"fields": {"model": lease.name, "custom_attributes": attributes,
                                                          "request_id": request.request_id}})
     accept = request.header("accept")
-    with core.lease(name, client=request.client) as model:
-        if model.signature is None:
-            media_type = content.media_type(request.header("content-type"), default=None)
-            transform = TransformRequest(name, body, media_type, accept, _titled(request.headers), request.request_id)
-            response = core.transform(model, transform)
-            return Response(response.body, response.content_type, response.status, dict(response.headers))
-        response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
-        inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
-                                       content.media_type(request.header("content-type")), model.signature)
-        outputs = core.infer(model, InferRequest(name, inputs)).outputs
-        return Response(offload.encode(invoke_codec.encode, outputs, response_type, envelope), response_type)
+    if not lease.takes_tensors:
+        media_type = content.media_type(request.header("content-type"), default=None)
+        transform = TransformRequest(body, media_type, accept, _titled(request.headers), request.request_id)
+        response = core.transform(lease, transform)
+        return Response(response.body, response.content_type, response.status, dict(response.headers))
+    response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
+    inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
+                                   content.media_type(request.header("content-type")), lease.signature)
+    outputs = core.infer(lease, InferRequest(inputs)).outputs
+    return Response(offload.encode(invoke_codec.encode, outputs, response_type, envelope), response_type)
 
 
 def _titled(headers: dict[str, str]) -> dict[str, str]:

@@ -42,20 +42,22 @@ def tfserving_routes(core: Core) -> list[Route]:
     def run(verb: str):
         def serve(request: Request) -> Response:
             name = request.params["name"]
-            with core.lease(name, lambda _: _servable_not_found(request), request.client) as model:
-                version = _version(model, request)
-                body = request.body
+            asked = _version(core.describe(name, not_found=lambda _: _servable_not_found(request)), request) \
+                if "label" in request.params else _version_number(request)  # a label is the model's to resolve
+            with core.lease(name, asked, not_found=lambda _, *version: _servable_not_found(request, *version),
+                            client=request.client) as lease:
+                signature, body = lease.signature, request.body
                 heavy = offload.heavy(len(body))
                 document = offload.run(heavy, _parse, body)
-                _check_signature(model, document, verb)
+                _check_signature(signature, document, verb)
                 if verb == ":predict":
-                    inputs, key = offload.run(heavy, _predict_inputs, model.signature, document)
-                    outputs = core.infer(model, InferRequest(model.name, inputs, version)).outputs
+                    inputs, key = offload.run(heavy, _predict_inputs, signature, document)
+                    outputs = core.infer(lease, InferRequest(inputs)).outputs
                     return _answer(offload.encode(_predictions, outputs, key))
-                inputs = offload.run(heavy, _examples, document, model.signature)
-                outputs = core.infer(model, InferRequest(model.name, inputs, version)).outputs
+                inputs = offload.run(heavy, _examples, document, signature)
+                outputs = core.infer(lease, InferRequest(inputs)).outputs
                 encode = _regressions if verb == ":regress" else _classes
-                return _answer(offload.encode(encode, outputs, document, model))
+                return _answer(offload.encode(encode, outputs, document, lease.model))
         return serve
 
     bases = ["/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}"]
@@ -85,25 +87,32 @@ def _resolve(core: Core, request: Request, status: bool) -> tuple[Model, int]:
 
 
 def _version(model: Model, request: Request) -> int:
-    """The version a request's label or number names, or the latest; a predict request's version must be served."""
-    label, text = request.params.get("label"), request.params.get("version")
-    if label is not None:
-        if label not in model.version_labels:
-            raise InvalidRequest(f"Unrecognized servable version label: {label}")
-        version = model.version_labels[label]
-    elif text is not None:
-        version = whole_number(text)
-        if version is None:
-            raise InvalidRequest(f"Failed to convert version: {text} to numeric.")
-    else:
-        return max(model.versions)
-    if request.method == "POST" and version not in model.versions:
-        raise ModelNotFound(f"Servable not found for request: Specific({model.name}, {version})")
+    """The version a request's label or number names, or the latest."""
+    label = request.params.get("label")
+    if label is None:
+        number = _version_number(request)
+        return max(model.versions) if number is None else number
+    if label not in model.version_labels:
+        raise InvalidRequest(f"Unrecognized servable version label: {label}")
+    return model.version_labels[label]
+
+
+def _version_number(request: Request) -> int | None:
+    """The version number a request's path names (None: none)."""
+    text = request.params.get("version")
+    if text is None:
+        return None
+    version = whole_number(text)
+    if version is None:
+        raise InvalidRequest(f"Failed to convert version: {text} to numeric.")
     return version
 
 
-def _servable_not_found(request: Request) -> ModelNotFound:
-    return ModelNotFound(f"Servable not found for request: Latest({request.params['name']})")
+def _servable_not_found(request: Request, version: int | None = None) -> ModelNotFound:
+    name = request.params["name"]
+    if version is not None:
+        return ModelNotFound(f"Servable not found for request: Specific({name}, {version})")
+    return ModelNotFound(f"Servable not found for request: Latest({name})")
 
 
 def _status(model: Model, version: int | None) -> dict:
@@ -162,9 +171,9 @@ def _parse(body: bytes) -> dict:
     return document
 
 
-def _check_signature(model: Model, document: dict, verb: str) -> None:
+def _check_signature(signature: Signature, document: dict, verb: str) -> None:
     name = document.get("signature_name") or DEFAULT_SIGNATURE[verb]
-    available = signatures(_tensor_signature(model))
+    available = signatures(signature)
     if not isinstance(name, str) or name not in available:
         raise InvalidRequest(f'Serving signature name: "{name}" not found in signature def')
     wanted = {":regress": REGRESS, ":classify": CLASSIFY}.get(verb)

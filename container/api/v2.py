@@ -102,28 +102,24 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
     """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers."""
     name, version = request.params["name"], request.params.get("version")
     number = _version(version)
-    with core.lease(name, lambda _: _unknown(core, name), request.client) as model:
-        if number is not None and number not in model.versions:
-            raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
-        if model.signature is None:
-            raise InvalidRequest(f"model '{name}' is a SageMaker handler model; invoke it through /models/{name}/invoke")
+    with core.lease(name, number, not_found=lambda _, *version: _unknown(core, name, *version), client=request.client) as lease:
+        signature = lease.signature
         header_length = request.header(v2_codec.HEADER_LENGTH)
         heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
         if header_length is not None and whole_number(header_length) == 0:
-            document, binary = v2_codec.raw_request(model.signature, len(body), model.name), memoryview(body)
+            document, binary = v2_codec.raw_request(signature, len(body), name), memoryview(body)
         else:
             document, binary = offload.run(heavy, v2_codec.split, body, header_length)
         parameters = _request_parameters(document)
-        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, model.signature, shared_memory, core.limits,
-                                model.name)
+        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, name)
         requested = v2_codec.requested_outputs(document)
         names = [r["name"] for r in requested] if requested else None
-        response = core.infer(model, InferRequest(name, inputs, number, names, parameters))
+        response = core.infer(lease, InferRequest(inputs, names, parameters))
         answer = {"model_name": name, "model_version": str(response.model_version)}
         if "id" in document:
             answer["id"] = document["id"]
-        return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False), model,
-                              shared_memory, answer)
+        return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False),
+                              lease.model, shared_memory, answer)
 
 
 def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory, answer: dict) -> tuple[bytes, dict]:
@@ -157,7 +153,10 @@ def _version(text: str | None) -> int | None:
     return number
 
 
-def _unknown(core: Core, name: str) -> ModelNotFound:
+def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound:
+    """Triton's words for a model, or a version of it, that cannot serve."""
+    if version is not None:
+        return ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
     return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
 
 
