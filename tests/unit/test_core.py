@@ -1,0 +1,172 @@
+"""The core facade and the registry under it, without a server: real TorchScript models loaded from a
+model root, a real memory cache, and greenlets that take turns where a request and a lifecycle change
+meet. Orders are decided by events (a held lease, a started greenlet), never by timing."""
+
+import functools
+
+import gevent
+import numpy as np
+import pytest
+
+from container.backends import HandlerOptions, load_backends
+from container.backends.pytorch import free_memory, release_memory
+from container.core import Core
+from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, ModelConflict, ModelNotFound
+from container.inference import InferRequest
+from container.models.cache import MemoryCache
+from container.models.registry import Registry, Runtime, State
+from container.scheduling import scheduler_for
+from tests.builders import Scale, fp32_model, handler_model, sized_model
+
+MIB = 1 << 20
+
+
+class Closings:
+    """scheduler_for, noting each scheduler it made and each one closed."""
+
+    def __init__(self):
+        self.made, self.closed = [], []
+
+    def __call__(self, name, *args, **kwargs):
+        scheduler = scheduler_for(name, *args, **kwargs)
+        close = scheduler.close
+
+        def closing():
+            self.closed.append(scheduler)
+            close()
+        scheduler.close = closing
+        self.made.append(scheduler)
+        return scheduler
+
+
+def make_core(root, budget: int = 1 << 34, schedulers=None) -> Core:
+    runtime = Runtime(functools.partial(load_backends, options=HandlerOptions()), release_memory, free_memory)
+    registry = Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime)
+    return Core(registry, schedulers or scheduler_for)
+
+
+def infer(core: Core, name: str, value: float, version: int | None = None) -> tuple[int, list]:
+    with core.lease(name, version) as lease:
+        response = core.infer(lease, InferRequest({"x": np.full((1, 4), value, np.float32)}))
+    return response.model_version, response.outputs["y"].tolist()
+
+
+def settle(greenlet_count: int = 20) -> None:
+    """Let every runnable greenlet take its turns."""
+    for _ in range(greenlet_count):
+        gevent.sleep(0)
+
+
+def test_a_lease_resolves_the_version_once_and_infer_runs_it(tmp_path):
+    fp32_model(tmp_path, "m", versions=(1, 3), version_policy={"all": {}})
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    assert infer(core, "m", 1.0) == (3, [[2.0] * 4])  # the latest
+    assert infer(core, "m", 1.0, version=1) == (1, [[2.0] * 4])
+    with pytest.raises(ModelNotFound, match="model 'm' has no version 2"):
+        core.lease("m", 2)
+    with pytest.raises(ModelNotFound, match="model 'absent' is not loaded"):
+        core.lease("absent")
+
+
+def test_a_front_end_words_each_miss_itself(tmp_path):
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    words = lambda name, *version: ModelNotFound(f"{name} {version}")  # noqa: E731
+    with pytest.raises(ModelNotFound, match=r"^m \(7,\)$"):
+        core.lease("m", 7, not_found=words)
+    with pytest.raises(ModelNotFound, match=r"^other \(\)$"):
+        core.lease("other", not_found=words)
+
+
+def test_a_handler_model_refuses_tensors_in_one_place(tmp_path):
+    handler_model(tmp_path, "h", module=Scale())
+    core = make_core(tmp_path)
+    core.load("h", "h")
+    try:
+        with core.lease("h") as lease:
+            assert not lease.takes_tensors
+            with pytest.raises(InvalidRequest, match="SageMaker handler model: it takes a request body"):
+                core.infer(lease, InferRequest({"x": np.ones((1, 4), np.float32)}))
+    finally:
+        core.unload("h")
+
+
+def test_an_unload_waits_for_the_lease_and_then_closes_the_scheduler(tmp_path):
+    fp32_model(tmp_path, "m")
+    closings = Closings()
+    core = make_core(tmp_path, schedulers=closings)
+    core.load("m", "m")
+    with core.lease("m") as lease:
+        unloading = gevent.spawn(core.unload, "m")
+        settle()
+        assert not unloading.ready() and core.state("m") is State.UNLOADING
+        assert lease.model.versions, "the model was freed under its lease"
+    unloading.get(timeout=30)
+    settle()
+    assert closings.closed == closings.made and len(closings.made) == 1
+    assert core.state("m") is None
+
+
+def test_a_config_the_scheduler_refuses_fails_the_load_and_frees_it(tmp_path):
+    fp32_model(tmp_path, "bad", dynamic_batching={"priority_levels": 2, "default_priority_level": 3})
+    core = make_core(tmp_path)
+    with pytest.raises(InvalidModel, match="default_priority_level must be within 1..2"):
+        core.load("bad", "bad")
+    assert core.state("bad") is None and "default_priority_level" in core.failure("bad")
+    assert core.memory()["cpu"][1] == 0
+
+
+def test_a_reload_serves_the_old_copy_until_the_new_one_serves(tmp_path):
+    fp32_model(tmp_path, "m")
+    closings = Closings()
+    core = make_core(tmp_path, schedulers=closings)
+    old = core.load("m", "m")
+    with core.lease("m") as lease:
+        reloading = gevent.spawn(core.reload, "m")
+        with gevent.Timeout(30):
+            while core.model_is_current(old):  # the new copy loads on threads
+                gevent.sleep(0.01)
+        # the new copy takes new requests; the old one finishes this one before it is freed
+        assert infer(core, "m", 2.0)[1] == [[4.0] * 4]
+        assert lease.model is old and old.state is State.UNLOADING and old.versions and not reloading.ready()
+    new = reloading.get(timeout=30)
+    settle()
+    assert new is not old and core.model_is_current(new) and not core.model_is_current(old)
+    assert closings.closed == [closings.made[0]]
+    assert infer(core, "m", 2.0)[1] == [[4.0] * 4]
+
+
+def test_concurrent_first_uses_share_one_load(tmp_path):
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    leases = [gevent.spawn(core.lease_loading, "m", "m") for _ in range(3)]
+    models = {lease.get(timeout=30).model for lease in leases}
+    assert len(models) == 1 and core.counters.loads == 1
+    assert (core.counters.misses, core.counters.hits) == (1, 2)
+
+
+def test_a_second_load_of_a_name_is_a_conflict(tmp_path):
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    with pytest.raises(ModelConflict, match="already loaded"):
+        core.load("m", "m")
+
+
+def test_a_load_evicts_the_idle_model_it_needs_room_from_and_never_a_leased_one(tmp_path):
+    sized_model(tmp_path, "first", 24)
+    sized_model(tmp_path, "second", 24)
+    closings = Closings()
+    core = make_core(tmp_path, budget=40 * MIB, schedulers=closings)
+    first = core.load("first", "first")
+    with core.lease("first"):
+        with pytest.raises(InsufficientMemory):
+            core.load("second", "second")  # the only model that could make room is in use
+    assert core.model_is_current(first) and core.failure("second")
+    core.load("second", "second")
+    settle()
+    assert core.state("first") is None and first.gone.is_set()
+    assert closings.made[0] in closings.closed
+    assert [m.name for m in core.ready()] == ["second"]
