@@ -130,7 +130,7 @@ class Core:
             self._failed(statistics, start, exc)
             raise
         statistics.record_success(items, time.perf_counter_ns() - start, phases)
-        self._registry.settle(model)
+        self._registry.remeasure(model)
         return InferResponse(model.name, version, outputs)
 
     def transform(self, lease: Lease, request: TransformRequest):
@@ -145,7 +145,7 @@ class Core:
             self._failed(statistics, start, exc)
             raise
         statistics.record_success(1, time.perf_counter_ns() - start, phases)
-        self._registry.settle(model)
+        self._registry.remeasure(model)
         return result
 
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
@@ -157,7 +157,7 @@ class Core:
 
     # -- descriptions ------------------------------------------------------------------------------
 
-    def describe(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Model:
+    def ready_model(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Model:
         """The ready model `name`, to read; a miss raises `not_found(name)` (default: ModelNotFound)."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
@@ -275,7 +275,7 @@ class Core:
     def ensure_loaded(self, name: str, url: str) -> Model:
         """The model under `name`, loading it on first use; concurrent first uses share one load. A
         model being unloaded or evicted is waited for, then loaded again."""
-        model = self._registry.settled(name)
+        model = self._registry.current(name)
         if model is None:
             self.counters.misses += 1
             return self.load(name, url)

@@ -68,7 +68,7 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     if kind in "OSU":
         raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got strings")
     if kind not in "biuf":  # complex would lose its imaginary part; dates, records and raw bytes mean nothing
-        raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got {_describe(array.dtype)} values")
+        raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got {_kind_of(array.dtype)} values")
     if kind == "f" and target.kind in "iub":
         raise InvalidInput(f"input '{name}' is {datatype}: got floating-point values")
     if kind in "iu" and target.kind == "b":
@@ -108,7 +108,7 @@ def to_bytes_array(array: np.ndarray, name: str = "") -> np.ndarray:
     return out.reshape(array.shape)
 
 
-def _describe(dtype: np.dtype) -> str:
+def _kind_of(dtype: np.dtype) -> str:
     names = {"c": "complex", "M": "datetime", "m": "timedelta", "V": "structured or raw", "O": "mixed or null"}
     return names.get(dtype.kind, str(dtype))
 

@@ -1,5 +1,5 @@
 """The one error renderer: every failure, ours or the framework's, becomes a status and a message
-(`describe`), written as `{"error": "…"}` — in each protocol's own spelling of that document."""
+(`error_answer`), written as `{"error": "…"}` — in each protocol's own spelling of that document."""
 
 import functools
 import logging
@@ -13,7 +13,7 @@ from container.errors import ServeError, Unavailable
 log = logging.getLogger(__name__)
 
 
-def describe(exc: Exception, method: str, path: str, request_id: str | None) -> tuple[int, str, dict]:
+def error_answer(exc: Exception, method: str, path: str, request_id: str | None) -> tuple[int, str, dict]:
     """(status, message, headers) for any exception raised while serving a request."""
     if isinstance(exc, ServeError):
         if exc.status >= 500 and not isinstance(exc, Unavailable):  # 503s are states, not faults

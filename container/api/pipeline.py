@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 import orjson
 
 from container import content
-from container.api.errors import describe, status_line
+from container.api.errors import error_answer, status_line
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
 from container.errors import Forbidden, PayloadTooLarge
@@ -84,7 +84,7 @@ class Dispatcher:
                 raise self.too_large(request.oversize)
             response = match.route.handler(request)
         except Exception as exc:
-            status, message, headers = describe(exc, request.method, request.path, request.request_id)
+            status, message, headers = error_answer(exc, request.method, request.path, request.request_id)
             body = self.routes.error_body(request.path)(message)
             response = Response(body, content.JSON, status, headers)
         response.headers[REQUEST_ID] = request.request_id

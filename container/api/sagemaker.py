@@ -32,7 +32,7 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
 
     def load_model(request: Request) -> Response:
         name, url = _load_body(request.body)
-        return Response.json(_describe(core.load(name, url)))
+        return Response.json(_model_entry(core.load(name, url)))
 
     def list_models(request: Request) -> Response:
         models, args = core.ready(), request.args()
@@ -41,13 +41,13 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         if token:
             start = _decode_token(token)
             models = [m for m in models if m.name >= start]
-        page = {"models": [_describe(m) for m in models[:limit]]}
+        page = {"models": [_model_entry(m) for m in models[:limit]]}
         if len(models) > limit:
             page["nextPageToken"] = base64.urlsafe_b64encode(models[limit].name.encode()).decode()
         return Response.json(page)
 
     def get_model(request: Request) -> Response:
-        return Response.json(_describe(core.describe(request.params["name"])))
+        return Response.json(_model_entry(core.ready_model(request.params["name"])))
 
     def unload_model(request: Request) -> Response:
         name = request.params["name"]
@@ -117,7 +117,7 @@ def _titled(headers: dict[str, str]) -> dict[str, str]:
     return {name.title(): value for name, value in headers.items()}
 
 
-def _describe(model) -> dict:
+def _model_entry(model) -> dict:
     return {"modelName": model.name, "modelUrl": model.url}
 
 

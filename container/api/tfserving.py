@@ -42,7 +42,7 @@ def tfserving_routes(core: Core) -> list[Route]:
     def run(verb: str):
         def serve(request: Request) -> Response:
             name = request.params["name"]
-            asked = _version(core.describe(name, not_found=lambda _: _servable_not_found(request)), request) \
+            asked = _version(core.ready_model(name, not_found=lambda _: _servable_not_found(request)), request) \
                 if "label" in request.params else _version_number(request)  # a label is the model's to resolve
             with core.lease(name, asked, not_found=lambda _, *version: _servable_not_found(request, *version),
                             client=request.client) as lease:
@@ -78,7 +78,7 @@ def _resolve(core: Core, request: Request, status: bool) -> tuple[Model, int]:
         raise InvalidRequest(f"Malformed request: {request.method} {request.path}")
     missing = (lambda _: ModelNotFound(f"Could not find any versions of model {name}")) if status else \
         (lambda _: _servable_not_found(request))
-    model = core.describe(name, not_found=missing)
+    model = core.ready_model(name, not_found=missing)
     version = _version(model, request)
     if version not in model.versions:
         raise ModelNotFound(f"Could not find version {version} of model {name}" if status

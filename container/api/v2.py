@@ -136,7 +136,7 @@ def _model(core: Core, request: Request, default_latest: bool = True) -> tuple[M
     """The model and the version a request's path names; a miss in Triton's words, which Triton's clients match."""
     name = request.params["name"]
     number = _version(request.params.get("version"))
-    model = core.describe(name, not_found=lambda _: _unknown(core, name))
+    model = core.ready_model(name, not_found=lambda _: _unknown(core, name))
     if number is None:
         return model, model.version() if default_latest else None
     if number not in model.versions:

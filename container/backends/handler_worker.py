@@ -181,7 +181,7 @@ def _death(exit_code: int | None) -> str:
     return f"exited with code {exit_code}"
 
 
-def _describe(exc: BaseException) -> tuple:
+def _error_reply(exc: BaseException) -> tuple:
     """An exception as plain values, for the parent to raise again."""
     if isinstance(exc, DeviceOutOfMemory):
         return type(exc).__name__, str(exc), exc.status, (exc.device, exc.requested)
@@ -216,7 +216,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         footprint.reset_host_peak()  # from here, the high-water mark is what requests add
         loaded = ("ok", model.device_bytes())
     except BaseException as exc:
-        _send(connection, ("error", _describe(exc)))
+        _send(connection, ("error", _error_reply(exc)))
         return
     if not _send(connection, loaded):
         return
@@ -230,7 +230,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         try:
             reply = ("ok", (model.transform(*request), model.device_bytes()))
         except Exception as exc:
-            reply = ("error", _describe(exc))
+            reply = ("error", _error_reply(exc))
             fault = isinstance(exc, DeviceFault)
             out_of_memory = isinstance(exc, DeviceOutOfMemory)
         else:

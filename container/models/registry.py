@@ -40,7 +40,7 @@ from container.models.statistics import Statistics
 log = logging.getLogger(__name__)
 # A model's first requests are charged again afterwards: backends measure the activation peak of their
 # first executions (backends/footprint.py), so what a model costs settles only then.
-_SETTLING_REQUESTS = 8
+_REMEASURED_REQUESTS = 8
 
 
 class State(enum.Enum):
@@ -70,7 +70,7 @@ class Model:
     loaded: AsyncResult = field(default_factory=AsyncResult)
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
     placement: str = ""  # why the model runs where it runs, when not where its config asks
-    settling: int = _SETTLING_REQUESTS  # requests left after which its memory is charged again
+    remeasures: int = _REMEASURED_REQUESTS  # requests left after which its memory is charged again
     download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
     uploaded: bool = False  # built from a client's files, not from the model root
     replaces: "Model | None" = None  # while a reload loads: the copy serving the name meanwhile
@@ -147,7 +147,7 @@ class Registry:
     def _load_named(self, name: str, url: str, reload: bool, directory: Path | None, uploaded: bool) -> Model:
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
-        current = self.settled(name)
+        current = self.current(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
             raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
@@ -197,7 +197,7 @@ class Registry:
         self._discard(model)
         model.loaded.set_exception(exc)
 
-    def settled(self, name: str) -> Model | None:
+    def current(self, name: str) -> Model | None:
         """The model under `name` once any unload or eviction of it has finished: a load racing one
         waits for it instead of answering 409."""
         model = self.models.get(name)
@@ -301,12 +301,12 @@ class Registry:
             model.output_labels = source.layout.output_labels
         model.statistics = {version: Statistics() for version in backends}
 
-    def settle(self, model: Model) -> None:
+    def remeasure(self, model: Model) -> None:
         """While the model's cost settles, charge what its backends measure now. A model that grew past
         the budget makes room like a load; with no room it stays charged its true size, over budget."""
-        if model.settling <= 0 or model.state is not State.READY:
+        if model.remeasures <= 0 or model.state is not State.READY:
             return
-        model.settling -= 1
+        model.remeasures -= 1
         # on a thread: a handler model's worker is measured through /proc, milliseconds the hub must not wait
         sizes = self._pool.apply(_memory, (list(model.versions.values()),))
         if sizes == self.cache.size_of(model):

@@ -17,7 +17,7 @@ class TensorSpec:
     shape: tuple[int, ...]  # with a leading -1 when the model batches
     reshape: tuple[int, ...] | None = None  # the shape the model itself sees or makes (config `reshape`), batch excluded
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return f"{self.datatype}{list(self.shape)}"
 
 
@@ -108,7 +108,7 @@ class Signature:
 
     @staticmethod
     def _names(specs) -> str:
-        return ", ".join(f"'{s.name}' {s.describe()}" for s in specs)
+        return ", ".join(f"'{s.name}' {s.summary()}" for s in specs)
 
 
 def _control(name: str, control, spec) -> ControlSpec:

@@ -166,14 +166,14 @@ class DynamicBatcher(Scheduler):
             return
         job.stage = Stage.DONE
         if not self.preserve_ordering:
-            _settle(job, outcome, ok)
+            _fulfil(job, outcome, ok)
             return
         self._finished[job.order] = (job, outcome, ok)
         while self._pending and self._pending[0] in self._finished:
-            _settle(*self._finished.pop(self._pending.pop(0)))
+            _fulfil(*self._finished.pop(self._pending.pop(0)))
 
 
-def _settle(job: Job, outcome, ok: bool) -> None:
+def _fulfil(job: Job, outcome, ok: bool) -> None:
     if job.result.ready() or outcome is None:  # a job whose client gave up has nobody to answer
         return
     if ok:

@@ -51,7 +51,7 @@ def infer(core: Core, name: str, value: float, version: int | None = None) -> tu
     return response.model_version, response.outputs["y"].tolist()
 
 
-def settle(greenlet_count: int = 20) -> None:
+def take_turns(greenlet_count: int = 20) -> None:
     """Let every runnable greenlet take its turns."""
     for _ in range(greenlet_count):
         gevent.sleep(0)
@@ -100,11 +100,11 @@ def test_an_unload_waits_for_the_lease_and_then_closes_the_scheduler(tmp_path):
     core.load("m", "m")
     with core.lease("m") as lease:
         unloading = gevent.spawn(core.unload, "m")
-        settle()
+        take_turns()
         assert not unloading.ready() and core.state("m") is State.UNLOADING
         assert lease.model.versions, "the model was freed under its lease"
     unloading.get(timeout=30)
-    settle()
+    take_turns()
     assert closings.closed == closings.made and len(closings.made) == 1
     assert core.state("m") is None
 
@@ -132,7 +132,7 @@ def test_a_reload_serves_the_old_copy_until_the_new_one_serves(tmp_path):
         assert infer(core, "m", 2.0)[1] == [[4.0] * 4]
         assert lease.model is old and old.state is State.UNLOADING and old.versions and not reloading.ready()
     new = reloading.get(timeout=30)
-    settle()
+    take_turns()
     assert new is not old and core.model_is_current(new) and not core.model_is_current(old)
     assert closings.closed == [closings.made[0]]
     assert infer(core, "m", 2.0)[1] == [[4.0] * 4]
@@ -166,7 +166,7 @@ def test_a_load_evicts_the_idle_model_it_needs_room_from_and_never_a_leased_one(
             core.load("second", "second")  # the only model that could make room is in use
     assert core.model_is_current(first) and core.failure("second")
     core.load("second", "second")
-    settle()
+    take_turns()
     assert core.state("first") is None and first.gone.is_set()
     assert closings.made[0] in closings.closed
     assert [m.name for m in core.ready()] == ["second"]
