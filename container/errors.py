@@ -7,12 +7,14 @@ ServeError (500)
 ├── Forbidden (403)                     not this caller's to ask: a restricted API, model files, an S3 url
 │                                       outside the allowed roots; or the model's storage (S3) refused access
 ├── ModelNotFound (404)                 no such model is loaded (or no such version)
+├── RegionNotFound (404)                no shared-memory region of that name is registered
 ├── SourceNotFound (404)                the url to load from does not exist
 ├── ModelConflict (409)                 the name is already loaded or loading
 ├── PayloadTooLarge (413)
 ├── UnsupportedMediaType (415)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
+│   └── QueueTimeout (503)              a request waited out its queue timeout, or for a sequence slot
 ├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
@@ -54,6 +56,10 @@ class ModelNotFound(ServeError):
     status = 404
 
 
+class RegionNotFound(ServeError):
+    status = 404
+
+
 class SourceNotFound(ServeError):
     status = 404
 
@@ -77,6 +83,10 @@ class UnsupportedMediaType(ServeError):
 class Unavailable(ServeError):
     status = 503
     headers = {"Retry-After": "1"}
+
+
+class QueueTimeout(Unavailable):
+    pass
 
 
 class InsufficientMemory(ServeError):

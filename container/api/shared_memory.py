@@ -21,13 +21,9 @@ from container import content
 from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.errors import InvalidRequest, ServeError
+from container.errors import InvalidRequest, RegionNotFound
 
 SHM_ROOT = Path("/dev/shm")
-
-
-class RegionNotFound(ServeError):
-    status = 404
 
 
 @dataclass

@@ -15,13 +15,14 @@ import gevent
 from gevent import Timeout
 from gevent.lock import Semaphore
 
+from container.errors import QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, Stage, on_thread, run_batch, run_jobs
-from container.scheduling.queue import JobQueue, QueueTimeout
+from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
 

@@ -12,10 +12,6 @@ from container.scheduling.job import Job, Stage
 REJECT, DELAY = 0, 1  # ModelQueuePolicy.TimeoutAction
 
 
-class QueueTimeout(Unavailable):
-    """The request waited out its queue timeout and was not executed."""
-
-
 @dataclass(frozen=True)
 class Policy:
     max_queue_size: int = 0  # 0: unbounded

@@ -18,14 +18,13 @@ import gevent
 import numpy as np
 from gevent.lock import Semaphore
 
-from container.errors import InvalidRequest
+from container.errors import InvalidRequest, QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, run_jobs
-from container.scheduling.queue import QueueTimeout
 from container.tensors import datatype_of, numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds

@@ -10,14 +10,13 @@ import pytest
 from gevent.socket import wait_read
 from google.protobuf import json_format
 
-from container.errors import DeviceOutOfMemory, InvalidRequest, Unavailable
+from container.errors import DeviceOutOfMemory, InvalidRequest, QueueTimeout, Unavailable
 from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
-from container.scheduling.queue import QueueTimeout
 
 
 class HeldBackend:
