@@ -197,7 +197,7 @@ def in_process_calls_per_s(module, example, seconds: float = 2.0) -> float:
     import torch
 
     from container import resources
-    from container.backends.pytorch import configure_threads
+    from container.backends.torch_runtime import configure_threads
 
     configure_threads(resources.cpu_quota())
     with torch.inference_mode():

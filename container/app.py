@@ -24,7 +24,7 @@ from container.api.v2 import v2_routes
 from container.api.v2_repository import repository_routes
 from container.backends import HandlerOptions, load_backends
 from container.backends.gpus import Gpus
-from container.backends.pytorch import configure_threads, free_memory, release_memory, warm_up
+from container.backends.torch_runtime import configure_threads, free_memory, release_memory, warm_up
 from container.core import Core
 from container.logs import configure_logging
 from container.models.cache import MemoryCache

@@ -14,7 +14,7 @@ from sagemaker_inference.errors import BaseInferenceToolkitError
 from container import content
 from container.backends import handler_defaults
 from container.backends.handler_context import Context
-from container.backends.pytorch import device_error, last_line
+from container.backends.torch_runtime import device_error, last_line
 from container.errors import (
     HandlerError,
     InvalidModel,

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from container import content
-from container.backends.pytorch import load_torchscript
+from container.backends.torch_runtime import load_torchscript
 from container.errors import InvalidModel, InvalidRequest, ModelError, NotAcceptable, UnsupportedMediaType
 
 MODEL_SUFFIXES = (".pt", ".pth")

@@ -27,7 +27,7 @@ from gevent.monkey import get_original
 from container import content, errors
 from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
-from container.backends.pytorch import release_memory
+from container.backends.torch_runtime import release_memory
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
 from container.logs import configure_logging
 from container.models.cache import total_by_device

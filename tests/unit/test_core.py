@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from container.backends import HandlerOptions, load_backends
-from container.backends.pytorch import free_memory, release_memory
+from container.backends.torch_runtime import free_memory, release_memory
 from container.core import Core
 from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, ModelConflict, ModelNotFound
 from container.inference import InferRequest

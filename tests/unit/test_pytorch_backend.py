@@ -13,14 +13,8 @@ import torch
 
 from container import resources
 from container.backends.footprint import charged
-from container.backends.pytorch import (
-    Replicas,
-    TorchScriptModel,
-    configure_threads,
-    device_error,
-    guarded,
-    module_bytes,
-)
+from container.backends.pytorch import Replicas, TorchScriptModel
+from container.backends.torch_runtime import configure_threads, device_error, guarded, module_bytes
 from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
