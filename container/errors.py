@@ -10,7 +10,10 @@ ServeError (500)
 ├── RegionNotFound (404)                no shared-memory region of that name is registered
 ├── SourceNotFound (404)                the url to load from does not exist
 ├── ModelConflict (409)                 the name is already loaded or loading
+├── RequestTimeout (408)                the request head or body arrived too slowly (the HTTP worker's)
 ├── PayloadTooLarge (413)
+├── UriTooLong (414)                    the request line is past gunicorn's limit (the HTTP worker's)
+├── HeadersTooLarge (431)               too many header fields, or a field or the head too large
 ├── UnsupportedMediaType (415)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
@@ -72,8 +75,20 @@ class NotAcceptable(ServeError):
     status = 406
 
 
+class RequestTimeout(ServeError):
+    status = 408
+
+
 class PayloadTooLarge(ServeError):
     status = 413
+
+
+class UriTooLong(ServeError):
+    status = 414
+
+
+class HeadersTooLarge(ServeError):
+    status = 431
 
 
 class UnsupportedMediaType(ServeError):

@@ -9,8 +9,9 @@ the WSGI environ cost more CPU than the rest of a small request. gunicorn still 
 - Shutdown: on SIGTERM, connections idle between requests are closed at once, and the others right
   after their response; requests in flight still finish, and a request that still arrives (pipelined
   behind one in flight) is answered 503 with Retry-After.
-- Errors in the HTTP itself (a malformed request, a request line or headers past gunicorn's limits)
-  are answered in JSON like every other error, and the connection is closed.
+- Errors in the HTTP itself (a malformed request, a request line or headers past gunicorn's limits,
+  a head or body too slow, a body too large, a request at shutdown) are answered by the dispatcher
+  like every other error — its renderer, a request id, the access log — and the connection closed.
 - Slow and idle clients: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is
   closed; between requests the keep-alive timeout applies. A request head must arrive whole within
   SERVE_REQUEST_HEAD_TIMEOUT, and a body at SERVE_MIN_BODY_RATE on average (after a grace), else 408.
@@ -34,8 +35,9 @@ import httptools
 from gevent.monkey import get_original
 from gunicorn.workers.ggevent import GeventWorker
 
-from container.api.errors import json_error, status_line
-from container.api.pipeline import Request, Response, request_path
+from container.api.errors import status_line
+from container.api.pipeline import Body, Request, Response, request_path
+from container.errors import HeadersTooLarge, InvalidRequest, RequestTimeout, ServeError, Unavailable, UriTooLong
 from container.inference import Client
 from container.settings import Settings
 
@@ -86,14 +88,6 @@ class Worker(GeventWorker):
             _hang_up(sock)
 
 
-class _Refused(Exception):
-    """The request cannot be parsed or taken: answer `status` with `message` and close."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 class Connection:
     """One client connection: httptools calls the `on_*` methods as bytes arrive."""
 
@@ -116,9 +110,8 @@ class Connection:
         self._reset()
 
     def _reset(self) -> None:
-        self.url, self.headers, self.chunks, self.size = b"", {}, [], 0
+        self.url, self.headers, self.body = b"", {}, Body(self.max_body)
         self.fields = self.head_bytes = self.received = 0
-        self.oversize: int | None = None
         self.started = time.monotonic()
 
     # -- httptools callbacks -----------------------------------------------------------------------
@@ -130,14 +123,14 @@ class Connection:
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.max_line:
-            raise _Refused(414, f"Request Line is too large ({len(self.url)} > {self.max_line})")
+            raise UriTooLong(f"Request Line is too large ({len(self.url)} > {self.max_line})")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.fields += 1
         if self.fields > self.max_fields:
-            raise _Refused(431, f"the request has more than {self.max_fields} header fields")
+            raise HeadersTooLarge(f"the request has more than {self.max_fields} header fields")
         if len(name) + len(value) > self.max_field:
-            raise _Refused(431, f"header {name[:100].decode('latin-1')!r} is longer than {self.max_field} bytes")
+            raise HeadersTooLarge(f"header {name[:100].decode('latin-1')!r} is longer than {self.max_field} bytes")
         key, text = name.decode("latin-1").lower(), value.decode("latin-1")
         previous = self.headers.get(key)
         self.headers[key] = text if previous is None else f"{previous}, {text}"
@@ -146,26 +139,20 @@ class Connection:
         self.in_body, self.started = True, time.monotonic()
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise _Refused(413, str(self.dispatcher.too_large(int(length))))
+            raise self.dispatcher.too_large(int(length))
         if self.headers.get("expect", "").lower() == "100-continue":
             self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self.received += len(body)
-        if self.oversize is not None:
-            return
-        self.size += len(body)
-        if self.size > self.max_body:
-            self.oversize, self.chunks = 0, []
-            return
-        self.chunks.append(body)
+        self.body.add(body)
 
     def on_message_complete(self) -> None:
         self.in_message = self.in_body = False
         path, query = request_path(self.url)
         self.client.requests += 1
         request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
-                          b"".join(self.chunks), self.oversize, self.client)
+                          self.body.whole(), self.body.oversize, self.client)
         self.ready.append((request, self.parser.should_keep_alive()))
 
     # -- the connection ----------------------------------------------------------------------------
@@ -176,7 +163,7 @@ class Connection:
         while True:
             timeout, too_slow = self._deadline()
             if timeout <= 0:
-                self._refuse(408, too_slow)
+                self._refuse(RequestTimeout(too_slow))
                 return
             sock.settimeout(timeout)
             idle = not self.in_message
@@ -186,7 +173,7 @@ class Connection:
                 data = sock.recv(_RECEIVE)
             except socket.timeout:
                 if not idle:
-                    self._refuse(408, too_slow)
+                    self._refuse(RequestTimeout(too_slow))
                 return
             except OSError:  # the client went away, or was hung up on to make room
                 return
@@ -201,18 +188,15 @@ class Connection:
                 if in_head and self.in_message and not self.in_body:
                     self.head_bytes += len(data)  # httptools holds a header value whole until its line ends
                     if self.head_bytes > self.max_head:
-                        raise _Refused(431, f"the request head is larger than {self.max_head} bytes (SERVE_MAX_HEADER_BYTES)")
-            except _Refused as refusal:
-                self._refuse(refusal.status, str(refusal))
+                        raise HeadersTooLarge(f"the request head is larger than {self.max_head} bytes (SERVE_MAX_HEADER_BYTES)")
+            except ServeError as refusal:
+                self._refuse(refusal)
                 return
             except httptools.HttpParserUpgrade:
                 pass  # no protocol upgrades here: the request is answered, and the connection closed
             except httptools.HttpParserError as exc:
                 refusal = exc.__context__  # httptools wraps what a callback raised
-                if isinstance(refusal, _Refused):
-                    self._refuse(refusal.status, str(refusal))
-                else:
-                    self._refuse(400, f"malformed HTTP request: {exc}")
+                self._refuse(refusal if isinstance(refusal, ServeError) else InvalidRequest(f"malformed HTTP request: {exc}"))
                 return
             if not self._answer():
                 return
@@ -234,8 +218,8 @@ class Connection:
         while self.ready:
             request, keep_alive = self.ready.popleft()
             if not worker.alive:
-                self._refuse(503, "the server is shutting down; send the request again (to another instance)",
-                             {"Retry-After": "1"})
+                self._refuse(Unavailable("the server is shutting down; send the request again (to another instance)"),
+                             request)
                 return False
             response = self.dispatcher.serve(request)
             worker.nr += 1
@@ -249,11 +233,12 @@ class Connection:
             gevent.sleep(0)
         return True
 
-    def _refuse(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        """Answer `status` in JSON, and close the connection: first the sending side, then, for a
-        moment, read and drop what the client still sends (a body it was writing while refused), as
-        a client that sees its connection reset mid-write never reads the answer."""
-        self._send(Response(json_error(message), "application/json", status, headers), close=True)
+    def _refuse(self, refusal: ServeError, request: Request | None = None) -> None:
+        """Answer `refusal` through the dispatcher, as every answer goes (the request as far as it was
+        read, when it was not read whole), and close the connection: first the sending side, then, for a
+        moment, read and drop what the client still sends (a body it was writing while refused), as a
+        client that sees its connection reset mid-write never reads the answer."""
+        self._send(self.dispatcher.refuse(request or self._partial(), refusal), close=True)
         try:
             self.sock.shutdown(socket.SHUT_WR)
             deadline = time.monotonic() + _LINGER
@@ -264,6 +249,15 @@ class Connection:
                 gevent.sleep(0)  # a read that finds data does not yield: let the other connections run
         except OSError:
             pass
+
+    def _partial(self) -> Request:
+        """The request being read, as far as it arrived: for the access log and the error's spelling."""
+        try:
+            method = self.parser.get_method().decode("latin-1")
+        except httptools.HttpParserError:  # not even the method arrived
+            method = ""
+        path, query = request_path(self.url) if self.url else ("", "")
+        return Request(method, path, query, self.headers)
 
     def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
         body = response.body

@@ -14,12 +14,13 @@ from container import content
 from container.api.errors import error_answer, status_line
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
-from container.errors import Forbidden, PayloadTooLarge
+from container.errors import Forbidden, PayloadTooLarge, ServeError
 from container.inference import Client
 from container.settings import Restriction
 
 REQUEST_ID = "X-Request-Id"
 LIMIT_SETTING = "SAGEMAKER_MAX_PAYLOAD_IN_MB"
+_WSGI_CHUNK = 256 << 10
 
 
 class Request:
@@ -84,12 +85,24 @@ class Dispatcher:
                 raise self.too_large(request.oversize)
             response = match.route.handler(request)
         except Exception as exc:
-            status, message, headers = error_answer(exc, request.method, request.path, request.request_id)
-            body = self.routes.error_body(request.path)(message)
-            response = Response(body, content.JSON, status, headers)
+            response = self._error(request, exc)
         response.headers[REQUEST_ID] = request.request_id
         ACCESS_LOG.record(request, response.status, started)
         return response
+
+    def refuse(self, request: Request, exc: ServeError) -> Response:
+        """The answer to a request the HTTP worker would not take whole (a head too large or too slow, a
+        body past the limit, the server shutting down): rendered, identified and logged as any other."""
+        started = time.perf_counter()
+        request.request_id = request.headers.get("x-request-id") or next(self._request_ids)
+        response = self._error(request, exc)
+        response.headers[REQUEST_ID] = request.request_id
+        ACCESS_LOG.record(request, response.status, started)
+        return response
+
+    def _error(self, request: Request, exc: Exception) -> Response:
+        status, message, headers = error_answer(exc, request.method, request.path, request.request_id)
+        return Response(self.routes.error_body(request.path)(message), content.JSON, status, headers)
 
     def too_large(self, length: int) -> PayloadTooLarge:
         if length:
@@ -97,25 +110,54 @@ class Dispatcher:
         return PayloadTooLarge(f"the body is larger than {self.max_body} bytes ({LIMIT_SETTING})")
 
     def __call__(self, environ, start_response):
-        """WSGI: the same pipeline for any WSGI server."""
+        """WSGI: the same pipeline, and the same body reader, for any WSGI server."""
         headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items() if key.startswith("HTTP_")}
         for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
             if environ.get(key):
                 headers[key.replace("_", "-").lower()] = environ[key]
-        length = environ.get("CONTENT_LENGTH")
-        oversize = None
-        if length and int(length) > self.max_body:
-            body, oversize = b"", int(length)
-        else:
-            body = environ["wsgi.input"].read(int(length) if length else self.max_body + 1)
-            if len(body) > self.max_body:
-                body, oversize = b"", 0
+        length = int(environ["CONTENT_LENGTH"]) if environ.get("CONTENT_LENGTH") else None
+        body = Body(self.max_body, length)
+        if body.oversize is None:
+            _read_wsgi(environ["wsgi.input"], length, body)
         path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
-        request = Request(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""), headers, body, oversize)
+        request = Request(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""), headers, body.whole(),
+                          body.oversize)
         response = self.serve(request)
         response.headers["Content-Length"] = str(len(response.body))
         start_response(status_line(response.status), list(response.headers.items()))
         return [b"" if request.method == "HEAD" else response.body]
+
+
+class Body:
+    """A request body as it arrives, kept whole up to the limit; past it, what still comes is dropped
+    and the request is answered 413 (`oversize`: None while within the limit, else the length when it
+    was declared, 0 when it was not). The HTTP worker and the WSGI face both read through it."""
+
+    __slots__ = ("limit", "chunks", "size", "oversize")
+
+    def __init__(self, limit: int, declared: int | None = None):
+        self.limit, self.chunks, self.size = limit, [], 0
+        self.oversize = declared if declared is not None and declared > limit else None
+
+    def add(self, data: bytes) -> None:
+        if self.oversize is not None:
+            return
+        self.size += len(data)
+        if self.size > self.limit:
+            self.oversize, self.chunks = 0, []
+            return
+        self.chunks.append(data)
+
+    def whole(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def _read_wsgi(stream, length: int | None, body: Body) -> None:
+    """The WSGI input into `body`: `length` bytes, or to its end when no length was declared."""
+    left = length if length is not None else float("inf")
+    while left > 0 and (chunk := stream.read(int(min(_WSGI_CHUNK, left)))):
+        body.add(chunk)
+        left -= len(chunk)
 
 
 def _check_restriction(request: Request, restriction: Restriction) -> None:

@@ -3,6 +3,7 @@ bodies, Expect: 100-continue, HEAD, and malformed or oversized requests answered
 answering while 64 clients saturate the server."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -175,6 +176,7 @@ def test_malformed_http_is_a_json_client_error(server, request_bytes, status, wo
         client.send(request_bytes)
         answer, headers, body = client.response()
         assert answer == status and words in json.loads(body)["error"] and headers["connection"] == "close"
+        assert re.fullmatch(r"[0-9a-f]{32}", headers["x-request-id"])  # answered as every request is
         assert client.closed()
     finally:
         client.close()

@@ -3,6 +3,7 @@ one JSON log line."""
 
 import json
 import re
+import socket
 
 import pytest
 import requests
@@ -108,6 +109,18 @@ def test_one_json_log_line_per_request(server):
     failed = server.invoke("nobody", [[1]], headers={"X-Request-Id": "t-404"})
     assert failed.status_code == 404
     assert wait_for(lambda: request_lines(server, "t-404"))[0]["status"] == 404
+
+
+def test_a_request_the_http_worker_refuses_is_answered_and_logged_as_any_other(server):
+    """A body past the limit is refused before it is read: the answer still carries the request id, and
+    the access log has its line."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /models/double/invoke HTTP/1.1\r\nHost: x\r\nX-Request-Id: t-413\r\n"
+                     b"Content-Length: 99999999999\r\n\r\n")
+        head = sock.recv(65536).decode("latin-1")
+    assert head.startswith("HTTP/1.1 413 ") and "\r\nX-Request-Id: t-413\r\n" in head
+    line = wait_for(lambda: request_lines(server, "t-413"), message="no log line for the refused request")[0]
+    assert (line["method"], line["path"], line["status"]) == ("POST", "/models/double/invoke", 413)
 
 
 def test_lifecycle_events_are_logged_with_sizes_and_durations(server):
