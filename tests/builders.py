@@ -191,5 +191,24 @@ def wait_for(predicate, timeout: float = 30, message: str = "condition not met")
         time.sleep(0.02)
 
 
+def poll(predicate, timeout: float = 30, message: str = "condition not met"):
+    """`wait_for` for a test that runs greenlets: the wait lets them run."""
+    import gevent
+
+    with gevent.Timeout(timeout, AssertionError(f"{message} within {timeout} s")):
+        while not (value := predicate()):
+            gevent.sleep(0.001)
+    return value
+
+
+def take_turns(turns: int = 100) -> None:
+    """Let every runnable greenlet, and the event loop's watchers, take `turns` turns: a count of the
+    loop's iterations, not a time, before asserting that something has not happened."""
+    import gevent
+
+    for _ in range(turns):
+        gevent.sleep(0)
+
+
 def _pbtxt(document: dict) -> str:
     return text_format.MessageToString(json_format.ParseDict(document, pb.ModelConfig()))

@@ -16,7 +16,7 @@ from container.inference import InferRequest
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
-from tests.builders import Scale, fp32_model, handler_model, sized_model
+from tests.builders import Scale, fp32_model, handler_model, poll, sized_model, take_turns
 
 MIB = 1 << 20
 
@@ -49,12 +49,6 @@ def infer(core: Core, name: str, value: float, version: int | None = None) -> tu
     with core.lease(name, version) as lease:
         response = core.infer(lease, InferRequest({"x": np.full((1, 4), value, np.float32)}))
     return response.model_version, response.outputs["y"].tolist()
-
-
-def take_turns(greenlet_count: int = 20) -> None:
-    """Let every runnable greenlet take its turns."""
-    for _ in range(greenlet_count):
-        gevent.sleep(0)
 
 
 def test_a_lease_resolves_the_version_once_and_infer_runs_it(tmp_path):
@@ -125,9 +119,7 @@ def test_a_reload_serves_the_old_copy_until_the_new_one_serves(tmp_path):
     old = core.load("m", "m")
     with core.lease("m") as lease:
         reloading = gevent.spawn(core.reload, "m")
-        with gevent.Timeout(30):
-            while core.model_is_current(old):  # the new copy loads on threads
-                gevent.sleep(0.01)
+        poll(lambda: not core.model_is_current(old), message="the new copy did not serve")  # it loads on threads
         # the new copy takes new requests; the old one finishes this one before it is freed
         assert infer(core, "m", 2.0)[1] == [[4.0] * 4]
         assert lease.model is old and old.state is State.UNLOADING and old.versions and not reloading.ready()

@@ -8,6 +8,7 @@ import gevent
 import pytest
 
 from container.scheduling.instances import Instances
+from tests.builders import poll, take_turns
 
 
 class Held:
@@ -24,8 +25,7 @@ class Held:
     def start(self, instances: Instances) -> gevent.Greenlet:
         """The call, from a greenlet of its own, once it runs on a thread."""
         call = gevent.spawn(instances.apply, self)
-        while not self.entered.is_set():
-            gevent.sleep(0.001)
+        poll(self.entered.is_set, message="the call did not start on a thread")
         return call
 
 
@@ -109,12 +109,10 @@ def test_close_ends_the_threads_after_the_calls_queued_before_it(held):
     instances = Instances(1)
     first = held.start(instances)
     second = gevent.spawn(instances.apply, str, ("queued",))
-    gevent.sleep(0)  # queued behind the held call
+    take_turns(1)  # queued behind the held call
     instances.close()
     held.release.set()
     gevent.joinall([first, second], timeout=10, raise_error=True)
     assert second.value == "queued"
     thread = Path(f"/proc/self/task/{first.value}")
-    with gevent.Timeout(10, AssertionError("the instance thread did not end")):
-        while thread.exists():
-            gevent.sleep(0.001)
+    poll(lambda: not thread.exists(), message="the instance thread did not end")

@@ -17,6 +17,7 @@ from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
+from tests.builders import poll, take_turns
 
 
 class HeldBackend:
@@ -47,8 +48,7 @@ class HeldBackend:
 
     def wait_entered(self, count=1):
         for _ in range(count):
-            while not self.entered.acquire(blocking=False):
-                gevent.sleep(0.001)  # let greenlets run while the execution thread gets there
+            poll(lambda: self.entered.acquire(blocking=False), message="no execution started")
 
 
 def config(**fields) -> pb.ModelConfig:
@@ -333,8 +333,7 @@ def test_delay_serves_expired_requests_after_the_others(backend):
     first = start_blocked(scheduler, backend)
     expiring = job(backend, 1)
     late = spawn(scheduler, expiring)[0]
-    while not expiring.delayed:  # its 1 ms timeout passes while the instance is held
-        gevent.sleep(0.001)
+    poll(lambda: expiring.delayed, message="the 1 ms queue timeout did not pass")  # while the instance is held
     on_time = spawn(scheduler, job(backend, 2, timeout=0))
     backend.release.set()
     [g.get(timeout=30) for g in [first, late, *on_time]]
@@ -359,9 +358,8 @@ def test_preserve_ordering_answers_in_arrival_order(backend):
     backend.wait_entered()
     backend.hold = False
     fast = spawn(scheduler, job(backend, 2))[0]
-    while not backend.batches:  # the second request finished first …
-        gevent.sleep(0.001)
-    gevent.sleep(0.01)
+    poll(lambda: backend.batches, message="the second request did not run")  # it finished first …
+    take_turns()
     assert not fast.ready()  # … but is held back until the first is answered
     backend.release.set()
     assert values(slow) == [2.0] and values(fast) == [4.0]
@@ -651,7 +649,7 @@ def test_under_load_a_fast_model_returns_to_the_loop_once_its_threads_drain():
     for value in range(INLINE_WINDOW):  # measured fast on the other one meanwhile
         values(gevent.spawn(scheduler.infer, job(backend, value)))
     waiting = gevent.spawn(scheduler.infer, job(backend, 1.0))
-    gevent.sleep(0.05)
+    take_turns()
     assert not waiting.ready()  # fast enough for the loop, but it waits for the thread's request …
     backend.release[-1.0].set()
     assert values(waiting) == [2.0] and values(held) == [-2.0]
@@ -666,7 +664,7 @@ def test_a_request_waiting_for_the_loop_goes_to_a_thread_when_the_model_turns_sl
     for value in range(INLINE_WINDOW):  # fast on the third thread meanwhile: fit for the loop
         values(gevent.spawn(scheduler.infer, job(backend, value)))
     waiting = gevent.spawn(scheduler.infer, job(backend, 1.0))
-    gevent.sleep(0.05)
+    take_turns()
     assert not waiting.ready()
     backend.release[-2.0].set()  # a 5 ms execution finishes: the model is no longer fit for the loop
     assert values(slow) == [-4.0] and values(waiting) == [2.0]  # served on a thread, not left waiting
