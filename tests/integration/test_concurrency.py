@@ -1,7 +1,6 @@
 """Concurrency in the contract: /ping during slow loads and long inferences, unload during in-flight
 requests, concurrent first use through /invocations. Model code waits on gates, so order is certain."""
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -35,17 +34,16 @@ def server(start_server, tmp_path_factory, gates):
     return start_server(root)
 
 
-def ping_ms(server) -> float:
-    start = time.perf_counter()
-    assert server.request("GET", "/ping", timeout=5).status_code == 200
-    return (time.perf_counter() - start) * 1000
+def pings(server) -> bool:
+    """/ping answers within its deadline: the event loop is free (a blocked hub would not answer)."""
+    return server.request("GET", "/ping", timeout=5).status_code == 200
 
 
 def test_ping_and_other_models_answer_during_a_slow_load(server, gates):
     with ThreadPoolExecutor(2) as pool:
         loading = pool.submit(server.load, "slowload")
         gates["load"].wait_entered()
-        assert ping_ms(server) < 1000  # the event loop is free; a blocked hub would time out at 5 s
+        assert pings(server)
         assert server.load("fast").status_code == 200
         assert server.invoke("fast", [[1, 2, 3, 4]]).status_code == 200
         assert "slowload" not in server.loaded()
@@ -63,7 +61,7 @@ def test_ping_answers_during_a_long_inference(server, gates):
     with ThreadPoolExecutor(1) as pool:
         inference = pool.submit(server.invoke, "slowpredict", [[1.0]])
         gates["predict"].wait_entered()
-        assert ping_ms(server) < 1000
+        assert pings(server)
         assert server.invoke("fast", [[1, 2, 3, 4]]).status_code == 200
         gates["predict"].release()
         assert inference.result().json() == [[2.0]]

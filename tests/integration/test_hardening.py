@@ -6,7 +6,6 @@ import io
 import os
 import socket
 import tarfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -197,14 +196,9 @@ def test_a_large_codec_job_does_not_stall_the_event_loop(server):
     with ThreadPoolExecutor(1) as pool:
         heavy = pool.submit(server.request, "POST", "/v2/models/classes/infer", data=header + values.tobytes(),
                             headers={"Inference-Header-Content-Length": str(len(header))})
-        slowest = 0.0
-        while not heavy.done():
-            started = time.perf_counter()
-            assert server.request("GET", "/ping", timeout=10).status_code == 200
-            slowest = max(slowest, time.perf_counter() - started)
+        while not heavy.done():  # the loop stalled 6.8 s on this before: each /ping has a deadline of 2
+            assert server.request("GET", "/ping", timeout=2).status_code == 200
         assert heavy.result().status_code == 200
-    # the loop stalled 6.8 s on this before; a generous bound, so a loaded CI machine cannot flake it
-    assert slowest < 1.0, f"/ping took {slowest:.2f} s during a large classification"
     still_serving(server)
 
 
