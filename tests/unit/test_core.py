@@ -11,12 +11,20 @@ import pytest
 from container.backends import HandlerOptions, load_backends
 from container.backends.torch_runtime import free_memory, release_memory
 from container.core import Core
-from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, ModelConflict, ModelNotFound
+from container.errors import (
+    DeviceFault,
+    InsufficientMemory,
+    InvalidModel,
+    InvalidRequest,
+    ModelConflict,
+    ModelNotFound,
+    Unavailable,
+)
 from container.inference import InferRequest
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
-from tests.builders import Scale, fp32_model, handler_model, poll, sized_model, take_turns
+from tests.builders import Faults, Scale, fp32_model, handler_model, poll, sized_model, take_turns
 
 MIB = 1 << 20
 
@@ -162,3 +170,21 @@ def test_a_load_evicts_the_idle_model_it_needs_room_from_and_never_a_leased_one(
     assert core.state("first") is None and first.gone.is_set()
     assert closings.made[0] in closings.closed
     assert [m.name for m in core.ready()] == ["second"]
+
+
+def test_a_sticky_device_error_turns_health_red_and_asks_for_a_fresh_process(tmp_path):
+    """The HTTP face answers health with `check_health`; the real server's restart is in
+    tests/integration/test_device_faults.py."""
+    fp32_model(tmp_path, "faulty", Faults(), dims=(1,))
+    core = make_core(tmp_path)
+    faults = []
+    core._registry.on_fault = faults.append  # the server sends itself SIGTERM here
+    core.load("faulty", "faulty")
+    with core.lease("faulty") as lease:
+        assert core.infer(lease, InferRequest({"x": np.ones((1, 1), np.float32)})).outputs["y"].tolist() == [[1.0]]
+    core.check_health()
+    with core.lease("faulty") as lease, pytest.raises(DeviceFault, match="illegal memory access"):
+        core.infer(lease, InferRequest({"x": -np.ones((1, 1), np.float32)}))
+    assert len(faults) == 1 and "CUDA context is unusable" in faults[0]
+    with pytest.raises(Unavailable, match="restarting its worker"):
+        core.check_health()
