@@ -2,6 +2,7 @@
 a real device-side assert. Skipped, saying so, where torch sees no GPU (conftest.py)."""
 
 import pytest
+import requests
 import torch
 
 from tests.builders import Sized, fp32_model, handler_model, wait_for
@@ -48,7 +49,7 @@ def test_a_model_loads_on_the_gpu_and_is_charged_there(start_server, tmp_path):
     fp32_model(root, "weights", Sized(256), **ON_GPU)
     server = start_server(root)
     assert server.load("weights").status_code == 200
-    assert server.invoke("weights", [[1, 1, 1, 1]]).status_code == 200
+    assert server.invoke("weights", [[1, 1, 1, 1]]).json() == [[2.0, 2.0, 2.0, 2.0]]  # computed on the GPU
     metrics = server.metrics()
     assert 256 << 20 <= gpu_bytes(metrics, "weights") < (256 << 20) * 1.1
     assert metrics[("serve_memory_measured_bytes", (("device", "cuda:0"),))] >= 256 << 20
@@ -65,11 +66,11 @@ def test_a_real_cuda_out_of_memory_evicts_idle_models_then_serves(start_server, 
     total = torch.cuda.get_device_properties(0).total_memory
     asked = int(total * 0.35 / GIB)  # fits only once a hog is gone
     answer = server.invoke("greedy", [[float(asked)]])
-    assert answer.status_code == 200, answer.text
+    assert answer.status_code == 200 and answer.json() == [[float(asked)]], answer.text
     assert server.loaded() == ["greedy", "hog2"]  # the least recently used hog made room, the other stayed
     impossible = server.invoke("greedy", [[float(2 * total // GIB)]])
     assert impossible.status_code == 507 and "cuda:0 ran out of memory" in impossible.json()["error"]
-    assert server.loaded() == ["greedy", "hog2"] and server.invoke("greedy", [[1.0]]).status_code == 200
+    assert server.loaded() == ["greedy", "hog2"] and server.invoke("greedy", [[1.0]]).json() == [[1.0]]
 
 
 def test_two_models_share_a_device_within_its_budget(start_server, tmp_path):
@@ -80,7 +81,8 @@ def test_two_models_share_a_device_within_its_budget(start_server, tmp_path):
     server = start_server(root, SERVE_GPU_MEMORY_LIMIT=f"{(2.5 * GIB + total - torch.cuda.mem_get_info(0)[0]) / (1 << 20):.0f}MiB")
     for name in ("first", "second", "third"):
         assert server.load(name).status_code == 200
-    assert len(server.loaded()) == 2  # the third evicted the least recently used
+    assert server.loaded() == ["second", "third"]  # the third evicted the least recently used
+    assert server.invoke("third", [[1, 2, 3, 4]]).json() == [[2.0, 3.0, 4.0, 5.0]]
     metrics = server.metrics()
     assert metrics[("serve_memory_accounted_bytes", (("device", "cuda:0"),))] <= metrics[("serve_memory_budget_bytes", (("device", "cuda:0"),))]
 
@@ -94,5 +96,14 @@ def test_a_device_side_assert_turns_health_red_and_the_worker_restarts(start_ser
     answer = server.invoke("asserts", [[-1.0, 0, 0, 0]])
     assert answer.status_code == 500 and "device-side assert" in answer.json()["error"]
     wait_for(lambda: server.replaced(first), 60, "gunicorn did not start a fresh worker")
-    wait_for(lambda: server.invoke("asserts", [[1.0, 2, 3, 4]], timeout=5).status_code == 200, 120)
+    wait_for(lambda: _answer(server, "asserts", [[1.0, 2, 3, 4]]) == [[1.0, 2.0, 3.0, 4.0]], 120,
+             "the fresh worker did not serve the model")
     assert [line for line in log_lines(server) if line["message"] == "sticky device error: restarting the worker process"]
+
+
+def _answer(server, name: str, rows):
+    """The model's answer, or None while the fresh worker cannot give one."""
+    try:
+        return server.invoke(name, rows, timeout=5).json()
+    except (requests.RequestException, ValueError):
+        return None
