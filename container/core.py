@@ -6,7 +6,7 @@ config, signature, versions, labels) and never change it."""
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import gevent
@@ -14,6 +14,7 @@ import gevent
 from container.errors import Forbidden, InsufficientMemory, InvalidRequest, ModelNotFound, ServeError, Unavailable
 from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
+from container.models.downloads import DownloadCounters
 from container.models.registry import Model, Registry, State
 from container.models.signature import Signature
 from container.models.statistics import Statistics
@@ -22,6 +23,17 @@ from container.tensors import decoded_size
 
 __all__ = ["Core", "IndexEntry", "Lease", "Model", "State"]
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DownloadCacheState:
+    """The S3 download cache as metrics read it: its bytes, budget and downloads under way, and its
+    counters so far (hits, misses, downloads, bytes, seconds, evictions)."""
+
+    used: int
+    budget: int
+    in_progress: int
+    counters: DownloadCounters
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,7 @@ class Core:
         self.limits = registry.limits
         self.model_root = registry.model_root
         self.counters = registry.counters
-        self.downloads = registry.downloads
+        self._downloads = registry.downloads
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -224,6 +236,13 @@ class Core:
         workers = [b.measured()["load"] for m in self._registry.ready() for b in m.versions.values()
                    if getattr(b, "own_process", False)]
         return total_by_device([in_process, *workers])
+
+    def download_cache(self) -> DownloadCacheState | None:
+        """The S3 download cache now (None: this server has none)."""
+        cache = self._downloads
+        if cache is None:
+            return None
+        return DownloadCacheState(cache.used(), cache.budget, cache.in_progress(), replace(cache.counters))
 
     def queue(self, model: Model) -> tuple[int, int]:
         """(requests waiting in `model`'s scheduler, sequences holding state)."""

@@ -118,13 +118,13 @@ class ServerCollector:
         yield from self._downloads()
 
     def _downloads(self):
-        downloads = self.core.downloads
+        downloads = self.core.download_cache()
         if downloads is None:
             return
         counters = downloads.counters
-        yield GaugeMetricFamily("serve_download_cache_bytes", "Bytes the S3 download cache holds", value=downloads.used())
+        yield GaugeMetricFamily("serve_download_cache_bytes", "Bytes the S3 download cache holds", value=downloads.used)
         yield GaugeMetricFamily("serve_download_cache_budget_bytes", "The download cache's budget", value=downloads.budget)
-        yield GaugeMetricFamily("serve_downloads_in_progress", "S3 downloads under way", value=downloads.in_progress())
+        yield GaugeMetricFamily("serve_downloads_in_progress", "S3 downloads under way", value=downloads.in_progress)
         yield CounterMetricFamily("serve_download_cache_hits", "Loads from S3 served by a cached copy", value=counters.hits)
         yield CounterMetricFamily("serve_download_cache_misses", "Loads from S3 that needed a download", value=counters.misses)
         yield CounterMetricFamily("serve_downloads", "Completed S3 downloads", value=counters.downloads)
