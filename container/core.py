@@ -7,7 +7,8 @@ config, signature, versions, labels) and never change it."""
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import gevent
 
@@ -21,8 +22,34 @@ from container.models.statistics import Statistics
 from container.scheduling import new_job, scheduler_for
 from container.tensors import decoded_size
 
-__all__ = ["Core", "IndexEntry", "Lease", "Model", "State"]
+__all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """What a front-end reads of a ready model: made once when it starts to serve, and never changed,
+    so a front-end never holds the registry's own record. `config` is Triton's ModelConfig message: read
+    it, never change it."""
+
+    name: str
+    url: str
+    versions: tuple[int, ...]  # served, ascending
+    config: object  # None for a SageMaker handler model
+    signature: Signature | None  # None for a SageMaker handler model (bytes in, bytes out)
+    version_labels: Mapping[str, int]  # TF Serving's labels, from config.json's version_labels
+    output_labels: Mapping[str, tuple[str, ...]]  # output → class labels
+    placement: str  # why the model runs where it runs, when not where its config asks
+
+    @classmethod
+    def of(cls, model: Model) -> "ModelView":
+        return cls(model.name, model.url, tuple(sorted(model.versions)), model.config, model.signature,
+                   MappingProxyType(dict(model.version_labels)),
+                   MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement)
+
+    @property
+    def latest(self) -> int:
+        return self.versions[-1]
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,10 @@ class Lease:
     @property
     def name(self) -> str:
         return self.model.name
+
+    @property
+    def view(self) -> ModelView:
+        return self.model.view
 
     @property
     def takes_tensors(self) -> bool:
@@ -120,8 +151,8 @@ class Core:
         one load). A model evicted or unloaded after its load and before this request could hold it is
         loaded again: the caller asked for exactly that."""
         for _ in range(3):
-            model = self.ensure_loaded(name, url)
-            if self.model_is_current(model):  # nothing yields from here until the lease holds it
+            model = self._ensure_loaded(name, url)
+            if model.state is State.READY and self._registry.models.get(name) is model:  # nothing yields from here until the lease holds it
                 return Lease(self._registry, model, max(model.versions), client)
         raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
 
@@ -169,12 +200,12 @@ class Core:
 
     # -- descriptions ------------------------------------------------------------------------------
 
-    def ready_model(self, name: str, not_found: Callable[[str], Exception] | None = None) -> Model:
+    def ready_model(self, name: str, not_found: Callable[[str], Exception] | None = None) -> ModelView:
         """The ready model `name`, to read; a miss raises `not_found(name)` (default: ModelNotFound)."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
             raise (not_found or _not_loaded)(name)
-        return model
+        return model.view
 
     def known(self, name: str) -> bool:
         """Whether `name` was ever asked for: loaded, loading, or failed to load."""
@@ -188,9 +219,9 @@ class Core:
         """Why the last load of `name` failed, if it did."""
         return self._registry.failures.get(name)
 
-    def ready(self) -> list[Model]:
+    def ready(self) -> list[ModelView]:
         """The models ready to serve, by name."""
-        return self._registry.ready()
+        return [model.view for model in self._registry.ready()]
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model of the repository and every model loaded, by name."""
@@ -208,24 +239,26 @@ class Core:
                 entries.append(IndexEntry(name, "UNAVAILABLE", reason=self._registry.failures.get(name, "unloaded")))
         return entries
 
-    def stats(self, model: Model | None = None, version: int | None = None) -> list[tuple[Model, int, Statistics]]:
+    def stats(self, model: ModelView | None = None, version: int | None = None) -> list[tuple[ModelView, int, Statistics]]:
         """(model, version, statistics) of one model's versions (or one version), or of every ready model's."""
-        models = [model] if model is not None else self._registry.ready()
-        return [(m, v, m.statistics[v]) for m in models for v in ([version] if version is not None else sorted(m.versions))]
+        models = [m for m in [self._record(model)] if m is not None] if model is not None else self._registry.ready()
+        return [(m.view, v, m.statistics[v]) for m in models for v in ([version] if version is not None else sorted(m.versions))]
 
     def memory(self) -> dict[str, tuple[int, int]]:
         """Device → (budget, bytes accounted to models)."""
         cache = self._registry.cache
         return {device: (budget, cache.used(device)) for device, budget in cache.budgets.items()}
 
-    def model_memory(self, model: Model) -> dict[str, int]:
+    def model_memory(self, model: ModelView) -> dict[str, int]:
         """Device → bytes accounted to `model`."""
-        return self._registry.cache.size_of(model)
+        record = self._record(model)
+        return self._registry.cache.size_of(record) if record is not None else {}
 
-    def measured(self, model: Model) -> dict[str, dict[str, int]]:
+    def measured(self, model: ModelView) -> dict[str, dict[str, int]]:
         """What `model`'s accounting rests on, kind (weights, load, activations) → device → bytes, over its versions."""
+        record = self._record(model)
         kinds: dict[str, list[dict[str, int]]] = {}
-        for backend in model.versions.values():
+        for backend in record.versions.values() if record is not None else ():
             for kind, sizes in backend.measured().items():
                 kinds.setdefault(kind, []).append(sizes)
         return {kind: total_by_device(sizes) for kind, sizes in kinds.items()}
@@ -244,18 +277,29 @@ class Core:
             return None
         return DownloadCacheState(cache.used(), cache.budget, cache.in_progress(), replace(cache.counters))
 
-    def queue(self, model: Model) -> tuple[int, int]:
+    def queue(self, model: ModelView) -> tuple[int, int]:
         """(requests waiting in `model`'s scheduler, sequences holding state)."""
-        return model.scheduler.queue_depth(), model.scheduler.sequences_active()
+        record = self._record(model)
+        if record is None:
+            return 0, 0
+        return record.scheduler.queue_depth(), record.scheduler.sequences_active()
+
+    def _record(self, view: ModelView) -> Model | None:
+        """The registry's record behind `view`, while it still serves."""
+        model = self._registry.models.get(view.name)
+        return model if model is not None and model.view is view and model.state is State.READY else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def check_health(self) -> None:
         self._registry.check_health()
 
-    def load(self, name: str, url: str, **options) -> Model:
+    def load(self, name: str, url: str, **options) -> ModelView:
         """Load `url` as `name` (the registry's options: reload, directory, uploaded) and serve it through
         a scheduler of its own, which closes once the registry has freed the model."""
+        return self._load(name, url, **options).view
+
+    def _load(self, name: str, url: str, **options) -> Model:
         model = self._registry.load(name, url, **options)
         try:
             model.scheduler = self._schedulers(model.name, model.config, model.signature,
@@ -264,10 +308,11 @@ class Core:
             self._registry.abandon(model, exc)
             raise
         gevent.spawn(_close_when_gone, model, model.scheduler)
+        model.view = ModelView.of(model)
         self._registry.serve(model)
         return model
 
-    def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> Model:
+    def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
         directory with that config and `files` (path → content; all of its files when given any)."""
         if files:
@@ -291,13 +336,13 @@ class Core:
         if (current is not None and not current.uploaded) or any(n == name for n, _ in self._registry.entries()):
             raise Forbidden(f"model '{name}' comes from the model root; uploaded files may not replace it")
 
-    def ensure_loaded(self, name: str, url: str) -> Model:
+    def _ensure_loaded(self, name: str, url: str) -> Model:
         """The model under `name`, loading it on first use; concurrent first uses share one load. A
         model being unloaded or evicted is waited for, then loaded again."""
         model = self._registry.current(name)
         if model is None:
             self.counters.misses += 1
-            return self.load(name, url)
+            return self._load(name, url)
         self.counters.hits += 1
         return model.loaded.get()
 
@@ -320,9 +365,9 @@ class Core:
             except Exception as exc:  # a server bug, or the system failing: the other models still load
                 log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
 
-    def model_is_current(self, model: Model) -> bool:
-        """Whether `model` is ready and still the one serving its name (not replaced, evicted or unloaded)."""
-        return model.state is State.READY and self._registry.models.get(model.name) is model
+    def model_is_current(self, model: ModelView) -> bool:
+        """Whether `model` still serves its name (not replaced, evicted or unloaded)."""
+        return self._record(model) is not None
 
 
 def _close_when_gone(model: Model, scheduler) -> None:

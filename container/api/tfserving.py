@@ -11,7 +11,7 @@ from container.api import offload
 from container.api import tfserving_json as tfjson
 from container.api.pipeline import Request, Response
 from container.api.routing import Mount, Route
-from container.core import Core, Model
+from container.core import Core, ModelView
 from container.errors import InvalidInput, InvalidRequest, ModelNotFound
 from container.inference import InferRequest
 from container.limits import whole_number
@@ -57,7 +57,7 @@ def tfserving_routes(core: Core) -> list[Route]:
                 inputs = offload.run(heavy, _examples, document, signature)
                 outputs = core.infer(lease, InferRequest(inputs)).outputs
                 encode = _regressions if verb == ":regress" else _classes
-                return _answer(offload.encode(encode, outputs, document, lease.model))
+                return _answer(offload.encode(encode, outputs, document, lease.view))
         return serve
 
     bases = ["/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}"]
@@ -71,7 +71,7 @@ def _answer(body: bytes) -> Response:
     return Response(body, "application/json")
 
 
-def _resolve(core: Core, request: Request, status: bool) -> tuple[Model, int]:
+def _resolve(core: Core, request: Request, status: bool) -> tuple[ModelView, int]:
     """The model and version a status or metadata request names."""
     name = request.params["name"]
     if ":" in name:
@@ -86,12 +86,12 @@ def _resolve(core: Core, request: Request, status: bool) -> tuple[Model, int]:
     return model, version
 
 
-def _version(model: Model, request: Request) -> int:
+def _version(model: ModelView, request: Request) -> int:
     """The version a request's label or number names, or the latest."""
     label = request.params.get("label")
     if label is None:
         number = _version_number(request)
-        return max(model.versions) if number is None else number
+        return model.latest if number is None else number
     if label not in model.version_labels:
         raise InvalidRequest(f"Unrecognized servable version label: {label}")
     return model.version_labels[label]
@@ -115,13 +115,13 @@ def _servable_not_found(request: Request, version: int | None = None) -> ModelNo
     return ModelNotFound(f"Servable not found for request: Latest({name})")
 
 
-def _status(model: Model, version: int | None) -> dict:
+def _status(model: ModelView, version: int | None) -> dict:
     versions = [version] if version is not None else sorted(model.versions, reverse=True)
     available = {"state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
     return {"model_version_status": [{"version": str(v), **available} for v in versions]}
 
 
-def _metadata(model: Model, version: int) -> dict:
+def _metadata(model: ModelView, version: int) -> dict:
     signature = _tensor_signature(model)
     definitions = {
         name: {"inputs": _tensor_infos(signature.inputs), "outputs": _tensor_infos(signature.outputs), "method_name": method}
@@ -158,7 +158,7 @@ def _per_example_shape(signature: Signature, spec: TensorSpec) -> tuple[int, ...
     return spec.shape[1:] if signature.max_batch_size or spec.shape[:1] == (-1,) else spec.shape
 
 
-def _tensor_signature(model: Model) -> Signature:
+def _tensor_signature(model: ModelView) -> Signature:
     if model.signature is None:
         raise InvalidRequest(f"model '{model.name}' is a SageMaker handler model; this API needs a model with a Triton config")
     return model.signature
@@ -250,7 +250,7 @@ def _tensor(name: str, value, signature: Signature) -> np.ndarray:
     return as_datatype(name, tfjson.decode_b64(value, name), datatype)
 
 
-def _regressions(outputs: dict[str, np.ndarray], document: dict, model: Model) -> bytes:
+def _regressions(outputs: dict[str, np.ndarray], document: dict, model: ModelView) -> bytes:
     (array,) = outputs.values()
     count = len(document["examples"])
     if array.size != count:
@@ -258,7 +258,7 @@ def _regressions(outputs: dict[str, np.ndarray], document: dict, model: Model) -
     return tfjson.document({"results": tfjson.value(array.reshape(count))})
 
 
-def _classes(outputs: dict[str, np.ndarray], document: dict, model: Model) -> bytes:
+def _classes(outputs: dict[str, np.ndarray], document: dict, model: ModelView) -> bytes:
     (name, array), = outputs.items()
     count = len(document["examples"])
     scores = array.reshape(count, -1)

@@ -10,7 +10,7 @@ from container import content
 from container.api import compression, offload, v2_codec
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.core import Core, Model, State
+from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest
 from container.limits import whole_number
@@ -119,10 +119,10 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
         if "id" in document:
             answer["id"] = document["id"]
         return offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False),
-                              lease.model, shared_memory, answer)
+                              lease.view, shared_memory, answer)
 
 
-def _encode(outputs: dict, requested, binary: bool, model: Model, shared_memory, answer: dict) -> tuple[bytes, dict]:
+def _encode(outputs: dict, requested, binary: bool, model: ModelView, shared_memory, answer: dict) -> tuple[bytes, dict]:
     entries, chunks = v2_codec.encode_outputs(outputs, requested, binary, model.signature, model.output_labels,
                                               shared_memory)
     return v2_codec.response_body({**answer, "outputs": entries}, chunks)
@@ -132,13 +132,13 @@ def _json(value) -> Response:
     return Response(content.encode_json(value), content.JSON)
 
 
-def _model(core: Core, request: Request, default_latest: bool = True) -> tuple[Model, int | None]:
+def _model(core: Core, request: Request, default_latest: bool = True) -> tuple[ModelView, int | None]:
     """The model and the version a request's path names; a miss in Triton's words, which Triton's clients match."""
     name = request.params["name"]
     number = _version(request.params.get("version"))
     model = core.ready_model(name, not_found=lambda _: _unknown(core, name))
     if number is None:
-        return model, model.version() if default_latest else None
+        return model, model.latest if default_latest else None
     if number not in model.versions:
         raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
     return model, number
@@ -160,7 +160,7 @@ def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound
     return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
 
 
-def _platform(model: Model) -> str:
+def _platform(model: ModelView) -> str:
     if model.config is None:
         return "sagemaker_pytorch"
     return model.config.platform or PLATFORMS.get(model.config.backend, "pytorch_libtorch")
@@ -183,7 +183,7 @@ def _request_parameters(document: dict) -> dict:
     return parameters
 
 
-def config_document(model: Model) -> dict:
+def config_document(model: ModelView) -> dict:
     """The model's ModelConfig as Triton prints it: proto field names, fields at their default value
     included (a control's `kind` of CONTROL_SEQUENCE_START is the enum's zero), 64-bit integers as numbers."""
     config = type(model.config)()
@@ -218,7 +218,7 @@ def _int64_as_numbers(value, descriptor):
     return value
 
 
-def _model_statistics(model: Model, version: int, stats: Statistics) -> dict:
+def _model_statistics(model: ModelView, version: int, stats: Statistics) -> dict:
     def duration(d: Duration) -> dict:
         return {"count": d.count, "ns": d.ns}
 

@@ -64,7 +64,8 @@ class Model:
     version_labels: dict[str, int] = field(default_factory=dict)  # from config.json's version_labels
     output_labels: dict[str, list[str]] = field(default_factory=dict)  # output → class labels
     statistics: dict[int, Statistics] = field(default_factory=dict)  # version → its statistics
-    scheduler: object = None
+    scheduler: object = None  # the core's: made once the model loads, closed once it is gone
+    view: object = None  # the core's read-only description of it (core.ModelView), made as it starts to serve
     in_flight: int = 0
     idle: Event = field(default_factory=Event)
     loaded: AsyncResult = field(default_factory=AsyncResult)
