@@ -56,15 +56,15 @@ def create_app(settings: Settings) -> Flask:
     started = Event()  # set once the models named at start have loaded
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
                                  max_regions=settings.max_shm_regions)
-    routes = Routes([
+    table = [
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, started, settings.max_payload_bytes),
         *repository_routes(core),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
         *metrics_routes(core, gpus, idle.uss),
-        *openapi_routes(package_version("container")),
-    ], mounts=[tfserving.MOUNT])
+    ]
+    routes = Routes([*table, *openapi_routes(package_version("container"), table)], mounts=[tfserving.MOUNT])
     dispatcher = Dispatcher(routes, settings.max_payload_bytes, settings.restricted_api)
     # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
     app = Flask("container", static_folder=None)

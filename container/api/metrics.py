@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from container import resources
+from container.api.openapi import METRICS, operation
 from container.api.pipeline import Response
 from container.api.routing import Route
 from container.core import Core
@@ -145,4 +146,6 @@ def metrics_routes(core: Core, gpus, idle_bytes: int) -> list[Route]:
     def scrape(request) -> Response:
         return Response(collector.triton_counters().encode() + generate_latest(metrics), CONTENT_TYPE)
 
-    return [Route("GET", "/metrics", scrape, "statistics")]
+    return [Route("GET", "/metrics", scrape, "statistics",
+                  operation("Prometheus metrics (Triton's names, and the server's own)", METRICS,
+                            {"content": {"text/plain": {"schema": {"type": "string"}}}}, errors=()))]

@@ -18,6 +18,7 @@ class Route:
     template: str  # "/v2/models/{name}/versions/{version}/infer"; a segment may be "{name}:predict"
     handler: Callable  # (Request) → Response
     api: str  # its group among settings.API_GROUPS, which SERVE_RESTRICTED_API may put behind a header
+    doc: dict = field(compare=False, repr=False)  # its OpenAPI operation (api/openapi.py); the path parameters come from the template
 
     def __post_init__(self):
         if self.api not in API_GROUPS:

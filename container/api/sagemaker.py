@@ -6,6 +6,7 @@ import logging
 
 from container import content
 from container.api import invoke_codec, offload
+from container.api.openapi import JSON_VALUE, SAGEMAKER, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core, Lease
@@ -69,13 +70,13 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         return serve_invoke(core, request, settings.default_accept)
 
     return [
-        Route("GET", "/ping", ping, "health"),
-        Route("POST", "/invocations", invocations, "inference"),
-        Route("GET", "/models", list_models, "metadata"),
-        Route("POST", "/models", load_model, "model-repository"),
-        Route("GET", "/models/{name}", get_model, "metadata"),
-        Route("DELETE", "/models/{name}", unload_model, "model-repository"),
-        Route("POST", "/models/{name}/invoke", invoke, "inference"),
+        Route("GET", "/ping", ping, "health", _PING),
+        Route("POST", "/invocations", invocations, "inference", _INVOCATIONS),
+        Route("GET", "/models", list_models, "metadata", _LIST),
+        Route("POST", "/models", load_model, "model-repository", _LOAD),
+        Route("GET", "/models/{name}", get_model, "metadata", _GET),
+        Route("DELETE", "/models/{name}", unload_model, "model-repository", _UNLOAD),
+        Route("POST", "/models/{name}/invoke", invoke, "inference", _INVOKE),
     ]
 
 
@@ -148,3 +149,24 @@ def _decode_token(token: str) -> str:
         return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidRequest(f"next_page_token {token!r} was not issued by this server") from None
+
+
+# The OpenAPI operations of the routes above (api/openapi.py)
+_MODEL = object_schema({"modelName": {"type": "string"}, "modelUrl": {"type": "string"}})
+_BODIES = {"content": {content.JSON: {"schema": JSON_VALUE}, content.CSV: {"schema": {"type": "string"}},
+                       content.NPY: {"schema": {"type": "string", "format": "binary"}}}}
+_PING = operation("health: 200 once the server (single-model: the model) is ready", SAGEMAKER, errors=(503,))
+_INVOCATIONS = operation(
+    "invoke the model the X-Amzn-SageMaker-Target-Model header names, loading it on first use", SAGEMAKER, _BODIES,
+    _BODIES, [{"name": "X-Amzn-SageMaker-Target-Model", "in": "header", "schema": {"type": "string"}}],
+    errors=(400, 404, 406, 413, 415, 507))
+_LIST = operation("list the loaded models, a page at a time", SAGEMAKER, json_content(object_schema({
+    "models": {"type": "array", "items": _MODEL}, "nextPageToken": {"type": "string"}})), parameters=[
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+    {"name": "next_page_token", "in": "query", "schema": {"type": "string"}}], errors=(400,))
+_LOAD = operation("load a model from a directory or archive under the model root", SAGEMAKER, json_content(_MODEL),
+                  json_content(object_schema({"model_name": {"type": "string"}, "url": {"type": "string"}}, ["model_name", "url"])),
+                  errors=(400, 404, 409, 413, 507))
+_GET = operation("describe a loaded model", SAGEMAKER, json_content(_MODEL))
+_UNLOAD = operation("unload a model once its requests in flight finish", SAGEMAKER, json_content(JSON_VALUE))
+_INVOKE = operation("invoke a loaded model", SAGEMAKER, _BODIES, _BODIES, errors=(400, 404, 406, 413, 415))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from container import content
 from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
+from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.errors import InvalidRequest, RegionNotFound
@@ -193,18 +194,16 @@ def _check_sizes(**values) -> None:
 
 
 def shared_memory_routes(shared_memory: SharedMemory) -> list[Route]:
-    routes = []
-    for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
-        def status(request: Request, kind=kind) -> Response:
+    def status(kind: str):
+        def serve(request: Request) -> Response:
             return Response(content.encode_json(shared_memory.status(kind, request.params.get("name"))), content.JSON)
+        return serve
 
-        def unregister(request: Request, kind=kind) -> Response:
+    def unregister(kind: str):
+        def serve(request: Request) -> Response:
             shared_memory.unregister(kind, request.params.get("name"))
             return Response()
-
-        routes += [Route("GET", f"{prefix}/status", status, "shared-memory"), Route("GET", f"{prefix}/region/{{name}}/status", status, "shared-memory"),
-                   Route("POST", f"{prefix}/unregister", unregister, "shared-memory"),
-                   Route("POST", f"{prefix}/region/{{name}}/unregister", unregister, "shared-memory")]
+        return serve
 
     def register_system(request: Request) -> Response:
         document = content.parse_object(request.body, 'the body {"key": "...", "offset": 0, "byte_size": N}')
@@ -218,5 +217,30 @@ def shared_memory_routes(shared_memory: SharedMemory) -> list[Route]:
                                     document.get("byte_size"))
         return Response()
 
-    return routes + [Route("POST", "/v2/systemsharedmemory/region/{name}/register", register_system, "shared-memory"),
-                     Route("POST", "/v2/cudasharedmemory/region/{name}/register", register_cuda, "shared-memory")]
+    return [
+        Route("GET", "/v2/systemsharedmemory/status", status("system"), "shared-memory", _STATUS_ALL),
+        Route("GET", "/v2/systemsharedmemory/region/{name}/status", status("system"), "shared-memory", _STATUS),
+        Route("POST", "/v2/systemsharedmemory/region/{name}/register", register_system, "shared-memory", _REGISTER_SYSTEM),
+        Route("POST", "/v2/systemsharedmemory/region/{name}/unregister", unregister("system"), "shared-memory", _UNREGISTER),
+        Route("POST", "/v2/systemsharedmemory/unregister", unregister("system"), "shared-memory", _UNREGISTER_ALL),
+        Route("GET", "/v2/cudasharedmemory/status", status("cuda"), "shared-memory", _STATUS_ALL),
+        Route("GET", "/v2/cudasharedmemory/region/{name}/status", status("cuda"), "shared-memory", _STATUS),
+        Route("POST", "/v2/cudasharedmemory/region/{name}/register", register_cuda, "shared-memory", _REGISTER_CUDA),
+        Route("POST", "/v2/cudasharedmemory/region/{name}/unregister", unregister("cuda"), "shared-memory", _UNREGISTER),
+        Route("POST", "/v2/cudasharedmemory/unregister", unregister("cuda"), "shared-memory", _UNREGISTER_ALL),
+    ]
+
+
+# The OpenAPI operations of the routes above (api/openapi.py)
+_STATUS_ALL = operation("every registered region", V2, json_content(NUMBERS), errors=())
+_STATUS = operation("one registered region", V2, json_content(NUMBERS))
+_REGISTER_SYSTEM = operation("register a POSIX shared memory object under /dev/shm", V2, EMPTY, json_content(object_schema({
+    "key": {"type": "string"}, "offset": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 0}},
+    ["key", "byte_size"])), errors=(400,))
+_REGISTER_CUDA = operation("register CUDA memory a client exported with cudaIpcGetMemHandle (400 without a GPU)", V2, EMPTY,
+                           json_content(object_schema({
+                               "raw_handle": object_schema({"b64": {"type": "string"}}, ["b64"]),
+                               "device_id": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 0}},
+                               ["raw_handle", "byte_size"])), errors=(400,))
+_UNREGISTER = operation("unregister one region", V2, EMPTY, errors=())
+_UNREGISTER_ALL = operation("unregister every region", V2, EMPTY, errors=())

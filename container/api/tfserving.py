@@ -9,6 +9,7 @@ import numpy as np
 
 from container.api import offload
 from container.api import tfserving_json as tfjson
+from container.api.openapi import TF_SERVING, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Mount, Route
 from container.core import Core, ModelView
@@ -60,11 +61,24 @@ def tfserving_routes(core: Core) -> list[Route]:
                 return _answer(offload.encode(encode, outputs, document, lease.view))
         return serve
 
-    bases = ["/v1/models/{name}", "/v1/models/{name}/versions/{version}", "/v1/models/{name}/labels/{label}"]
-    routes = [Route("GET", base, status, "metadata") for base in bases]
-    routes += [Route("GET", base + "/metadata", metadata, "metadata") for base in bases]
-    routes += [Route("POST", base + verb, run(verb), "inference") for verb in DEFAULT_SIGNATURE for base in bases]
-    return routes
+    predict, classify, regress = run(":predict"), run(":classify"), run(":regress")
+    return [
+        Route("GET", "/v1/models/{name}", status, "metadata", _STATUS),
+        Route("GET", "/v1/models/{name}/versions/{version}", status, "metadata", _STATUS),
+        Route("GET", "/v1/models/{name}/labels/{label}", status, "metadata", _STATUS),
+        Route("GET", "/v1/models/{name}/metadata", metadata, "metadata", _METADATA),
+        Route("GET", "/v1/models/{name}/versions/{version}/metadata", metadata, "metadata", _METADATA),
+        Route("GET", "/v1/models/{name}/labels/{label}/metadata", metadata, "metadata", _METADATA),
+        Route("POST", "/v1/models/{name}:predict", predict, "inference", _PREDICT),
+        Route("POST", "/v1/models/{name}/versions/{version}:predict", predict, "inference", _PREDICT),
+        Route("POST", "/v1/models/{name}/labels/{label}:predict", predict, "inference", _PREDICT),
+        Route("POST", "/v1/models/{name}:classify", classify, "inference", _CLASSIFY),
+        Route("POST", "/v1/models/{name}/versions/{version}:classify", classify, "inference", _CLASSIFY),
+        Route("POST", "/v1/models/{name}/labels/{label}:classify", classify, "inference", _CLASSIFY),
+        Route("POST", "/v1/models/{name}:regress", regress, "inference", _REGRESS),
+        Route("POST", "/v1/models/{name}/versions/{version}:regress", regress, "inference", _REGRESS),
+        Route("POST", "/v1/models/{name}/labels/{label}:regress", regress, "inference", _REGRESS),
+    ]
 
 
 def _answer(body: bytes) -> Response:
@@ -293,3 +307,16 @@ def _examples(document: dict, signature: Signature) -> dict[str, np.ndarray]:
     if unknown:
         raise InvalidInput(f"unknown feature(s) {unknown}; the model takes {sorted(known)}")
     return inputs
+
+
+# The OpenAPI operations of the routes above (api/openapi.py)
+_ANSWER = json_content({"type": "object"})
+_EXAMPLES = json_content(object_schema({"signature_name": {"type": "string"}, "context": {"type": "object"},
+                                        "examples": {"type": "array", "items": {"type": "object"}}}, ["examples"]))
+_STATUS = operation("model status", TF_SERVING, _ANSWER)
+_METADATA = operation("signature metadata", TF_SERVING, _ANSWER)
+_PREDICT = operation("predict (row or columnar format)", TF_SERVING, _ANSWER, json_content(object_schema({
+    "signature_name": {"type": "string"}, "instances": {"type": "array", "items": {}}, "inputs": {}})),
+    errors=(400, 404, 413))
+_CLASSIFY = operation("classify tf.Example-style examples", TF_SERVING, _ANSWER, _EXAMPLES, errors=(400, 404, 413))
+_REGRESS = operation("regress tf.Example-style examples", TF_SERVING, _ANSWER, _EXAMPLES, errors=(400, 404, 413))

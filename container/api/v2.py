@@ -8,6 +8,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from container import content
 from container.api import compression, offload, v2_codec
+from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core, ModelView, State
@@ -83,18 +84,21 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
             headers["Content-Encoding"] = coding
         return Response(answer, headers=headers)
 
-    model = "/v2/models/{name}"
-    versioned = [model, model + "/versions/{version}"]
     return [
-        Route("GET", "/v2/health/live", live, "health"),
-        Route("GET", "/v2/health/ready", ready, "health"),
-        Route("GET", "/v2", metadata, "metadata"),
-        Route("GET", "/v2/models/stats", statistics, "statistics"),
-        *[Route("GET", path, model_metadata, "metadata") for path in versioned],
-        *[Route("GET", path + "/ready", model_ready, "health") for path in versioned],
-        *[Route("GET", path + "/config", model_config, "model-config") for path in versioned],
-        *[Route("GET", path + "/stats", statistics, "statistics") for path in versioned],
-        *[Route("POST", path + "/infer", infer, "inference") for path in versioned],
+        Route("GET", "/v2/health/live", live, "health", _LIVE),
+        Route("GET", "/v2/health/ready", ready, "health", _READY),
+        Route("GET", "/v2", metadata, "metadata", _SERVER),
+        Route("GET", "/v2/models/stats", statistics, "statistics", _ALL_STATS),
+        Route("GET", "/v2/models/{name}", model_metadata, "metadata", _METADATA),
+        Route("GET", "/v2/models/{name}/versions/{version}", model_metadata, "metadata", _METADATA),
+        Route("GET", "/v2/models/{name}/ready", model_ready, "health", _MODEL_READY),
+        Route("GET", "/v2/models/{name}/versions/{version}/ready", model_ready, "health", _MODEL_READY),
+        Route("GET", "/v2/models/{name}/config", model_config, "model-config", _CONFIG),
+        Route("GET", "/v2/models/{name}/versions/{version}/config", model_config, "model-config", _CONFIG),
+        Route("GET", "/v2/models/{name}/stats", statistics, "statistics", _STATS),
+        Route("GET", "/v2/models/{name}/versions/{version}/stats", statistics, "statistics", _STATS),
+        Route("POST", "/v2/models/{name}/infer", infer, "inference", _INFER),
+        Route("POST", "/v2/models/{name}/versions/{version}/infer", infer, "inference", _INFER),
     ]
 
 
@@ -232,3 +236,31 @@ def _model_statistics(model: ModelView, version: int, stats: Statistics) -> dict
     return {"name": model.name, "version": str(version), "last_inference": stats.last_inference_ms,
             "inference_count": stats.inference_count, "execution_count": stats.execution_count,
             "inference_stats": inference, "batch_stats": batches}
+
+
+# The OpenAPI operations of the routes above (api/openapi.py)
+_TENSOR = object_schema({
+    "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                                            "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES"]},
+    "data": {}, "parameters": {"type": "object"},
+}, ["name", "shape", "datatype"])
+_INFER_DOCUMENT = object_schema({
+    "id": {"type": "string"}, "parameters": {"type": "object"}, "inputs": {"type": "array", "items": _TENSOR},
+    "outputs": {"type": "array", "items": object_schema({"name": {"type": "string"}, "parameters": {"type": "object"}}, ["name"])},
+}, ["inputs"])
+_ANY_OBJECT = json_content({"type": "object"})
+_LIVE = operation("liveness: 503 after a sticky GPU error, while the worker restarts", V2, EMPTY, errors=(503,))
+_READY = operation("readiness: the models named at start have loaded", V2, EMPTY, errors=(503,))
+_SERVER = operation("server metadata", V2, json_content(object_schema({
+    "name": {"type": "string"}, "version": {"type": "string"}, "extensions": {"type": "array", "items": {"type": "string"}}})),
+    errors=())
+_ALL_STATS = operation("statistics of every loaded model", V2, json_content(object_schema({"model_stats": NUMBERS})), errors=())
+_METADATA = operation("model metadata", V2, _ANY_OBJECT)
+_MODEL_READY = operation("model readiness", V2, EMPTY, errors=(400, 404, 503))
+_CONFIG = operation("the model's Triton config", V2, _ANY_OBJECT)
+_STATS = operation("the model's statistics", V2, _ANY_OBJECT)
+_INFER = operation("inference; JSON, or JSON followed by binary tensor data", V2, json_content(_INFER_DOCUMENT),
+                   json_content(_INFER_DOCUMENT),
+                   [{"name": "Inference-Header-Content-Length", "in": "header", "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
+                   errors=(400, 404, 413, 507))

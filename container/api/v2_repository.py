@@ -5,6 +5,7 @@ import base64
 import binascii
 
 from container import content
+from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
@@ -54,10 +55,19 @@ def repository_routes(core: Core) -> list[Route]:
         return Response()
 
     return [
-        Route("POST", "/v2/repository/index", index, "model-repository"),
-        Route("POST", "/v2/repository/models/{name}/load", load, "model-repository"),
-        Route("POST", "/v2/repository/models/{name}/unload", unload, "model-repository"),
+        Route("POST", "/v2/repository/index", index, "model-repository", _INDEX),
+        Route("POST", "/v2/repository/models/{name}/load", load, "model-repository", _LOAD),
+        Route("POST", "/v2/repository/models/{name}/unload", unload, "model-repository", _UNLOAD),
     ]
+
+
+# The OpenAPI operations of the routes above (api/openapi.py)
+_PARAMETERS = json_content(object_schema({"parameters": {"type": "object"}}))
+_INDEX = operation("every model under the model root, loaded or not", V2, json_content(NUMBERS),
+                   json_content(object_schema({"ready": {"type": "boolean"}})), errors=(400, 413))
+_LOAD = operation("load or reload a model, optionally with a config override and files", V2, EMPTY, _PARAMETERS,
+                  errors=(400, 404, 409, 413, 507))
+_UNLOAD = operation("unload a model", V2, EMPTY, _PARAMETERS)
 
 
 def _body(request: Request) -> dict:

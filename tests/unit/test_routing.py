@@ -42,7 +42,7 @@ def test_every_url_is_routed_once(app):
     keys = [(route.method, route.template) for route in app.extensions["dispatcher"].routes.routes]
     assert len(keys) == len(set(keys))
     with pytest.raises(ValueError, match="routed twice"):
-        Routes([Route("GET", "/a/{x}", print, "metadata"), Route("GET", "/a/{x}", print, "metadata")])
+        Routes([Route("GET", "/a/{x}", print, "metadata", {}), Route("GET", "/a/{x}", print, "metadata", {})])
 
 
 def handler(request):
@@ -50,10 +50,10 @@ def handler(request):
 
 
 TABLE = Routes([
-    Route("GET", "/v2/models/stats", handler, "metadata"), Route("GET", "/v2/models/{name}", handler, "metadata"),
-    Route("POST", "/v2/models/{name}/infer", handler, "metadata"), Route("GET", "/models", handler, "metadata"),
-    Route("POST", "/models", handler, "metadata"), Route("GET", "/v1/models/{name}", handler, "metadata"),
-    Route("POST", "/v1/models/{name}:predict", handler, "metadata"), Route("POST", "/v1/models/{name}/versions/{version}:predict", handler, "metadata"),
+    Route("GET", "/v2/models/stats", handler, "metadata", {}), Route("GET", "/v2/models/{name}", handler, "metadata", {}),
+    Route("POST", "/v2/models/{name}/infer", handler, "metadata", {}), Route("GET", "/models", handler, "metadata", {}),
+    Route("POST", "/models", handler, "metadata", {}), Route("GET", "/v1/models/{name}", handler, "metadata", {}),
+    Route("POST", "/v1/models/{name}:predict", handler, "metadata", {}), Route("POST", "/v1/models/{name}/versions/{version}:predict", handler, "metadata", {}),
 ], mounts=[MOUNT])
 
 
@@ -109,8 +109,8 @@ def test_the_pipeline_renders_every_failure_one_way():
     def crashes(request):
         raise KeyError("bug")
 
-    dispatcher = Dispatcher(Routes([Route("GET", "/m/{name}", fails, "metadata"), Route("GET", "/crash", crashes, "metadata"),
-                                    Route("GET", "/v1/models/{name}", fails, "metadata")], [MOUNT]), 100)
+    dispatcher = Dispatcher(Routes([Route("GET", "/m/{name}", fails, "metadata", {}), Route("GET", "/crash", crashes, "metadata", {}),
+                                    Route("GET", "/v1/models/{name}", fails, "metadata", {})], [MOUNT]), 100)
     answer = serve(dispatcher, "GET", "/m/x")
     assert (answer.status, orjson.loads(answer.body)) == (404, {"error": "model 'x' is not loaded"})
     assert answer.headers["Content-Type"] == "application/json"
@@ -126,7 +126,7 @@ def test_the_pipeline_renders_every_failure_one_way():
 
 
 def test_one_body_limit_for_every_route():
-    dispatcher = Dispatcher(Routes([Route("POST", "/a", handler, "metadata"), Route("POST", "/v1/models/{name}:predict", handler, "metadata")],
+    dispatcher = Dispatcher(Routes([Route("POST", "/a", handler, "metadata", {}), Route("POST", "/v1/models/{name}:predict", handler, "metadata", {})],
                                    [MOUNT]), 100)
     for path in ("/a", "/v1/models/m:predict"):
         answer = serve(dispatcher, "POST", path, oversize=101)
@@ -137,7 +137,7 @@ def test_one_body_limit_for_every_route():
 
 
 def test_the_request_id_is_echoed_or_made():
-    dispatcher = Dispatcher(Routes([Route("GET", "/a", handler, "metadata")]), 100)
+    dispatcher = Dispatcher(Routes([Route("GET", "/a", handler, "metadata", {})]), 100)
     assert serve(dispatcher, "GET", "/a", headers={"x-request-id": "abc"}).headers["X-Request-Id"] == "abc"
     made = {serve(dispatcher, "GET", path).headers["X-Request-Id"] for path in ("/a", "/a", "/nope")}
     assert len(made) == 3 and all(len(value) == 32 for value in made)
@@ -166,7 +166,7 @@ def test_request_targets_are_percent_decoded_as_utf8(raw, path, query):
 
 
 def test_a_mount_without_a_miss_keeps_the_tables_404():
-    routes = Routes([Route("GET", "/x/a", handler, "metadata")], [Mount("/x/", lambda message: b"!" + message.encode())])
+    routes = Routes([Route("GET", "/x/a", handler, "metadata", {})], [Mount("/x/", lambda message: b"!" + message.encode())])
     with pytest.raises(NotFound):
         routes.match("GET", "/x/b")
     assert routes.error_body("/x/b")("m") == b"!m"
