@@ -8,10 +8,11 @@ import json
 import numpy as np
 import torch
 
-from bench.harness import in_process_calls_per_s, v2_binary_request, wrk
+from bench.harness import PROJECT, in_process_calls_per_s, v2_binary_request, wrk
 from bench.triton import side_by_side
 
 TITLE = "Tiny model (16 floats in and out): per-request overhead by protocol"
+PLOT = PROJECT / "bench" / "figures" / "tiny.svg"  # requests/s against clients, this server beside Triton
 
 
 class Double(torch.nn.Module):
@@ -38,5 +39,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
                     f"p99 {load.p99_ms:.2f} ms; wrk itself used {load.client_cpu:.0%} of one core meanwhile, so the "
                     f"server, not the load generator, set that ceiling."]
 
-    table = side_by_side({"tiny": (Double(), config)}, routes, (1, 8, 64), seconds, also=ceiling)
-    return [f"In-process torch: {reference:,.0f} calls/s. Each server runs on its own core, wrk on the other.", "", *table]
+    table = side_by_side({"tiny": (Double(), config)}, routes, (1, 8, 64), seconds, also=ceiling,
+                         plot=None if smoke else PLOT)
+    figure = [] if smoke else ["", f"![Requests/s against clients, this server beside Triton](bench/figures/{PLOT.name})"]
+    return [f"In-process torch: {reference:,.0f} calls/s. Each server runs on its own core, wrk on the other.", "", *table,
+            *figure]

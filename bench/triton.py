@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 
 from bench.harness import PROJECT, Server, cpu_seconds, free_port, pin_apart, ratio, save_model, wait_ready, wrk
+from bench.plot import line_chart
 from container.models.triton_schema import model_config_pb2 as pb
 
 VENV = Path(os.environ.get("TRITON_VENV", PROJECT / "bench" / ".triton"))
@@ -53,14 +54,16 @@ class TritonPythonModel:
 '''
 
 
-def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also=None, **server_env) -> list[str]:
+def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also=None, plot: Path | None = None,
+                 **server_env) -> list[str]:
     """One table: each route at each concurrency through this server and, for the V2 routes, through
     Triton serving the same `models` — requests/s, latency, the server's CPU per request (its whole
     process tree), and the ratio of the two. Both servers run at once, pinned apart from wrk, and each
     row of one is measured right after the same row of the other, so a noisy machine moves both alike;
     every route at one concurrency is measured before the next, so the routes compared with each other
     (TF Serving predict with V2 JSON, say) are measured within a minute. `also(server)` may add lines
-    measured on this server before it stops."""
+    measured on this server before it stops. `plot`: where to write requests/s against clients of the
+    routes Triton serves too, both servers side by side (bench/plot.py)."""
     measured, peer_rows, extra = {}, {}, []
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         for name, (module, config) in models.items():
@@ -78,6 +81,8 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
                     peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
                 measured[label, connections] = measure(server.url, server.process.pid, path, body, headers, connections, seconds)
         extra = also(server) if also else []
+    if plot is not None:
+        _plot(plot, measured, peer_rows, [label for label, path, *_ in routes if path.startswith("/v2/")], concurrencies)
     in_order = [(label, connections) for label, *_ in routes for connections in concurrencies]
     rows = [("this server", *key, measured[key]) for key in in_order]
     rows += [("Triton (python backend)", *key, peer_rows[key]) for key in in_order if key in peer_rows]
@@ -90,6 +95,15 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
         lines.append(f"| {who} | {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
                      f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | {versus} |")
     return lines + extra
+
+
+def _plot(path: Path, measured: dict, peer_rows: dict, labels: list[str], concurrencies) -> None:
+    series = {}
+    for label in labels:
+        series[f"this server, {label}"] = [measured[label, c][0].requests_per_s for c in concurrencies]
+        if peer_rows:
+            series[f"Triton, {label}"] = [peer_rows[label, c][0].requests_per_s for c in concurrencies]
+    line_chart(path, "Requests/s against clients, one server core", list(concurrencies), series)
 
 
 def measure(url: str, pid: int, path: str, body: bytes, headers: dict, connections: int, seconds: float):
