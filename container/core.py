@@ -1,8 +1,9 @@
 """The core facade: all the front-ends may ask of the models, above the registry, the schedulers and
-the backends. A request resolves and leases its model once (`lease`) and runs through that lease
-(`infer`, `transform`); a request's success or failure is recorded here and nowhere else (its
-executions, by the scheduler that batches them). Front-ends read a `Model` as a description (its
-config, signature, versions, labels) and never change it."""
+the backends. A request resolves and leases its model and version once (`lease`) and runs through that
+lease (`infer`, `transform`); a request's success or failure is recorded here and nowhere else (its
+executions, by the scheduler that batches them). The core makes each model's scheduler once the
+registry has loaded it, and closes it once the registry has freed it. Front-ends read a `ModelView`,
+never the registry's records."""
 
 import logging
 import time
