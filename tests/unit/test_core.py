@@ -189,3 +189,25 @@ def test_a_sticky_device_error_turns_health_red_and_asks_for_a_fresh_process(tmp
     assert len(faults) == 1 and "CUDA context is unusable" in faults[0]
     with pytest.raises(Unavailable, match="restarting its worker"):
         core.check_health()
+
+
+def test_a_first_use_that_waited_for_a_load_unloaded_before_it_could_hold_it_loads_again(tmp_path):
+    """Two first uses of a model share its load. Before the one that waited resumes, the model is
+    unloaded; it must not be handed a lease on what is being freed, but the model loaded again."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    registry, serve = core._registry, core._registry.serve
+
+    def serve_then_unload(model):  # an unload lands between the load's end and the waiting use's turn
+        gevent.spawn(core.unload, model.name)
+        serve(model)
+    registry.serve = serve_then_unload
+    first = gevent.spawn(core.lease_loading, "m", "m")
+    waiting = gevent.spawn(core.lease_loading, "m", "m")
+    with first.get(timeout=30) as held:
+        registry.serve = serve  # the next load is a plain one
+        take_turns()  # the unload waits for this lease; the waiting use resumes and must not take it
+    lease = waiting.get(timeout=30)
+    assert lease.view is not held.view and core.model_is_current(lease.view)
+    with lease:
+        assert core.infer(lease, InferRequest({"x": np.ones((1, 4), np.float32)})).outputs["y"].tolist() == [[2.0] * 4]
