@@ -37,7 +37,7 @@ def line_chart(path: Path, title: str, clients: list[int], series: dict[str, lis
         points = " ".join(f"{x(i)},{y(v)}" for i, v in enumerate(values))
         dash = ' stroke-dasharray="6 4"' if dashed else ""
         parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
-        legend_y = MARGIN + 16 * number
+        legend_y = HEIGHT - MARGIN - 16 * (len(series) - number)  # lower right: the lines rise from there
         parts.append(f'<line x1="{WIDTH - MARGIN - 200}" y1="{legend_y}" x2="{WIDTH - MARGIN - 176}" y2="{legend_y}" '
                      f'stroke="{colour}" stroke-width="2"{dash}/>')
         parts.append(f'<text x="{WIDTH - MARGIN - 170}" y="{legend_y + 4}">{escape(label)}</text>')
