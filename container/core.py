@@ -153,7 +153,7 @@ class Core:
         loaded again: the caller asked for exactly that."""
         for _ in range(3):
             model = self._ensure_loaded(name, url)
-            if model.state is State.READY and self._registry.models.get(name) is model:  # nothing yields from here until the lease holds it
+            if self._record(model.view) is model:  # still serving; nothing yields from here until the lease holds it
                 return Lease(self._registry, model, max(model.versions), client)
         raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
 
@@ -242,7 +242,10 @@ class Core:
 
     def stats(self, model: ModelView | None = None, version: int | None = None) -> list[tuple[ModelView, int, Statistics]]:
         """(model, version, statistics) of one model's versions (or one version), or of every ready model's."""
-        models = [m for m in [self._record(model)] if m is not None] if model is not None else self._registry.ready()
+        if model is None:
+            models = self._registry.ready()
+        else:
+            models = [record] if (record := self._record(model)) is not None else []
         return [(m.view, v, m.statistics[v]) for m in models for v in ([version] if version is not None else sorted(m.versions))]
 
     def memory(self) -> dict[str, tuple[int, int]]:

@@ -34,7 +34,7 @@ class Scheduler:
 
     def request_arrived(self, client: Client | None = None) -> None:
         self.requests += 1
-        if client is not None:
+        if self.delay and client is not None:
             self._returning.pop(client, None)
 
     def request_left(self, client: Client | None = None) -> None:
@@ -43,7 +43,7 @@ class Scheduler:
         keeps its connection for more (a client that opens one per request leaves the last one open
         until it is collected, and would be waited for in vain)."""
         self.requests -= 1
-        if client is not None and client.requests > 1 and self.delay:
+        if self.delay and client is not None and client.requests > 1:
             self._returning.pop(client, None)  # to the end: the dict stays ordered by time
             self._returning[client] = time.monotonic()
             client.when_closed(self._client_closed)
