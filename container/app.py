@@ -14,6 +14,7 @@ from gevent.threadpool import ThreadPool
 
 from container import resources
 from container.api import tfserving
+from container.api.channel_operations import channel_operations
 from container.api.metrics import metrics_routes
 from container.api.openapi import openapi_routes
 from container.api.pipeline import Dispatcher
@@ -69,7 +70,8 @@ def create_app(settings: Settings) -> Flask:
     # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher
-    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher)
+    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher,
+                          channel=channel_operations(core, shared_memory, started))
     return app
 
 

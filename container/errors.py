@@ -18,6 +18,7 @@ ServeError (500)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
 │   └── QueueTimeout (503)              a request waited out its queue timeout, or for a sequence slot
+├── Unsupported (501)                   a feature this server does not have (gRPC's UNIMPLEMENTED)
 ├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
@@ -102,6 +103,10 @@ class Unavailable(ServeError):
 
 class QueueTimeout(Unavailable):
     pass
+
+
+class Unsupported(ServeError):
+    status = 501
 
 
 class InsufficientMemory(ServeError):

@@ -1,8 +1,9 @@
 """gunicorn settings, derived from the same environment as the app (`gunicorn -c python:container.gunicorn_conf`)."""
 
 import os
+import shutil
 
-from container import resources
+from container import channel, frontends, resources
 from container.settings import Settings
 
 resources.raise_open_file_limit()  # first: the connection cap follows from it, and the worker inherits it
@@ -19,3 +20,20 @@ loglevel = _settings.log_level.lower()
 logger_class = "container.logs.GunicornLogger"  # its own lines as JSON, like the app's
 control_socket_disable = True  # gunicorn 27's admin socket in $HOME: unused here, and $HOME may not be writable
 
+
+
+def on_starting(server):
+    """In the master, before its worker: the channel's directory, and the front-ends that reach the
+    worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile)."""
+    path = channel.socket_path(os.getpid())
+    channel.make_socket_directory(path)
+    server.front_ends = [frontends.grpc_front_end(path)] if _settings.grpc_port else []
+    for front_end in server.front_ends:
+        front_end.start()
+
+
+def on_exit(server):
+    """The worker has drained and exited: the front-ends drain and exit too."""
+    for front_end in server.front_ends:
+        front_end.stop(graceful_timeout)
+    shutil.rmtree(os.path.dirname(channel.socket_path(os.getpid())), ignore_errors=True)

@@ -35,8 +35,10 @@ import httptools
 from gevent.monkey import get_original
 from gunicorn.workers.ggevent import GeventWorker
 
+from container import channel
 from container.api.errors import status_line
 from container.api.pipeline import Body, Request, Response, request_path
+from container.channel.server import ChannelServer
 from container.errors import HeadersTooLarge, InvalidRequest, RequestTimeout, ServeError, Unavailable, UriTooLong
 from container.inference import Client
 from container.settings import Settings
@@ -44,6 +46,7 @@ from container.settings import Settings
 _RECEIVE = 256 << 10
 _INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
 _BODY_GRACE = 5.0  # seconds a body may take before SERVE_MIN_BODY_RATE applies
+_CHANNEL_FRAMING = 1 << 20  # room for a call's description beside its largest allowed tensor data
 _LINGER = 2.0  # seconds a refused request's unread body is drained, so its client can read the answer
 
 
@@ -55,6 +58,7 @@ class Worker(GeventWorker):
         self.connections = 0
         self.settings = Settings.from_env(os.environ)
         self.dispatcher = None
+        self.channel: ChannelServer | None = None
 
     def patch(self):
         super().patch()  # gevent's monkey.patch_all()
@@ -68,6 +72,16 @@ class Worker(GeventWorker):
     def load_wsgi(self):
         super().load_wsgi()
         self.dispatcher = self.wsgi.extensions["dispatcher"]  # the app create_app() made
+        # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
+        self.channel = ChannelServer(channel.socket_path(os.getppid()), self.wsgi.extensions["channel"],
+                                     self.settings.max_payload_bytes + _CHANNEL_FRAMING)
+
+    def run(self):
+        self.channel.start()
+        try:
+            super().run()  # until SIGTERM, then until the HTTP connections have drained
+        finally:
+            self.channel.drain(self.cfg.graceful_timeout)
 
     def handle(self, listener, client, addr):
         self.connections += 1
@@ -84,6 +98,8 @@ class Worker(GeventWorker):
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
+        if self.channel is not None:
+            self.channel.draining = True  # calls under way finish; new ones are refused, as new HTTP requests are
         for sock in list(self.idle.values()):
             _hang_up(sock)
 

@@ -28,14 +28,16 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(document, default=str).decode()
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, hub: bool = True) -> None:
+    """`hub`: the process runs gevent (the model process), whose failed greenlets are logged here too."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
     sys.unraisablehook = _unraisable
-    gevent.get_hub().print_exception = _greenlet_failed
+    if hub:
+        gevent.get_hub().print_exception = _greenlet_failed
 
 
 def _greenlet_failed(context, kind, value, traceback) -> None:

@@ -1,5 +1,6 @@
 """Every environment variable the server reads, typed, with its default, in one frozen object."""
 
+import hmac
 import os
 import re
 import shutil
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 from container import content, resources
+from container.errors import Forbidden
 from container.limits import Limits, whole_number
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
@@ -131,6 +133,21 @@ class Settings:
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
     )
+    grpc_port: int | None = _env(
+        "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-end, a process of its own beside the HTTP one: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
+    )
+    grpc_keepalive_time: int = _env(
+        "SERVE_GRPC_KEEPALIVE_TIME", "7200", "Seconds a gRPC connection may stay silent before the server pings it (Triton's default)."
+    )
+    grpc_keepalive_timeout: int = _env(
+        "SERVE_GRPC_KEEPALIVE_TIMEOUT", "20", "Seconds the server waits for a ping's answer before it closes the gRPC connection."
+    )
+    grpc_max_streams: int = _env(
+        "SERVE_GRPC_MAX_STREAMS", "1000", "Most calls and streams one gRPC connection may have open at once; a client opens more only as earlier ones end."
+    )
+    grpc_compression: str = _env(
+        "SERVE_GRPC_COMPRESSION", "none", "Compression of gRPC answers: `none`, `gzip` or `deflate`. Requests may come compressed either way; their size limit is `SAGEMAKER_MAX_PAYLOAD_IN_MB`, as over HTTP."
+    )
     inline_below_us: int = _env(
         "SERVE_INLINE_BELOW_US", "300", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, only a request that arrives alone); `0` never does."
     )
@@ -181,6 +198,11 @@ class Settings:
             s3_roots=_s3_roots(raw["s3_roots"], raw["model_root"]),
             restricted_api=restricted_api(raw["restricted_api"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
+            grpc_port=None if raw["grpc_port"].lower() == "off" else _port("SERVE_GRPC_PORT", raw["grpc_port"]),
+            grpc_keepalive_time=_positive("SERVE_GRPC_KEEPALIVE_TIME", raw["grpc_keepalive_time"]),
+            grpc_keepalive_timeout=_positive("SERVE_GRPC_KEEPALIVE_TIMEOUT", raw["grpc_keepalive_timeout"]),
+            grpc_max_streams=_positive("SERVE_GRPC_MAX_STREAMS", raw["grpc_max_streams"]),
+            grpc_compression=_choice("SERVE_GRPC_COMPRESSION", raw["grpc_compression"], ("none", "gzip", "deflate")),
             inline_below_us=_integer("SERVE_INLINE_BELOW_US", raw["inline_below_us"]),
         )
 
@@ -250,8 +272,13 @@ class Restriction:
     """API groups that answer only requests whose `header` holds `value`."""
 
     groups: frozenset[str]
-    header: str  # lower-case, as requests carry header names
+    header: str  # lower-case, as requests carry header names (and gRPC its metadata keys)
     value: str
+
+    def check(self, sent: str | None) -> None:
+        """Refuse a request whose header (or gRPC metadata) carried `sent`, unless it is the value."""
+        if sent is None or not hmac.compare_digest(sent.encode("latin-1", "replace"), self.value.encode("latin-1", "replace")):
+            raise Forbidden(f"This API is restricted, expecting header '{self.header}'")  # Triton's words
 
 
 def restricted_api(text: str) -> tuple[Restriction, ...]:
@@ -296,6 +323,19 @@ def _integer(name: str, text: str) -> int:
     if value is None:
         raise SettingsError(f"{name}={text!r}: expected a whole number")
     return value
+
+
+def _port(name: str, text: str) -> int:
+    value = _integer(name, text)
+    if not 0 < value < 65536:
+        raise SettingsError(f"{name}={text!r}: expected a TCP port (1-65535), or off")
+    return value
+
+
+def _choice(name: str, text: str, choices: tuple[str, ...]) -> str:
+    if text.lower() not in choices:
+        raise SettingsError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+    return text.lower()
 
 
 def _positive(name: str, text: str) -> int:

@@ -21,10 +21,13 @@ class Server:
         self.model_root = model_root
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_port = _free_port()
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         environment = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
             "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "SERVE_GRPC_PORT": str(self.grpc_port),
             "SERVE_MODEL_ROOT": str(model_root),
             "SERVE_LOG_LEVEL": "warning",
             **env,
@@ -62,14 +65,27 @@ class Server:
         return [m["modelName"] for m in self.request("GET", "/models?limit=1000").json()["models"]]
 
     def worker_pid(self) -> int:
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-        return int(children[0])
+        """The gunicorn worker: the model process (the master's other children are front-ends)."""
+        return next(pid for pid, command in self._children() if "container.grpc_api" not in command)
+
+    def grpc_pid(self) -> int:
+        return next(pid for pid, command in self._children() if "container.grpc_api" in command)
+
+    def _children(self) -> list[tuple[int, str]]:
+        pids = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        children = []
+        for pid in pids:
+            try:
+                children.append((int(pid), Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")))
+            except OSError:  # exited meanwhile
+                pass
+        return children
 
     def replaced(self, worker: int) -> bool:
         """gunicorn runs a worker other than `worker` (False between the old one's exit and the new one's start)."""
         try:
             return self.worker_pid() != worker
-        except (IndexError, OSError):
+        except (StopIteration, OSError):
             return False
 
     def metrics(self) -> dict[tuple, float]:

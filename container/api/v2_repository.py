@@ -5,53 +5,27 @@ import base64
 import binascii
 
 from container import content
+from container.api import v2_dataplane
 from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
-from container.errors import InvalidRequest, SourceNotFound
-from container.limits import check_name
+from container.errors import InvalidRequest
 
 
 def repository_routes(core: Core) -> list[Route]:
     def index(request: Request) -> Response:
-        ready_only = _body(request).get("ready", False)
-        if not isinstance(ready_only, bool):
-            raise InvalidRequest("'ready' must be true or false")
-        entries = []
-        for entry in core.index(ready_only):
-            if entry.state == "READY":
-                entries += [{"name": entry.name, "version": str(v), "state": "READY", "reason": entry.reason}
-                            for v in entry.versions]
-            else:
-                entries.append({"name": entry.name, "state": entry.state, "reason": entry.reason})
+        entries = v2_dataplane.repository_index(core, _body(request).get("ready", False))
         return Response(content.encode_json(entries), content.JSON)
 
     def load(request: Request) -> Response:
-        name = request.params["name"]
-        check_name(name)
         parameters = _parameters(_body(request))
-        config = parameters.get("config")
-        files = {key[len("file:"):]: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
-        if config is not None and not isinstance(config, str):
-            raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
-        if files and config is None:
-            raise InvalidRequest("'file:' parameters need the 'config' parameter too")
-        try:
-            core.reload(name, config, files)
-        except SourceNotFound as exc:  # Triton's words, which scripts check, then ours
-            raise SourceNotFound(f"failed to load '{name}', failed to poll from model repository ({exc})") from None
-        except InvalidRequest as exc:
-            raise type(exc)(f"failed to load '{name}', {exc}") from None
+        files = {key: _decode_file(key, value) for key, value in parameters.items() if key.startswith("file:")}
+        v2_dataplane.load(core, request.params["name"], {**parameters, **files})
         return Response()
 
     def unload(request: Request) -> Response:
-        dependents = _parameters(_body(request)).get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidRequest("parameter 'unload_dependents' must be true or false")
-        name = request.params["name"]
-        if core.state(name) is not None:  # unloading a model that is not loaded succeeds, as in Triton
-            core.unload(name)  # no ensembles here, so no model has dependents
+        v2_dataplane.unload(core, request.params["name"], _parameters(_body(request)))
         return Response()
 
     return [

@@ -1,0 +1,45 @@
+"""What front-end processes may ask the model process over the channel (channel/server.py): V2's
+operations on its documents (v2_dataplane.py), the shared memory regions (which live here, so a region
+registered through one front-end serves every front-end). Arguments and answers
+are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
+
+from typing import Callable
+
+from container.api import offload, v2_dataplane
+from container.api.shared_memory import SharedMemory
+from container.core import Core
+
+
+def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict[str, Callable]:
+    def infer(name: str, version: str, document: dict, binary: bytes) -> list:
+        heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
+        answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, lambda _: (document, memoryview(binary)),
+                                            heavy=heavy)
+        return [answer, chunks]
+
+    def model_config(name: str, version: str) -> bytes:
+        return v2_dataplane.model_config(core, name, version).SerializeToString()
+
+    return {
+        "live": lambda: v2_dataplane.check_live(core),
+        "ready": lambda: v2_dataplane.check_ready(core, started),
+        "server_metadata": v2_dataplane.server_metadata,
+        "model_ready": lambda name, version: v2_dataplane.check_model_ready(core, name, version),
+        "model_metadata": lambda name, version: v2_dataplane.model_metadata(core, name, version),
+        "model_config": model_config,
+        "statistics": lambda name, version: v2_dataplane.statistics(core, name, version),
+        "infer": infer,
+        "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
+        "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),
+        "unload": lambda name, parameters: v2_dataplane.unload(core, name, parameters),
+        "shm_status": shared_memory.status,
+        "shm_register_system": shared_memory.register_system,
+        "shm_register_cuda": shared_memory.register_cuda,
+        "shm_unregister": shared_memory.unregister,
+    }
+
+
+def _names_shared_memory(document: dict) -> bool:
+    inputs = document.get("inputs")
+    return isinstance(inputs, list) and any(isinstance(e, dict) and "shared_memory_region" in e.get("parameters", {})
+                                            for e in inputs)

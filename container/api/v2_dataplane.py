@@ -1,0 +1,205 @@
+"""V2's operations on its documents, protocol-free: what `/v2/…` over HTTP (v2.py, v2_repository.py)
+and Triton's GRPCInferenceService (a front-end process, over the channel) both answer. A request here
+is V2's JSON-shaped document (decoded from JSON, or built from protobuf) with its binary tensor data;
+the answers are documents too, and each protocol writes them its own way."""
+
+from importlib.metadata import version as package_version
+
+from container import errors
+from container.api import offload, v2_codec
+from container.core import Core, ModelView, State
+from container.errors import InvalidRequest, ModelNotFound, Unavailable
+from container.inference import Client, InferRequest
+from container.limits import check_name, whole_number
+from container.models.signature import Signature
+from container.models.statistics import Duration, Statistics
+
+EXTENSIONS = [
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics",
+]
+SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
+                         "priority": (int,), "timeout": (int,)}
+PLATFORMS = {"pytorch": "pytorch_libtorch"}
+
+
+def server_metadata() -> dict:
+    return {"name": "container", "version": package_version("container"), "extensions": EXTENSIONS}
+
+
+def check_live(core: Core) -> None:
+    core.check_health()
+
+
+def check_ready(core: Core, started) -> None:
+    """`started` is set once the models named at start have loaded: the server is ready then."""
+    core.check_health()
+    if not started.is_set():
+        raise Unavailable("the models named at start are still loading")
+
+
+def check_model_ready(core: Core, name: str, version: str | None) -> None:
+    if core.state(name) is State.LOADING:
+        raise Unavailable(f"model '{name}' is still loading")
+    model(core, name, version)
+
+
+def model_metadata(core: Core, name: str, version: str | None) -> dict:
+    view, number = model(core, name, version, default_latest=False)
+    versions = [number] if number is not None else sorted(view.versions)
+    document = {"name": view.name, "versions": [str(v) for v in versions],
+                "platform": platform(view), "inputs": [], "outputs": []}
+    if view.signature is not None:
+        document["inputs"] = [v2_codec.tensor_metadata(s) for s in view.signature.inputs]
+        document["outputs"] = [v2_codec.tensor_metadata(s) for s in view.signature.outputs]
+    return document
+
+
+def model_config(core: Core, name: str, version: str | None):
+    """The model's ModelConfig message as Triton serves it: a copy, with its name and platform."""
+    view, _ = model(core, name, version)
+    if view.config is None:
+        raise InvalidRequest(f"model '{view.name}' is a SageMaker handler model; it has no Triton config")
+    config = type(view.config)()
+    config.CopyFrom(view.config)
+    config.name = view.name
+    config.platform = platform(view)
+    return config
+
+
+def statistics(core: Core, name: str | None = None, version: str | None = None) -> dict:
+    selected = core.stats(*model(core, name, version, default_latest=False)) if name is not None else core.stats()
+    return {"model_stats": [_model_statistics(m, v, s) for m, v, s in selected]}
+
+
+def infer(core: Core, shared_memory, name: str, version: str | None, parse, client: Client | None = None,
+          heavy: bool = False) -> tuple[dict, list[bytes]]:
+    """One inference: `parse(signature)` gives the request's document and binary data once the model is
+    leased (a raw binary request takes its shape from the signature); `heavy`: decode and encode on a
+    thread, off the hub (a large request, or one that reads shared memory). Returns the answer's document and
+    the binary data of its outputs sent as binary, in order."""
+    number = _version(version)
+    with core.lease(name, number, not_found=lambda _, *v: _unknown(core, name, *v), client=client) as lease:
+        signature: Signature = lease.signature
+        document, binary = parse(signature)
+        parameters = _request_parameters(document)
+        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, name)
+        requested = v2_codec.requested_outputs(document)
+        names = [r["name"] for r in requested] if requested else None
+        response = core.infer(lease, InferRequest(inputs, names, parameters))
+        answer = {"model_name": name, "model_version": str(response.model_version)}
+        if "id" in document:
+            answer["id"] = document["id"]
+        entries, chunks = offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False),
+                                         lease.view, shared_memory)
+        return {**answer, "outputs": entries}, chunks
+
+
+def _encode(outputs: dict, requested, binary: bool, view: ModelView, shared_memory):
+    return v2_codec.encode_outputs(outputs, requested, binary, view.signature, view.output_labels, shared_memory)
+
+
+def repository_index(core: Core, ready_only) -> list[dict]:
+    if not isinstance(ready_only, bool):
+        raise InvalidRequest("'ready' must be true or false")
+    entries = []
+    for entry in core.index(ready_only):
+        if entry.state == "READY":
+            entries += [{"name": entry.name, "version": str(v), "state": "READY", "reason": entry.reason}
+                        for v in entry.versions]
+        else:
+            entries.append({"name": entry.name, "state": entry.state, "reason": entry.reason})
+    return entries
+
+
+def load(core: Core, name: str, parameters: dict) -> None:
+    """Load or reload `name`; `parameters`: `config` (the model's config as JSON) and `file:<path>`
+    (each file's bytes), as Triton takes them."""
+    check_name(name)
+    config = parameters.get("config")
+    files = {key[len("file:"):]: value for key, value in parameters.items() if key.startswith("file:")}
+    if config is not None and not isinstance(config, str):
+        raise InvalidRequest("parameter 'config' must be a string holding the model config as JSON")
+    if files and config is None:
+        raise InvalidRequest("'file:' parameters need the 'config' parameter too")
+    try:
+        core.reload(name, config, files)
+    except errors.SourceNotFound as exc:  # Triton's words, which scripts check, then ours
+        raise errors.SourceNotFound(f"failed to load '{name}', failed to poll from model repository ({exc})") from None
+    except InvalidRequest as exc:
+        raise type(exc)(f"failed to load '{name}', {exc}") from None
+
+
+def unload(core: Core, name: str, parameters: dict) -> None:
+    dependents = parameters.get("unload_dependents", False)
+    if not isinstance(dependents, bool):
+        raise InvalidRequest("parameter 'unload_dependents' must be true or false")
+    if core.state(name) is not None:  # unloading a model that is not loaded succeeds, as in Triton
+        core.unload(name)  # no ensembles here, so no model has dependents
+
+
+def model(core: Core, name: str, version: str | None, default_latest: bool = True) -> tuple[ModelView, int | None]:
+    """The model and the version a request names; a miss in Triton's words, which Triton's clients match."""
+    number = _version(version)
+    view = core.ready_model(name, not_found=lambda _: _unknown(core, name))
+    if number is None:
+        return view, view.latest if default_latest else None
+    if number not in view.versions:
+        raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found")
+    return view, number
+
+
+def platform(view: ModelView) -> str:
+    if view.config is None:
+        return "sagemaker_pytorch"
+    return view.config.platform or PLATFORMS.get(view.config.backend, "pytorch_libtorch")
+
+
+def _version(text: str | None) -> int | None:
+    if text is None or text == "":  # gRPC's empty model_version: the latest, as no version in a URL
+        return None
+    number = whole_number(text)
+    if number is None:
+        raise InvalidRequest(f"version {text[:40]!r} must be a whole number in ASCII digits")
+    return number
+
+
+def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound:
+    """Triton's words for a model, or a version of it, that cannot serve."""
+    if version is not None:
+        return ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
+    return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
+
+
+def _request_parameters(document: dict) -> dict:
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidRequest("'parameters' must be an object")
+    for key, types in SCHEDULING_PARAMETERS.items():
+        value = parameters.get(key)
+        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
+            raise InvalidRequest(f"parameter '{key}' must be {' or '.join(t.__name__ for t in types)}")
+        if key in ("priority", "timeout") and value is not None and value < 0:
+            raise InvalidRequest(f"parameter '{key}' must not be negative")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidRequest("parameter 'binary_data_output' must be true or false")
+    if any(key.startswith("triton_") for key in parameters):
+        raise InvalidRequest("parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
+    return parameters
+
+
+def _model_statistics(view: ModelView, version: int, stats: Statistics) -> dict:
+    def duration(d: Duration) -> dict:
+        return {"count": d.count, "ns": d.ns}
+
+    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    inference = {p: duration(getattr(stats, p)) for p in phases}
+    inference |= {"cache_hit": duration(Duration()), "cache_miss": duration(Duration())}
+    batches = [
+        {"batch_size": size, **{p: duration(getattr(b, p)) for p in ("compute_input", "compute_infer", "compute_output")}}
+        for size, b in sorted(stats.batches.items())
+    ]
+    return {"name": view.name, "version": str(version), "last_inference": stats.last_inference_ms,
+            "inference_count": stats.inference_count, "execution_count": stats.execution_count,
+            "inference_stats": inference, "batch_stats": batches}

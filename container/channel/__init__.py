@@ -1,0 +1,20 @@
+"""The local channel between front-end processes and the one process that owns the models: calls and
+their answers as msgpack frames over a Unix socket (wire.py), served in the model process on its hub
+(server.py) and made from a front-end's asyncio loop (client.py)."""
+
+import os
+import tempfile
+
+
+def socket_path(master_pid: int) -> str:
+    """The model process's channel socket, in a directory of the server's own (0700): the gunicorn
+    master's pid names it, so its worker and its front-ends find it without being told."""
+    return os.path.join(tempfile.gettempdir(), f"container-{master_pid}", "models.sock")
+
+
+def make_socket_directory(path: str) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory, follow_symlinks=False)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{directory} is not this user's private directory; refusing to serve the channel there")

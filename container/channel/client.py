@@ -1,0 +1,94 @@
+"""A front-end's end of the channel, on its asyncio loop: one connection to the model process, many
+calls in flight on it, each answered by id. While the model process is away (it died, gunicorn is
+starting a new one), calls fail at once with Unavailable and the client keeps trying to connect."""
+
+import asyncio
+import itertools
+import logging
+
+from container.channel import wire
+from container.errors import Unavailable
+
+log = logging.getLogger(__name__)
+_RETRY = 0.2  # seconds between attempts to reach the model process
+
+
+class ChannelClient:
+    def __init__(self, path: str):
+        self.path = path
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._keep_connected())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def wait_connected(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def call(self, op: str, *args):
+        """The model process's answer to `op(*args)`; its error raised here as the same class."""
+        if self._writer is None:
+            raise Unavailable("the model process is not running; it is being restarted")
+        call_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        try:
+            self._writer.write(wire.pack([call_id, op, list(args)]))
+            await self._writer.drain()
+            failed, result = await future
+        finally:
+            self._pending.pop(call_id, None)
+        if failed:
+            wire.raise_error(*result)
+        return result
+
+    async def _keep_connected(self) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.path, limit=1 << 20)
+            except OSError:
+                await asyncio.sleep(_RETRY)
+                continue
+            self._writer = writer
+            self._connected.set()
+            log.info("connected to the model process", extra={"fields": {"channel": self.path}})
+            try:
+                await self._read_answers(reader)
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self._writer = None
+                self._connected.clear()
+                writer.close()
+                self._fail_pending()
+            log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+            call_id, failed, result = wire.unpack(await reader.readexactly(length))
+            future = self._pending.get(call_id)
+            if future is not None and not future.done():
+                future.set_result((failed, result))
+
+    def _fail_pending(self) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_result((True, ["Unavailable", "the model process ended during the request; retry", 503]))

@@ -1,0 +1,80 @@
+"""The channel's wire: each message is a 4-byte little-endian length and a msgpack document.
+
+A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
+Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
+makes only plain values and numeric arrays (no code runs, no object dtype from the wire), so a frame a
+peer forged cannot do more than a client's own request."""
+
+import struct
+
+import msgpack
+import numpy as np
+
+from container import errors
+from container.errors import ServeError
+from container.tensors import pack_strings, unpack_strings
+
+LENGTH = struct.Struct("<I")
+MAX_FRAME = (1 << 32) - 1
+_ARRAY, _STRINGS = 1, 2  # extension codes: a numeric tensor; a BYTES tensor (4-byte-length elements)
+_HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
+_NUMERIC = "biuf"
+
+
+def pack(message) -> bytes:
+    """`message` as a frame: length, then msgpack."""
+    body = msgpack.packb(message, default=_extension, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ServeError(f"a channel message of {len(body)} bytes is past the channel's 4 GiB frame")
+    return LENGTH.pack(len(body)) + body
+
+
+def unpack(body) -> object:
+    return msgpack.unpackb(body, ext_hook=_tensor, raw=False, strict_map_key=False, use_list=True)
+
+
+def error_of(exc: ServeError) -> list:
+    return [type(exc).__name__, str(exc), exc.status]
+
+
+def raise_error(name: str, message: str, status: int) -> None:
+    """The error a peer raised, as the same class of the one tree (a ServeError when the name is not in it)."""
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ServeError)):
+        cls = ServeError
+    exc = cls.__new__(cls)
+    ServeError.__init__(exc, message)
+    exc.status = status
+    raise exc
+
+
+def _extension(value):
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "OSU":
+            return msgpack.ExtType(_STRINGS, _dims(value) + pack_strings(value))
+        if value.dtype.kind not in _NUMERIC:
+            raise TypeError(f"a {value.dtype} tensor cannot cross the channel")
+        dtype = value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype
+        head = _HEAD.pack(dtype.str.encode(), value.ndim) + np.asarray(value.shape, "<i8").tobytes()
+        return msgpack.ExtType(_ARRAY, head + np.ascontiguousarray(value, dtype).tobytes())
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} cannot cross the channel")
+
+
+def _dims(array: np.ndarray) -> bytes:
+    return _HEAD.pack(b"|O", array.ndim) + np.asarray(array.shape, "<i8").tobytes()
+
+
+def _tensor(code: int, data: bytes):
+    dtype, ndim = _HEAD.unpack_from(data)
+    start = _HEAD.size + 8 * ndim
+    shape = tuple(int(d) for d in np.frombuffer(data, "<i8", ndim, _HEAD.size))
+    if code == _STRINGS:
+        return unpack_strings("", data[start:], int(np.prod(shape))).reshape(shape)
+    if code != _ARRAY:
+        return msgpack.ExtType(code, data)
+    dtype = np.dtype(dtype.rstrip(b"\0").decode())
+    if dtype.kind not in _NUMERIC:
+        raise ValueError(f"a {dtype} tensor on the channel")
+    return np.frombuffer(data, dtype, offset=start).reshape(shape)

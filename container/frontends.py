@@ -1,0 +1,51 @@
+"""Front-end processes the gunicorn master runs beside its worker (today: the gRPC front-end), each
+restarted when it dies. They hold no model, so a restart loses none; they reach the worker, the one
+process that owns the models, over the channel. The master starts them before its worker and stops
+them when it exits."""
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+
+log = logging.getLogger("container.frontends")
+_RESTART_DELAY = 1.0  # seconds before a dead front-end is started again
+
+
+class FrontEnd:
+    def __init__(self, name: str, command: list[str]):
+        self.name, self.command = name, command
+        self.process: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._keep_running, name=f"front-end {name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM, `timeout` seconds to drain, then SIGKILL."""
+        self._stopping.set()
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+    def _keep_running(self) -> None:
+        while not self._stopping.is_set():
+            self.process = subprocess.Popen(self.command)
+            log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
+            # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit
+            code = self.process.wait()
+            if self._stopping.wait(_RESTART_DELAY):
+                return
+            log.error("front-end exited; starting it again",
+                      extra={"fields": {"front_end": self.name, "pid": self.process.pid, "status": code}})
+
+
+def grpc_front_end(channel: str) -> FrontEnd:
+    return FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel])

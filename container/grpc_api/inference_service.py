@@ -1,0 +1,218 @@
+"""Triton's `inference.GRPCInferenceService`, each RPC one call over the channel to the model process
+(api/channel_operations.py), its answer written as Triton's protobuf."""
+
+import asyncio
+import base64
+import logging
+
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from container.channel.client import ChannelClient
+from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable, Unsupported
+from container.grpc_api import messages
+from container.grpc_api.status import answered, check_restricted, code_of
+from container.settings import Settings
+
+log = logging.getLogger(__name__)
+_STREAM_IN_FLIGHT = 64  # requests of one stream under way at once; the stream reads no more meanwhile
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, channel: ChannelClient, settings: Settings):
+        self.channel, self.restrictions, self.log_level = channel, settings.restricted_api, settings.log_level
+
+    # -- health and metadata ------------------------------------------------------------------------
+
+    @answered("health")
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=await self._succeeds("live"))
+
+    @answered("health")
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=await self._succeeds("ready"))
+
+    @answered("health")
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=await self._succeeds("model_ready", request.name, request.version))
+
+    @answered("metadata")
+    async def ServerMetadata(self, request, context):
+        return messages.from_document(await self.channel.call("server_metadata"), pb.ServerMetadataResponse())
+
+    @answered("metadata")
+    async def ModelMetadata(self, request, context):
+        document = await self.channel.call("model_metadata", request.name, request.version)
+        return messages.from_document(document, pb.ModelMetadataResponse())
+
+    @answered("model-config")
+    async def ModelConfig(self, request, context):
+        config = await self.channel.call("model_config", request.name, request.version)
+        return pb.ModelConfigResponse(config=model_config_pb2.ModelConfig.FromString(config))
+
+    @answered("statistics")
+    async def ModelStatistics(self, request, context):
+        document = await self.channel.call("statistics", request.name or None, request.version)
+        return messages.from_document(document, pb.ModelStatisticsResponse())
+
+    # -- inference ----------------------------------------------------------------------------------
+
+    @answered("inference")
+    async def ModelInfer(self, request, context):
+        return await self._infer(request)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
+        each answer, or its error in `error_message`, goes back as it is ready, and the stream lives on."""
+        try:
+            check_restricted(self.restrictions, "inference", context)
+        except ServeError as exc:
+            await context.abort(code_of(exc), str(exc))
+        answers: asyncio.Queue = asyncio.Queue()
+        slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
+        reading = asyncio.create_task(self._read_stream(request_iterator, answers, slots))
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            reading.cancel()
+
+    async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+        tasks = set()
+        try:
+            async for request in request_iterator:
+                await slots.acquire()
+                task = asyncio.create_task(self._stream_answer(request, answers, slots))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            answers.put_nowait(None)
+
+    async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+        try:
+            final = messages.parameters_of(request.parameters).get("triton_enable_empty_final_response", False)
+            del request.parameters["triton_enable_empty_final_response"]
+            response = await self._infer(request)
+            if final:
+                response.parameters["triton_final_response"].bool_param = True
+            answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+        except ServeError as exc:
+            answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
+        except Exception:
+            log.exception("gRPC stream request failed")
+            answers.put_nowait(pb.ModelStreamInferResponse(error_message="internal error; see the server's log"))
+        finally:
+            slots.release()
+
+    async def _infer(self, request) -> pb.ModelInferResponse:
+        document, binary = messages.infer_document(request)
+        answer, chunks = await self.channel.call("infer", request.model_name, request.model_version, document, binary)
+        return messages.infer_response(answer, chunks)
+
+    # -- the model repository -----------------------------------------------------------------------
+
+    @answered("model-repository")
+    async def RepositoryIndex(self, request, context):
+        _one_repository(request.repository_name)
+        entries = await self.channel.call("repository_index", request.ready)
+        return messages.from_document({"models": entries}, pb.RepositoryIndexResponse())
+
+    @answered("model-repository")
+    async def RepositoryModelLoad(self, request, context):
+        _one_repository(request.repository_name)
+        await self.channel.call("load", request.model_name, messages.parameters_of(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    @answered("model-repository")
+    async def RepositoryModelUnload(self, request, context):
+        _one_repository(request.repository_name)
+        await self.channel.call("unload", request.model_name, messages.parameters_of(request.parameters))
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ------------------------------------------------------------------------------
+
+    @answered("shared-memory")
+    async def SystemSharedMemoryStatus(self, request, context):
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in await self.channel.call("shm_status", "system", request.name or None):
+            response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @answered("shared-memory")
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self.channel.call("shm_register_system", request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @answered("shared-memory")
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self.channel.call("shm_unregister", "system", request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @answered("shared-memory")
+    async def CudaSharedMemoryStatus(self, request, context):
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in await self.channel.call("shm_status", "cuda", request.name or None):
+            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @answered("shared-memory")
+    async def CudaSharedMemoryRegister(self, request, context):
+        handle = {"b64": base64.b64encode(request.raw_handle).decode()}  # as the HTTP body carries it
+        await self.channel.call("shm_register_cuda", request.name, handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @answered("shared-memory")
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await self.channel.call("shm_unregister", "cuda", request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and log settings ---------------------------------------------------------------------
+
+    @answered("metadata")
+    async def TraceSetting(self, request, context):
+        """This server has no request tracing: its settings say so, and a change is refused."""
+        if any(value.value for value in request.settings.values()):
+            raise Unsupported("request tracing is not available in this server; use its request log and /metrics")
+        response = pb.TraceSettingResponse()
+        for key, values in {"trace_level": ["OFF"], "trace_rate": ["0"], "trace_count": ["0"],
+                            "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"]}.items():
+            response.settings[key].value.extend(values)
+        return response
+
+    @answered("metadata")
+    async def LogSettings(self, request, context):
+        """The log as the server writes it (SERVE_LOG_LEVEL, JSON lines on stderr); a change is refused:
+        a client may not make the server's log louder."""
+        level = _LOG_LEVELS.index(self.log_level) if self.log_level in _LOG_LEVELS else 1
+        settings = {"log_file": "", "log_info": level <= 1, "log_warning": level <= 2, "log_error": level <= 3,
+                    "log_verbose_level": 1 if level == 0 else 0, "log_format": "json"}
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            if isinstance(value, bool):
+                response.settings[key].bool_param = value
+            elif isinstance(value, int):
+                response.settings[key].uint32_param = value
+            else:
+                response.settings[key].string_param = value
+        for key, value in request.settings.items():
+            if key not in settings or value != response.settings[key]:
+                raise Unsupported(f"log setting '{key}' is fixed at start (SERVE_LOG_LEVEL); it cannot be changed here")
+        return response
+
+    async def _succeeds(self, op: str, *args) -> bool:
+        """Whether the model process answers `op` without an error: health, which is never an error itself."""
+        try:
+            await self.channel.call(op, *args)
+        except (Unavailable, ModelNotFound):
+            return False
+        return True
+
+
+def _one_repository(name: str) -> None:
+    if name:
+        raise InvalidRequest(f"repository '{name}' is not this server's: it has one model repository; leave the name empty")
+
+

@@ -1,0 +1,89 @@
+"""Triton's protobuf messages ↔ V2's documents (api/v2_dataplane.py): what the HTTP front-end reads
+from JSON, the gRPC one reads from protobuf, and both meet in the same operations."""
+
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+
+from container.errors import InvalidRequest
+
+# the typed `contents` field of each datatype; FP16 and BF16 have none (raw_input_contents only)
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+             "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+# what the gRPC front-end decides itself: a client may not set these on a tensor
+_TRANSPORT = ("binary_data_size", "binary_data")
+
+
+def parameters_of(parameters) -> dict:
+    """A map of InferParameter (or of a repository's ModelRepositoryParameter) as plain values."""
+    values = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        if choice is not None:
+            values[key] = getattr(parameter, choice)
+    return values
+
+
+def set_parameters(target, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, bool):
+            target[key].bool_param = value
+        elif isinstance(value, int):
+            target[key].int64_param = value
+        elif isinstance(value, float):
+            target[key].double_param = value
+        elif isinstance(value, str):
+            target[key].string_param = value
+
+
+def infer_document(request: pb.ModelInferRequest) -> tuple[dict, bytes]:
+    """The V2 document of a ModelInferRequest and its binary data: each input's raw contents in turn (an
+    input in shared memory or with typed `contents` takes none), every output as binary."""
+    raw = request.raw_input_contents
+    document = {"parameters": {**parameters_of(request.parameters), "binary_data_output": True}, "inputs": []}
+    if request.id:
+        document["id"] = request.id
+    chunks = []
+    for tensor in request.inputs:
+        parameters = {k: v for k, v in parameters_of(tensor.parameters).items() if k not in _TRANSPORT}
+        entry = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype, "parameters": parameters}
+        if tensor.HasField("contents"):
+            if raw:
+                raise InvalidRequest(f"contents field must not be specified when using raw_input_contents for "
+                                     f"'{tensor.name}' for model '{request.model_name}'")  # Triton's words
+            entry["data"] = _typed_contents(tensor)
+        elif "shared_memory_region" not in parameters and len(chunks) < len(raw):
+            chunks.append(raw[len(chunks)])
+            parameters["binary_data_size"] = len(chunks[-1])
+        document["inputs"].append(entry)
+    if len(chunks) != len(raw):
+        raise InvalidRequest(f"{len(raw)} raw_input_contents for {len(chunks)} inputs that take them")
+    if request.outputs:
+        document["outputs"] = [{"name": o.name, "parameters": {k: v for k, v in parameters_of(o.parameters).items()
+                                                                if k not in _TRANSPORT}} for o in request.outputs]
+    return document, b"".join(chunks)
+
+
+def _typed_contents(tensor) -> object:
+    field = _CONTENTS.get(tensor.datatype)
+    if field is None:
+        raise InvalidRequest(f"input '{tensor.name}' is {tensor.datatype}, which has no typed contents: "
+                             "send it in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    return list(values) if tensor.datatype == "BYTES" else np.array(values)
+
+
+def infer_response(answer: dict, chunks: list[bytes]) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=answer["model_name"], model_version=answer["model_version"],
+                                     id=answer.get("id", ""))
+    for entry in answer["outputs"]:
+        output = response.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
+        set_parameters(output.parameters, {k: v for k, v in entry.get("parameters", {}).items() if k not in _TRANSPORT})
+    response.raw_output_contents.extend(chunks)
+    return response
+
+
+def from_document(document: dict, message):
+    """A document whose fields are the message's (Triton's JSON and protobuf share their names)."""
+    return json_format.ParseDict(document, message)

@@ -1,0 +1,77 @@
+"""The gRPC front-end process: grpc.aio on SERVE_GRPC_PORT, reaching the model process over the
+channel. Health follows the model process: SERVING while it answers ready, NOT_SERVING otherwise.
+SIGTERM stops new calls and lets those under way finish (gunicorn's graceful timeout)."""
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from container.channel.client import ChannelClient
+from container.errors import ServeError
+from container.grpc_api.inference_service import InferenceService
+from container.settings import Settings
+
+log = logging.getLogger(__name__)
+_SERVICES = ("", "inference.GRPCInferenceService")
+_HEALTH_PERIOD = 1.0  # seconds between health checks of the model process
+_GRACE = 30.0
+_FRAMING = 64 << 10  # room for a message's protobuf beside its largest allowed tensor data
+_COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
+                "deflate": grpc.Compression.Deflate}
+
+
+def options(settings: Settings) -> list[tuple[str, int]]:
+    """grpcio's channel arguments from the settings. Sends are unbounded, as Triton's (an answer is as
+    large as the model makes it); receives are bounded as HTTP bodies are."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_payload_bytes + _FRAMING),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_concurrent_streams", settings.grpc_max_streams),
+        ("grpc.keepalive_time_ms", settings.grpc_keepalive_time * 1000),
+        ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout * 1000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),  # tritonclient may ping this often
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.so_reuseport", 0),  # a second server on the port is an error, not a silent share
+    ]
+
+
+async def serve(settings: Settings, channel_path: str) -> None:
+    channel = ChannelClient(channel_path)
+    channel.start()
+    server = grpc.aio.server(options=options(settings), compression=_COMPRESSION[settings.grpc_compression])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(channel, settings), server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    server.add_insecure_port(f"[::]:{settings.grpc_port}")
+    await server.start()
+    log.info("gRPC listening", extra={"fields": {"port": settings.grpc_port}})
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    watching = asyncio.create_task(_watch_health(channel, checks))
+    await stopping.wait()
+    log.info("gRPC draining")
+    watching.cancel()
+    await checks.enter_graceful_shutdown()
+    await server.stop(_GRACE)
+    await channel.close()
+
+
+async def _watch_health(channel: ChannelClient, checks) -> None:
+    serving = None
+    while True:
+        try:
+            await channel.call("ready")
+            now = health_pb2.HealthCheckResponse.SERVING
+        except ServeError:
+            now = health_pb2.HealthCheckResponse.NOT_SERVING
+        if now != serving:
+            for service in _SERVICES:
+                await checks.set(service, now)
+            serving = now
+        await asyncio.sleep(_HEALTH_PERIOD)
