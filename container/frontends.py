@@ -37,7 +37,9 @@ class FrontEnd:
 
     def _keep_running(self) -> None:
         while not self._stopping.is_set():
-            self.process = subprocess.Popen(self.command)
+            # close_fds=False makes Popen use posix_spawn: no fork, so no pipe of its own that gunicorn's
+            # forking of a worker at the same moment could inherit (Popen would then wait for that worker)
+            self.process = subprocess.Popen(self.command, close_fds=False)
             log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
             # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit
             code = self.process.wait()

@@ -72,7 +72,8 @@ class Server:
         return next(pid for pid, command in self._children() if "container.grpc_api" in command)
 
     def _children(self) -> list[tuple[int, str]]:
-        pids = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        # each thread lists the children it started: the front-ends are the master's thread's
+        pids = [pid for task in Path(f"/proc/{self.process.pid}/task").iterdir() for pid in _read(task / "children").split()]
         children = []
         for pid in pids:
             try:
@@ -103,6 +104,13 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # a thread that ended meanwhile
+        return ""
 
 
 def _free_port() -> int:

@@ -5,21 +5,23 @@ import asyncio
 import base64
 import logging
 
-from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from container.channel.client import ChannelClient
 from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable, Unsupported
 from container.grpc_api import messages
+from container.grpc_api.services import Malformed
 from container.grpc_api.status import answered, check_restricted, code_of
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
 _STREAM_IN_FLIGHT = 64  # requests of one stream under way at once; the stream reads no more meanwhile
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_FINAL = "triton_enable_empty_final_response"  # a stream's request asks its answer be marked final
 
 
-class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceService:
     def __init__(self, channel: ChannelClient, settings: Settings):
         self.channel, self.restrictions, self.log_level = channel, settings.restricted_api, settings.log_level
 
@@ -93,8 +95,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
         try:
-            final = messages.parameters_of(request.parameters).get("triton_enable_empty_final_response", False)
-            del request.parameters["triton_enable_empty_final_response"]
+            if isinstance(request, Malformed):
+                raise InvalidRequest(request.why)
+            final = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
+            if _FINAL in request.parameters:  # tritonclient's own flag; the model never sees it
+                del request.parameters[_FINAL]
             response = await self._infer(request)
             if final:
                 response.parameters["triton_final_response"].bool_param = True

@@ -8,11 +8,12 @@ import signal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tritonclient.grpc import service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
 
 from container.channel.client import ChannelClient
 from container.errors import ServeError
 from container.grpc_api.inference_service import InferenceService
+from container.grpc_api.services import generic_handler
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", settings.max_payload_bytes + _FRAMING),
         ("grpc.max_send_message_length", -1),
-        ("grpc.max_concurrent_streams", settings.grpc_max_streams),
+        ("grpc.server.max_pending_requests", settings.grpc_max_pending),
+        ("grpc.server.max_pending_requests_hard_limit", settings.grpc_max_pending),
         ("grpc.keepalive_time_ms", settings.grpc_keepalive_time * 1000),
         ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout * 1000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),  # tritonclient may ping this often
@@ -43,7 +45,8 @@ async def serve(settings: Settings, channel_path: str) -> None:
     channel = ChannelClient(channel_path)
     channel.start()
     server = grpc.aio.server(options=options(settings), compression=_COMPRESSION[settings.grpc_compression])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(channel, settings), server)
+    server.add_generic_rpc_handlers([generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+                                                     InferenceService(channel, settings))])
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     server.add_insecure_port(f"[::]:{settings.grpc_port}")

@@ -6,7 +6,8 @@ import logging
 
 import grpc
 
-from container.errors import ServeError
+from container.errors import InvalidRequest, ServeError
+from container.grpc_api.services import Malformed
 from container.settings import Restriction
 
 log = logging.getLogger(__name__)
@@ -25,13 +26,16 @@ def code_of(exc: ServeError) -> grpc.StatusCode:
 
 
 def answered(group: str):
-    """A unary RPC of API `group`: refused without the restricted group's metadata; its ServeError
+    """A unary RPC of API `group`: refused without the restricted group's metadata, or when its request
+    did not parse; its ServeError
     becomes the call's status and message (never a traceback); anything else is a bug, logged."""
     def decorate(method):
         @functools.wraps(method)
         async def serve(self, request, context):
             try:
                 check_restricted(self.restrictions, group, context)
+                if isinstance(request, Malformed):
+                    raise InvalidRequest(request.why)
                 return await method(self, request, context)
             except ServeError as exc:
                 await context.abort(code_of(exc), str(exc))
