@@ -253,6 +253,15 @@ class Core:
         cache = self._registry.cache
         return {device: (budget, cache.used(device)) for device, budget in cache.budgets.items()}
 
+    def predicted_memory(self, url: str) -> int:
+        """Bytes a load of `url` (under the model root) would be charged, found without loading it."""
+        return self._registry.predicted_bytes(url)
+
+    @property
+    def load_concurrency(self) -> int:
+        """Loads that run at once; more wait."""
+        return self._registry.load_threads
+
     def model_memory(self, model: ModelView) -> dict[str, int]:
         """Device → bytes accounted to `model`."""
         record = self._record(model)

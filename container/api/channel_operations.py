@@ -1,11 +1,12 @@
 """What front-end processes may ask the model process over the channel (channel/server.py): V2's
 operations on its documents (v2_dataplane.py), the shared memory regions (which live here, so a region
-registered through one front-end serves every front-end). Arguments and answers
+registered through one front-end serves every front-end), and ModelMesh's runtime API (modelmesh.py). Arguments and answers
 are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
 
 from typing import Callable
 
 from container.api import offload, v2_dataplane
+from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.core import Core
 
@@ -36,6 +37,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         "shm_register_system": shared_memory.register_system,
         "shm_register_cuda": shared_memory.register_cuda,
         "shm_unregister": shared_memory.unregister,
+        **modelmesh_operations(core, started),
     }
 
 

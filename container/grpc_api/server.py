@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from container.channel.client import ChannelClient
 from container.errors import ServeError
+from container.grpc_api import modelmesh_service
 from container.grpc_api.inference_service import InferenceService
 from container.grpc_api.services import generic_handler
 from container.settings import Settings
@@ -45,8 +46,10 @@ async def serve(settings: Settings, channel_path: str) -> None:
     channel = ChannelClient(channel_path)
     channel.start()
     server = grpc.aio.server(options=options(settings), compression=_COMPRESSION[settings.grpc_compression])
-    server.add_generic_rpc_handlers([generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
-                                                     InferenceService(channel, settings))])
+    server.add_generic_rpc_handlers([
+        generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(channel, settings)),
+        generic_handler(modelmesh_service.SERVICE, modelmesh_service.ModelRuntimeService(channel, settings)),
+    ])
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     server.add_insecure_port(f"[::]:{settings.grpc_port}")

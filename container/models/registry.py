@@ -128,6 +128,7 @@ class Registry:
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
         self.fault: str | None = None  # a sticky device error: this process can no longer serve
         self.on_fault: Callable[[str], None] = lambda why: None  # the server replaces the process
+        self.load_threads = load_threads  # loads that run at once; more wait for a thread
         self._pool = ThreadPool(load_threads)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -229,6 +230,15 @@ class Registry:
             raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
         base = None if files else resolve_url(self.model_root, self.locate(name))
         return self._pool.apply(build_override, (config, files, base))
+
+    def predicted_bytes(self, url: str) -> int:
+        """What a load of `url` would be charged, found at once: its last load's measure, else the size
+        of its files (never less than its weights)."""
+        path = resolve_url(self.model_root, url)
+        if measured := self._measured.get(str(path)):
+            return sum(measured.values())
+        files = (f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        return sum(f.stat().st_size for f in files)
 
     def locate(self, name: str) -> str:
         """The url of the repository entry `name` (an S3 root finds its archive when it fetches it)."""
