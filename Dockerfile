@@ -70,7 +70,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     SERVE_LOAD_MODELS=*
 USER server
 WORKDIR /home/server
-EXPOSE 8080
+EXPOSE 8080 8001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ping' % os.environ.get('SAGEMAKER_BIND_TO_PORT', '8080'), timeout=4)"]
 # `docker run IMAGE serve` replaces CMD; serve execs gunicorn, which then receives SIGTERM itself.

@@ -36,9 +36,11 @@ lock:
 	awk '/^torch==/ {skip = 1} skip {if (!/\\$$/) skip = 0; next} 1' requirements/server.lock > $(LOCK_VENV)/no-torch.txt
 	PIP_FIND_LINKS=" " $(COMPILE) -c $(LOCK_VENV)/no-torch.txt -o requirements/server-cuda.lock pyproject.toml
 
-# wrk, the load generator of bench/ (the test suite runs the benchmarks briefly so they cannot rot).
+# The load generators of bench/: wrk (HTTP/1.1) and h2load (HTTP/2, for gRPC). The test suite runs the
+# benchmarks briefly so they cannot rot.
 tools:
-	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+	@command -v wrk >/dev/null && command -v h2load >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq wrk nghttp2-client >/dev/null)
 
 examples: $(EXAMPLES)
 

@@ -34,10 +34,12 @@ class Load:
 
 class Server:
     def __init__(self, model_root: Path, **env):
-        self.port = free_port()
+        self.model_root = model_root
+        self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_url = f"http://127.0.0.1:{self.grpc_port}"
         environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                       "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_MODEL_ROOT": str(model_root),
+                       "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_GRPC_PORT": str(self.grpc_port), "SERVE_MODEL_ROOT": str(model_root),
                        "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning", **env}
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
@@ -50,7 +52,8 @@ class Server:
         pin_apart(self.process.pid)
 
     def worker_pid(self) -> int:
-        """The gunicorn worker: the process that holds the models."""
+        """The gunicorn worker: the process that holds the models (the master's main thread started
+        only it; the front-ends are children of the thread that keeps them running)."""
         return int(Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0])
 
     def worker_rss(self) -> int:
@@ -171,6 +174,30 @@ def wrk(url: str, body: bytes = b"", headers: dict[str, str] | None = None, conn
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = _parse(output)
     load.client_cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (time.perf_counter() - started)
+    return load
+
+
+def h2load(url: str, method: str, message: bytes, connections: int = 1, seconds: float = 10) -> Load:
+    """h2load (nghttp2's C load generator) sending one gRPC call after another on each of `connections`
+    HTTP/2 connections: `message` is the serialized request, `method` its path (`/package.Service/Method`).
+    h2load counts HTTP statuses, not gRPC ones: the scenario checks the server's own counts."""
+    if not shutil.which("h2load"):
+        raise SystemExit("h2load is not installed: apt-get install nghttp2-client (make bench does)")
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "body").write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)  # gRPC's framing
+        command = ["h2load", f"-c{connections}", "-m1", f"-D{max(1, round(seconds))}", "-d", f"{scratch}/body",
+                   "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={scratch}/log", url + method]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        elapsed = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rows = [line.split("\t") for line in (Path(scratch) / "log").read_text().splitlines()]
+    micros = sorted(int(row[2]) for row in rows)
+    errors = sum(row[1] != "200" for row in rows) + int(re.search(r"(\d+) failed", output).group(1))
+    rate = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", output).group(1))
+    load = Load(rate, micros[len(micros) // 2] / 1000, micros[int(len(micros) * 0.99)] / 1000, errors)
+    load.client_cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / elapsed
     return load
 
 

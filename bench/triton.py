@@ -65,16 +65,7 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
     measured on this server before it stops. `plot`: where to write requests/s against clients of the
     routes Triton serves too, both servers side by side (bench/plot.py)."""
     measured, peer_rows, extra = {}, {}, []
-    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
-        for name, (module, config) in models.items():
-            save_model(Path(scratch), name, module, config)
-        server = Server(Path(scratch), **server_env)
-        running.callback(server.stop)
-        peer = Triton(models) if tritonserver() else None
-        if peer is not None:
-            running.callback(peer.stop)
-            peer.pin()
-        server.pin()
+    with both_servers(models, **server_env) as (server, peer):
         for connections in concurrencies:
             for label, path, body, headers in routes:
                 if peer is not None and path.startswith("/v2/"):
@@ -95,6 +86,23 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
         lines.append(f"| {who} | {label} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
                      f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | {versus} |")
     return lines + extra
+
+
+@contextlib.contextmanager
+def both_servers(models: dict, **server_env):
+    """(this server, Triton or None where it is not installed), serving the same `models` ({name:
+    (TorchScript module, config)}), both pinned apart from the load generator; stopped at the end."""
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
+        for name, (module, config) in models.items():
+            save_model(Path(scratch), name, module, config)
+        server = Server(Path(scratch), **server_env)
+        running.callback(server.stop)
+        peer = Triton(models) if tritonserver() else None
+        if peer is not None:
+            running.callback(peer.stop)
+            peer.pin()
+        server.pin()
+        yield server, peer
 
 
 def _plot(path: Path, measured: dict, peer_rows: dict, labels: list[str], concurrencies) -> None:
@@ -139,6 +147,7 @@ class Triton:
             self._write_model(scratch / "models" / name, module, config)
         ports = [free_port() for _ in range(3)]
         self.url = f"http://127.0.0.1:{ports[0]}"
+        self.grpc_url = f"http://127.0.0.1:{ports[1]}"
         self.log = scratch / "triton.log"
         environment = {**os.environ, "LD_LIBRARY_PATH": str(package.parent / "nvidia_pytriton.libs")}
         with self.log.open("wb") as log:

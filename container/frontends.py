@@ -3,25 +3,29 @@ restarted when it dies. They hold no model, so a restart loses none; they reach 
 process that owns the models, over the channel. The master starts them before its worker and stops
 them when it exits."""
 
-import logging
 import signal
 import subprocess
 import sys
 import threading
 
-log = logging.getLogger("container.frontends")
 _RESTART_DELAY = 1.0  # seconds before a dead front-end is started again
 
 
 class FrontEnd:
-    def __init__(self, name: str, command: list[str]):
-        self.name, self.command = name, command
+    def __init__(self, name: str, command: list[str], log):
+        """`log`: the master's logger (gunicorn's, which writes JSON lines)."""
+        self.name, self.command, self.log = name, command, log
         self.process: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._keep_running, name=f"front-end {name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def stopping(self) -> None:
+        """The master was told to stop: a front-end that exits now is not started again (a signal to the
+        whole process group reaches it before the master has stopped its worker)."""
+        self._stopping.set()
 
     def stop(self, timeout: float) -> None:
         """SIGTERM, `timeout` seconds to drain, then SIGKILL."""
@@ -40,14 +44,14 @@ class FrontEnd:
             # close_fds=False makes Popen use posix_spawn: no fork, so no pipe of its own that gunicorn's
             # forking of a worker at the same moment could inherit (Popen would then wait for that worker)
             self.process = subprocess.Popen(self.command, close_fds=False)
-            log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
+            self.log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
             # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit
             code = self.process.wait()
             if self._stopping.wait(_RESTART_DELAY):
                 return
-            log.error("front-end exited; starting it again",
+            self.log.error("front-end exited; starting it again",
                       extra={"fields": {"front_end": self.name, "pid": self.process.pid, "status": code}})
 
 
-def grpc_front_end(channel: str) -> FrontEnd:
-    return FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel])
+def grpc_front_end(channel: str, log) -> FrontEnd:
+    return FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel], log)

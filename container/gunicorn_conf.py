@@ -21,19 +21,29 @@ logger_class = "container.logs.GunicornLogger"  # its own lines as JSON, like th
 control_socket_disable = True  # gunicorn 27's admin socket in $HOME: unused here, and $HOME may not be writable
 
 
-
-def on_starting(server):
+def when_ready(server):
     """In the master, before its worker: the channel's directory, and the front-ends that reach the
-    worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile)."""
+    worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile). Once the
+    master is told to stop, a front-end that exits is not started again."""
     path = channel.socket_path(os.getpid())
     channel.make_socket_directory(path)
-    server.front_ends = [frontends.grpc_front_end(path)] if _settings.grpc_port else []
+    server.front_ends = [frontends.grpc_front_end(path, server.log)] if _settings.grpc_port else []
     for front_end in server.front_ends:
         front_end.start()
+    for name in ("handle_term", "handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it
+        setattr(server, name, _stopping_first(server.front_ends, getattr(server, name)))
+
+
+def _stopping_first(front_ends, handle):
+    def handle_stop():
+        for front_end in front_ends:
+            front_end.stopping()
+        handle()
+    return handle_stop
 
 
 def on_exit(server):
     """The worker has drained and exited: the front-ends drain and exit too."""
-    for front_end in server.front_ends:
+    for front_end in getattr(server, "front_ends", ()):  # none when the master failed before it was ready
         front_end.stop(graceful_timeout)
     shutil.rmtree(os.path.dirname(channel.socket_path(os.getpid())), ignore_errors=True)

@@ -141,10 +141,7 @@ class InferenceService:
 
     @answered("shared-memory")
     async def SystemSharedMemoryStatus(self, request, context):
-        response = pb.SystemSharedMemoryStatusResponse()
-        for region in await self.channel.call("shm_status", "system", request.name or None):
-            response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
-        return response
+        return await self._regions("system", request.name, pb.SystemSharedMemoryStatusResponse())
 
     @answered("shared-memory")
     async def SystemSharedMemoryRegister(self, request, context):
@@ -158,10 +155,7 @@ class InferenceService:
 
     @answered("shared-memory")
     async def CudaSharedMemoryStatus(self, request, context):
-        response = pb.CudaSharedMemoryStatusResponse()
-        for region in await self.channel.call("shm_status", "cuda", request.name or None):
-            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
-        return response
+        return await self._regions("cuda", request.name, pb.CudaSharedMemoryStatusResponse())
 
     @answered("shared-memory")
     async def CudaSharedMemoryRegister(self, request, context):
@@ -205,6 +199,12 @@ class InferenceService:
         for key, value in request.settings.items():
             if key not in settings or value != response.settings[key]:
                 raise Unsupported(f"log setting '{key}' is fixed at start (SERVE_LOG_LEVEL); it cannot be changed here")
+        return response
+
+    async def _regions(self, kind: str, name: str, response):
+        """The registered regions of `kind` (one, when `name` is not empty) in a status response."""
+        for region in await self.channel.call("shm_status", kind, name or None):
+            response.regions[region["name"]].CopyFrom(type(response).RegionStatus(**region))
         return response
 
     async def _succeeds(self, op: str, *args) -> bool:

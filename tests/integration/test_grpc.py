@@ -3,6 +3,7 @@ against the real server, each behaviour checked against the same request over HT
 protocols cannot drift. The gRPC front-end is a process of its own; the models live in the worker."""
 
 import asyncio
+import json
 import os
 import signal
 
@@ -11,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import requests
+import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_aio
 import tritonclient.http as http
@@ -20,9 +22,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException, shared_memory
 
-from tests.builders import AddSub, Scale, Upper, fp32_model, handler_model, sized_model, tensor, triton_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, sized_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
-from tests.integration.test_v2 import DATATYPES, Echo, Logits
+from tests.integration.test_v2 import DATATYPES, save_models
 
 RESTRICTED = "secret-value-never-shown"
 
@@ -30,15 +32,7 @@ RESTRICTED = "secret-value-never-shown"
 @pytest.fixture(scope="module")
 def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    for datatype in DATATYPES:
-        triton_model(root, f"echo_{datatype.lower()}", Echo(), [tensor("x", f"TYPE_{datatype}", [-1])],
-                     [tensor("y", f"TYPE_{datatype}", [-1])], max_batch_size=4)
-    triton_model(root, "strings", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("UPPER", "TYPE_STRING", [-1])])
-    triton_model(root, "addsub", AddSub(), [tensor("INPUT0", "TYPE_INT32", [4]), tensor("INPUT1", "TYPE_INT32", [4])],
-                 [tensor("OUTPUT0", "TYPE_INT32", [4]), tensor("OUTPUT1", "TYPE_INT32", [4])], max_batch_size=8)
-    scores = triton_model(root, "scores", Logits(), [tensor("x", "TYPE_FP32", [4])],
-                          [{**tensor("y", "TYPE_FP32", [4]), "label_filename": "labels.txt"}], max_batch_size=4)
-    (scores / "labels.txt").write_text("apple\npear\nplum\nfig\n")
+    save_models(root)
     triton_model(root, "accumulate", Accumulate(),
                  [tensor("INPUT", "TYPE_FP32", [1])], [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])],
                  max_batch_size=4, sequence_batching=SEQUENCE)
@@ -46,7 +40,8 @@ def server(start_server, tmp_path_factory):
     sized_model(root, "huge", 64)
     handler_model(root, "handler", None, Scale())
     loaded = [f"echo_{d.lower()}" for d in DATATYPES] + ["strings", "addsub", "scores", "accumulate", "handler"]
-    server = start_server(root, SERVE_LOAD_MODELS=",".join(loaded), SERVE_ALLOW_CLIENT_SHM="true", SERVE_MEMORY_LIMIT="48MiB",
+    server = start_server(root, SERVE_LOAD_MODELS=",".join(loaded), SERVE_ALLOW_CLIENT_SHM="true", SERVE_ALLOW_MODEL_FILES="true",
+                          SERVE_MEMORY_LIMIT="48MiB",
                           SERVE_RESTRICTED_API=f"statistics:x-stats-key={RESTRICTED}")
     client = triton_grpc.InferenceServerClient(server.grpc_url)
     wait_for(lambda: _ready(client), 60, "the gRPC front-end did not answer ready")
@@ -349,11 +344,22 @@ def test_the_repository_over_grpc_is_the_one_http_sees(server, client, web):
     assert web.get_model_config("later")["max_batch_size"] == 2
     client.unload_model("later")
     error = _grpc_error(client.load_model, "later", config="{}", files={"file:1/model.pt": b"anything"})
-    assert error.status() == "StatusCode.PERMISSION_DENIED" and "SERVE_ALLOW_MODEL_FILES" in error.message()
+    assert error.status() == "StatusCode.PERMISSION_DENIED" and "comes from the model root" in error.message()
     error = _grpc_error(client.load_model, "no_such_model")
     assert error.status() == "StatusCode.NOT_FOUND" and "failed to poll from model repository" in error.message()
     error = _grpc_error(client.load_model, "../escape")
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_model_files_travel_as_bytes(client, tmp_path):
+    """gRPC carries a `file:` parameter's content as bytes (HTTP as base64): the same model either way."""
+    torch.jit.script(Scale(3.0)).save(str(tmp_path / "model.pt"))
+    config = json.dumps({"backend": "pytorch", "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+                         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]})
+    client.load_model("uploaded", config=config, files={"file:1/model.pt": (tmp_path / "model.pt").read_bytes()})
+    result = client.infer("uploaded", [_input("x", np.array([1, 2], np.float32))])
+    assert result.as_numpy("y").tolist() == [3.0, 6.0]
+    client.unload_model("uploaded")
 
 
 def test_a_load_past_the_memory_budget_is_resource_exhausted(client):
@@ -371,6 +377,8 @@ def test_statistics_count_grpc_requests_and_are_restricted(server, client):
     assert after.inference_count == int(before.get("inference_count", 0)) + 1
     over_http = requests.get(f"{server.url}/v2/models/addsub/stats", headers=metadata, timeout=10).json()
     assert over_http["model_stats"][0]["inference_count"] == after.inference_count
+    metrics = requests.get(f"{server.url}/metrics", headers=metadata, timeout=10).text
+    assert f'nv_inference_count{{model="addsub",version="1"}} {after.inference_count}' in metrics.replace(".0\n", "\n")
     error = _grpc_error(client.get_inference_statistics, "addsub")
     assert error.status() == "StatusCode.PERMISSION_DENIED" and RESTRICTED not in error.message()
 
@@ -451,3 +459,36 @@ def test_while_the_model_process_restarts_grpc_answers_unavailable(server, clien
     wait_for(back, 120, "gRPC did not serve again once gunicorn restarted its worker")
     assert codes <= {"StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND"}  # NOT_FOUND: up, the model still loading
     assert "StatusCode.UNAVAILABLE" in codes
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """A server with the default settings, which the last test stops with SIGTERM."""
+    from tests.conftest import Server
+
+    root = tmp_path_factory.mktemp("defaults")
+    fp32_model(root, "plain")
+    server = Server(root, SERVE_LOAD_MODELS="plain")
+    wait_for(lambda: _ready(triton_grpc.InferenceServerClient(server.grpc_url)), 60, "the gRPC front-end did not answer ready")
+    yield server
+    server.stop()
+
+
+def test_model_files_are_refused_by_default(default_server):
+    client = triton_grpc.InferenceServerClient(default_server.grpc_url)
+    error = _grpc_error(client.load_model, "new", config="{}", files={"file:1/model.pt": b"anything"})
+    assert error.status() == "StatusCode.PERMISSION_DENIED" and "SERVE_ALLOW_MODEL_FILES" in error.message()
+
+
+def test_sigterm_to_the_master_drains_and_stops_every_process(default_server):
+    """As `docker stop` sends it: to the master alone. The worker drains, then the front-end, and none
+    is left behind."""
+    server = default_server
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    front_end, worker = server.grpc_pid(), server.worker_pid()
+    assert client.infer("plain", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
+    os.kill(server.process.pid, signal.SIGTERM)
+    assert server.process.wait(timeout=40) == 0
+    for pid in (front_end, worker):
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2], pid
+    client.close()

@@ -37,19 +37,25 @@ class Logits(torch.nn.Module):
         return x * 1.0
 
 
-@pytest.fixture(scope="module")
-def server(start_server, tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
+def save_models(root) -> None:
+    """A model per datatype that echoes its input, a BYTES model and a model of two inputs and outputs:
+    the V2 tests' models, and the gRPC tests' (test_grpc.py), which compare the two protocols on them."""
     for datatype in DATATYPES:
         triton_model(root, f"echo_{datatype.lower()}", Echo(), [tensor("x", f"TYPE_{datatype}", [-1])],
                      [tensor("y", f"TYPE_{datatype}", [-1])], max_batch_size=4)
     triton_model(root, "strings", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("UPPER", "TYPE_STRING", [-1])])
     triton_model(root, "addsub", AddSub(), [tensor("INPUT0", "TYPE_INT32", [4]), tensor("INPUT1", "TYPE_INT32", [4])],
                  [tensor("OUTPUT0", "TYPE_INT32", [4]), tensor("OUTPUT1", "TYPE_INT32", [4])], max_batch_size=8)
-    triton_model(root, "nobatch", Scale(), [tensor("x", "TYPE_FP32", [2, 2])], [tensor("y", "TYPE_FP32", [2, 2])])
     scores = triton_model(root, "scores", Logits(), [tensor("x", "TYPE_FP32", [4])],
                           [{**tensor("y", "TYPE_FP32", [4]), "label_filename": "labels.txt"}], max_batch_size=4)
     (scores / "labels.txt").write_text("apple\npear\nplum\nfig\n")
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    save_models(root)
+    triton_model(root, "nobatch", Scale(), [tensor("x", "TYPE_FP32", [2, 2])], [tensor("y", "TYPE_FP32", [2, 2])])
     triton_model(root, "versions", Scale(1.0), [tensor("x", "TYPE_FP32", [1])], [tensor("y", "TYPE_FP32", [1])],
                  max_batch_size=2, versions=(1, 2), version_policy={"all": {}})
     torch.jit.script(Scale(2.0)).save(str(root / "versions" / "2" / "model.pt"))

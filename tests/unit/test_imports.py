@@ -2,6 +2,8 @@
 neither api nor Flask; front-ends never import torch or the core's internals."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,12 @@ FORBIDDEN = {
     # Front-ends reach the models through the core facade (container/core.py) alone.
     "api": ("torch", "flask", "container.backends", "container.scheduling", "container.models.registry",
             "container.models.cache", "container.models.downloads", "container.app"),
+    # The channel is a transport: it knows no protocol and no model.
+    "channel": ("container.api", "container.core", "container.models", "container.scheduling", "container.backends",
+                "container.app", "container.grpc_api", "flask", "torch"),
+    # The gRPC front-end process reaches the models over the channel alone; nothing there is patched by gevent.
+    "grpc_api": ("container.api", "container.core", "container.models", "container.scheduling", "container.backends",
+                 "container.app", "flask", "torch", "gevent"),
 }
 
 
@@ -43,6 +51,14 @@ def test_shared_leaf_modules_import_no_layer():
     for leaf in ("errors.py", "tensors.py", "content.py", "inference.py", "settings.py", "resources.py", "limits.py"):
         layers = [n for n in imports(PACKAGE / leaf) if n.split(".")[:2][-1] in FORBIDDEN]
         assert layers == [], leaf
+
+
+def test_the_grpc_front_end_process_loads_no_model_machinery():
+    """What `python -m container.grpc_api` imports: no torch, no core, and gevent never patching anything."""
+    code = ("import sys, container.grpc_api.server, container.logs; import gevent.monkey; "
+            "print(sorted(m for m in ('torch', 'container.core', 'flask') if m in sys.modules), gevent.monkey.is_anything_patched())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "False"]
 
 
 def test_the_core_facade_sits_below_the_front_ends():

@@ -1,0 +1,73 @@
+"""The channel's wire (container/channel/wire.py): what crosses comes back equal, tensors as their raw
+bytes, and a frame can make nothing but plain values and numeric or BYTES tensors."""
+
+import msgpack
+import numpy as np
+import pytest
+
+from container import errors
+from container.channel import wire
+
+
+def round_trip(value):
+    frame = wire.pack(value)
+    assert wire.LENGTH.unpack(frame[:4])[0] == len(frame) - 4
+    return wire.unpack(frame[4:])
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+                                   "float16", "float32", "float64", ">f4", ">i8"])
+def test_numeric_tensors_keep_dtype_shape_and_values(dtype):
+    array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    back = round_trip({"x": array, "scalar": np.float32(1.5)})
+    assert back["x"].dtype == array.dtype.newbyteorder("<") and back["x"].shape == (2, 3, 4)
+    np.testing.assert_array_equal(back["x"], array)
+    assert back["scalar"] == 1.5
+
+
+def test_a_non_contiguous_or_empty_tensor_crosses_whole():
+    array = np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(round_trip([array])[0], array)
+    assert round_trip([np.empty((0, 5), np.float32)])[0].shape == (0, 5)
+
+
+def test_bytes_tensors_cross_as_bytes():
+    strings = np.array([[b"a", b""], ["ü".encode(), b"\0\xff"]], dtype=object)
+    back = round_trip([strings, np.array(["text"])])
+    assert back[0].dtype == object and back[0].tolist() == strings.tolist()
+    assert back[1].tolist() == [b"text"]
+
+
+def test_documents_keep_their_plain_values():
+    document = {"id": "r1", "parameters": {"sequence_id": 2**63 - 1, "flag": True, "rate": 0.5, "none": None},
+                "inputs": [{"name": "x", "shape": [1, 4]}], "binary": b"\x00\x01"}
+    assert round_trip(document) == document
+
+
+def test_what_is_not_data_does_not_cross():
+    with pytest.raises(TypeError):
+        wire.pack([object()])
+    with pytest.raises(TypeError):
+        wire.pack([np.array([1 + 2j])])
+
+
+def test_a_forged_frame_makes_no_object_array():
+    head = wire._HEAD.pack(b"|O", 1) + np.asarray([2], "<i8").tobytes()
+    forged = msgpack.packb(msgpack.ExtType(1, head + b"\0" * 16))
+    with pytest.raises(ValueError, match="object"):
+        wire.unpack(forged)
+
+
+@pytest.mark.parametrize("cls", [errors.InvalidInput, errors.ModelNotFound, errors.Unavailable, errors.InsufficientMemory,
+                                 errors.Unsupported])
+def test_errors_come_back_as_the_same_class_with_status_and_words(cls):
+    name, message, status = wire.error_of(cls("what to fix"))
+    with pytest.raises(cls) as raised:
+        wire.raise_error(name, message, status)
+    assert str(raised.value) == "what to fix" and raised.value.status == cls.status
+
+
+def test_an_unknown_error_name_is_a_server_error_with_its_status():
+    with pytest.raises(errors.ServeError) as raised:
+        wire.raise_error("NotAnError", "words", 418)
+    assert type(raised.value) is errors.ServeError and raised.value.status == 418
