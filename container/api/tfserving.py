@@ -130,9 +130,11 @@ def _servable_not_found(request: Request, version: int | None = None) -> ModelNo
 
 
 def _status(model: ModelView, version: int | None) -> dict:
+    """TF Serving's status, then what KServe's V1 client reads (`name`, `ready`): a TF Serving client
+    reads the first key only."""
     versions = [version] if version is not None else sorted(model.versions, reverse=True)
     available = {"state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-    return {"model_version_status": [{"version": str(v), **available} for v in versions]}
+    return {"model_version_status": [{"version": str(v), **available} for v in versions], "name": model.name, "ready": True}
 
 
 def _metadata(model: ModelView, version: int) -> dict:

@@ -18,12 +18,18 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
     server_metadata = content.encode_json(v2_dataplane.server_metadata())
 
     def live(request: Request) -> Response:
+        """The status is the answer (tritonclient reads it); the body says it again for KServe's clients."""
         v2_dataplane.check_live(core)
-        return Response()
+        return _json({"live": True})
 
     def ready(request: Request) -> Response:
         v2_dataplane.check_ready(core, started)
-        return Response()
+        return _json({"ready": True})
+
+    def alive(request: Request) -> Response:
+        """KServe's V1 liveness, which its client reads at the root."""
+        v2_dataplane.check_live(core)
+        return _json({"status": "alive"})
 
     def metadata(request: Request) -> Response:
         return Response(server_metadata, content.JSON)
@@ -54,6 +60,7 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
         return Response(answer, headers=headers)
 
     return [
+        Route("GET", "/", alive, "health", _ALIVE),
         Route("GET", "/v2/health/live", live, "health", _LIVE),
         Route("GET", "/v2/health/ready", ready, "health", _READY),
         Route("GET", "/v2", metadata, "metadata", _SERVER),
@@ -134,8 +141,12 @@ _INFER_DOCUMENT = object_schema({
     "outputs": {"type": "array", "items": object_schema({"name": {"type": "string"}, "parameters": {"type": "object"}}, ["name"])},
 }, ["inputs"])
 _ANY_OBJECT = json_content({"type": "object"})
-_LIVE = operation("liveness: 503 after a sticky GPU error, while the worker restarts", V2, EMPTY, errors=(503,))
-_READY = operation("readiness: the models named at start have loaded", V2, EMPTY, errors=(503,))
+_LIVE = operation("liveness: 503 after a sticky GPU error, while the worker restarts", V2,
+                  json_content(object_schema({"live": {"const": True}}, ["live"])), errors=(503,))
+_READY = operation("readiness: the models named at start have loaded", V2,
+                   json_content(object_schema({"ready": {"const": True}}, ["ready"])), errors=(503,))
+_ALIVE = operation("KServe V1 liveness", V2, json_content(object_schema({"status": {"const": "alive"}}, ["status"])),
+                   errors=(503,))
 _SERVER = operation("server metadata", V2, json_content(object_schema({
     "name": {"type": "string"}, "version": {"type": "string"}, "extensions": {"type": "array", "items": {"type": "string"}}})),
     errors=())

@@ -62,9 +62,12 @@ def post(server, path, body: bytes | str):
 def test_spec_status(server):
     answer = get(server, "/v1/models/saved_model_half_plus_three")
     assert answer.status_code == 200 and answer.headers["Content-Type"] == "application/json"
+    # the spec's answer byte for byte, then the two keys KServe's V1 client reads (a TF Serving client
+    # reads model_version_status alone)
     assert answer.text == (
         '{\n "model_version_status": [\n  {\n   "version": "123",\n   "state": "AVAILABLE",\n'
-        '   "status": {\n    "error_code": "OK",\n    "error_message": ""\n   }\n  }\n ]\n}'
+        '   "status": {\n    "error_code": "OK",\n    "error_message": ""\n   }\n  }\n ],\n'
+        ' "name": "saved_model_half_plus_three",\n "ready": true\n}'
     )
 
 
