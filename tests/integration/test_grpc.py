@@ -41,7 +41,7 @@ def server(start_server, tmp_path_factory):
     handler_model(root, "handler", None, Scale())
     loaded = [f"echo_{d.lower()}" for d in DATATYPES] + ["strings", "addsub", "scores", "accumulate", "handler"]
     server = start_server(root, SERVE_LOAD_MODELS=",".join(loaded), SERVE_ALLOW_CLIENT_SHM="true", SERVE_ALLOW_MODEL_FILES="true",
-                          SERVE_MEMORY_LIMIT="48MiB",
+                          SERVE_MEMORY_LIMIT="48MiB", SERVE_GRPC_COMPRESSION="gzip",  # every answer here compressed
                           SERVE_RESTRICTED_API=f"statistics:x-stats-key={RESTRICTED}")
     client = triton_grpc.InferenceServerClient(server.grpc_url)
     wait_for(lambda: _ready(client), 60, "the gRPC front-end did not answer ready")
@@ -242,6 +242,13 @@ def test_a_message_over_the_size_limit_is_resource_exhausted(client):
     error = _grpc_error(client.infer, "echo_fp32", [tensor_in])
     assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
     assert client.is_server_ready()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_read(client, algorithm):
+    array = np.arange(4, dtype=np.float32).reshape(1, 4)
+    result = client.infer("scores", [_input("x", array)], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("y"), array)
 
 
 def test_async_client(server):
