@@ -1,5 +1,5 @@
-"""Scenario: Triton's gRPC `ModelInfer` (raw tensors) on the tiny model and the MLP at 1, 8 and 64
-clients, through this server's gRPC front-end and Triton's own gRPC endpoint, driven by h2load (C,
+"""Scenario: Triton's gRPC `ModelInfer` (raw tensors) on the tiny model, the MLP and a 4 MB echo at
+1, 8 and 64 clients, through this server's gRPC front-end and Triton's own gRPC endpoint, driven by h2load (C,
 HTTP/2) with one call in flight per connection. The server's CPU per request counts its whole process
 tree: the front-end process, the worker and the hop between them. Then the HTTP rows that the
 front-end must not slow: tiny over V2 binary with gRPC off and on, in the same run."""
@@ -8,6 +8,7 @@ import json
 import urllib.request
 
 import numpy as np
+import torch
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.harness import Server, cpu_seconds, h2load, ratio, v2_binary_request
@@ -25,7 +26,13 @@ def _config(width: int, **more) -> dict:
             "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [width]}], **more}
 
 
-MODELS = {"tiny": (Double(), _config(16)), "mlp": (MLP(), _config(WIDTH))}
+class Echo(torch.nn.Module):
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return INPUT0 * 1.0
+
+
+LARGE = 1_000_000  # floats: 4 MB in and out, which crosses between the processes through shared memory
+MODELS = {"tiny": (Double(), _config(16)), "mlp": (MLP(), _config(WIDTH)), "echo_4mb": (Echo(), _config(-1))}
 
 
 def _request(model: str, width: int) -> bytes:
@@ -51,7 +58,7 @@ def _inferences(server, model: str) -> int:
 def run(seconds: float, smoke: bool) -> list[str]:
     rows, unanswered = {}, []
     with both_servers(MODELS) as (server, peer):
-        for model, width in (("tiny", 16), ("mlp", WIDTH)):
+        for model, width in (("tiny", 16), ("mlp", WIDTH), ("echo_4mb", LARGE)):
             message = _request(model, width)
             for connections in CONCURRENCIES:
                 if peer is not None:

@@ -4,6 +4,7 @@ import os
 import shutil
 
 from container import channel, frontends, resources
+from container.channel.blobs import Blobs
 from container.settings import Settings
 
 resources.raise_open_file_limit()  # first: the connection cap follows from it, and the worker inherits it
@@ -46,4 +47,6 @@ def on_exit(server):
     """The worker has drained and exited: the front-ends drain and exit too."""
     for front_end in getattr(server, "front_ends", ()):  # none when the master failed before it was ready
         front_end.stop(graceful_timeout)
-    shutil.rmtree(os.path.dirname(channel.socket_path(os.getpid())), ignore_errors=True)
+    path = channel.socket_path(os.getpid())
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    Blobs(channel.blob_prefix(path)).remove_all()  # data a process that died wrote and nobody took

@@ -8,15 +8,17 @@ from typing import Callable
 from container.api import offload, v2_dataplane
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
+from container.channel.blobs import large
 from container.core import Core
 
 
 def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict[str, Callable]:
-    def infer(name: str, version: str, document: dict, binary: bytes) -> list:
+    def infer(name: str, version: str, document: dict, binary) -> list:
+        """`binary`: bytes, or a large request's data mapped from shared memory."""
         heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
         answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, lambda _: (document, memoryview(binary)),
                                             heavy=heavy)
-        return [answer, chunks]
+        return [answer, [large(chunk) for chunk in chunks]]
 
     def model_config(name: str, version: str) -> bytes:
         return v2_dataplane.model_config(core, name, version).SerializeToString()

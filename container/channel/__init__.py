@@ -12,6 +12,11 @@ def socket_path(master_pid: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"container-{master_pid}", "models.sock")
 
 
+def blob_prefix(path: str) -> str:
+    """The names of the channel's shared-memory data (blobs.py): its directory's, `container-<master pid>`."""
+    return os.path.basename(os.path.dirname(path))
+
+
 def make_socket_directory(path: str) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)

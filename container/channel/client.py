@@ -6,7 +6,8 @@ import asyncio
 import itertools
 import logging
 
-from container.channel import wire
+from container.channel import blob_prefix, wire
+from container.channel.blobs import Blobs
 from container.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,7 @@ _RETRY = 0.2  # seconds between attempts to reach the model process
 class ChannelClient:
     def __init__(self, path: str):
         self.path = path
+        self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -50,9 +52,11 @@ class ChannelClient:
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            self._writer.write(wire.pack([call_id, op, list(args)]))
+            self._writer.write(wire.pack([call_id, op, list(args)], self.blobs))
             await self._writer.drain()
             failed, result = await future
+        except OSError:  # the model process went away while the call was being written
+            raise Unavailable("the model process ended during the request; retry") from None
         finally:
             self._pending.pop(call_id, None)
         if failed:
@@ -83,7 +87,7 @@ class ChannelClient:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         while True:
             (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-            call_id, failed, result = wire.unpack(await reader.readexactly(length))
+            call_id, failed, result = wire.unpack(await reader.readexactly(length), self.blobs)
             future = self._pending.get(call_id)
             if future is not None and not future.done():
                 future.set_result((failed, result))

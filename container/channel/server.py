@@ -11,7 +11,8 @@ from gevent.lock import Semaphore
 from gevent.pool import Group
 from gevent.server import StreamServer
 
-from container.channel import wire
+from container.channel import blob_prefix, wire
+from container.channel.blobs import Blobs
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ class ChannelServer:
         """`operations`: op name → the function a call runs with its arguments; `max_frame`: the largest
         call a front-end may send (a request body's limit, and room for its description)."""
         self.path, self.operations, self.max_frame = path, operations, max_frame
+        self.blobs = Blobs(blob_prefix(path))
         self.calls = Group()
         self.draining = False
         if os.path.lexists(path):
@@ -57,7 +59,7 @@ class ChannelServer:
     def _answer(self, sock, lock: Semaphore, frame: memoryview) -> None:
         call_id = None
         try:
-            call_id, op, args = wire.unpack(frame)
+            call_id, op, args = wire.unpack(frame, self.blobs)
             if self.draining:
                 raise Unavailable("the server is shutting down")
             operation = self.operations.get(op)
@@ -70,7 +72,7 @@ class ChannelServer:
             log.exception("channel call failed", extra={"fields": {"call": call_id}})
             answer = [call_id, 1, ["ServeError", "internal error in the model process; see its log", 500]]
         try:
-            data = wire.pack(answer)
+            data = wire.pack(answer, self.blobs)
         except (ServeError, TypeError, ValueError) as exc:
             log.exception("channel answer could not be packed")
             data = wire.pack([call_id, 1, ["ServeError", f"the answer could not cross the channel: {exc}", 500]])

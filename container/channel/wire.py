@@ -3,7 +3,8 @@
 A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
 Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
 makes only plain values and numeric arrays (no code runs, no object dtype from the wire), so a frame a
-peer forged cannot do more than a client's own request."""
+peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels
+beside the frame, in shared memory (blobs.py), and arrives as a read-only memoryview."""
 
 import struct
 
@@ -11,26 +12,40 @@ import msgpack
 import numpy as np
 
 from container import errors
+from container.channel.blobs import Blobs, Large
 from container.errors import ServeError
 from container.tensors import pack_strings, unpack_strings
 
 LENGTH = struct.Struct("<I")
 MAX_FRAME = (1 << 32) - 1
-_ARRAY, _STRINGS = 1, 2  # extension codes: a numeric tensor; a BYTES tensor (4-byte-length elements)
+_ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
 _NUMERIC = "biuf"
 
 
-def pack(message) -> bytes:
-    """`message` as a frame: length, then msgpack."""
-    body = msgpack.packb(message, default=_extension, use_bin_type=True)
+def pack(message, blobs: Blobs | None = None) -> bytes:
+    """`message` as a frame: length, then msgpack; `blobs` takes its `Large` values."""
+    def extension(value):
+        if isinstance(value, Large):
+            try:
+                return msgpack.ExtType(_BLOB, msgpack.packb([blobs.put(value.data), len(value.data)]))
+            except (AttributeError, OSError):  # no blobs here, or /dev/shm is full (Docker gives it 64 MiB)
+                return value.data
+        return _extension(value)
+
+    body = msgpack.packb(message, default=extension, use_bin_type=True)
     if len(body) > MAX_FRAME:
         raise ServeError(f"a channel message of {len(body)} bytes is past the channel's 4 GiB frame")
     return LENGTH.pack(len(body)) + body
 
 
-def unpack(body) -> object:
-    return msgpack.unpackb(body, ext_hook=_tensor, raw=False, strict_map_key=False, use_list=True)
+def unpack(body, blobs: Blobs | None = None) -> object:
+    def extension(code: int, data: bytes):
+        if code == _BLOB and blobs is not None:
+            return blobs.take(*msgpack.unpackb(data, raw=False))
+        return _tensor(code, data)
+
+    return msgpack.unpackb(body, ext_hook=extension, raw=False, strict_map_key=False, use_list=True)
 
 
 def error_of(exc: ServeError) -> list:

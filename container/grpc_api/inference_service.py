@@ -8,6 +8,7 @@ import logging
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
+from container.channel.blobs import large
 from container.channel.client import ChannelClient
 from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable, Unsupported
 from container.grpc_api import messages
@@ -114,7 +115,7 @@ class InferenceService:
 
     async def _infer(self, request) -> pb.ModelInferResponse:
         document, binary = messages.infer_document(request)
-        answer, chunks = await self.channel.call("infer", request.model_name, request.model_version, document, binary)
+        answer, chunks = await self.channel.call("infer", request.model_name, request.model_version, document, large(binary))
         return messages.infer_response(answer, chunks)
 
     # -- the model repository -----------------------------------------------------------------------

@@ -80,7 +80,7 @@ def infer_response(answer: dict, chunks: list[bytes]) -> pb.ModelInferResponse:
     for entry in answer["outputs"]:
         output = response.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
         set_parameters(output.parameters, {k: v for k, v in entry.get("parameters", {}).items() if k not in _TRANSPORT})
-    response.raw_output_contents.extend(chunks)
+    response.raw_output_contents.extend(chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in chunks)
     return response
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+from pathlib import Path
 
 import grpc
 import ml_dtypes
@@ -233,6 +234,14 @@ def test_a_malformed_message_is_invalid_argument_and_the_server_serves_on(server
             assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, garbage
             assert "not a valid inference.ModelInferRequest" in raised.value.details()
     assert client.infer("scores", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
+
+
+def test_large_tensors_cross_in_shared_memory_and_leave_nothing_behind(server, client):
+    """Past 512 KiB a request's tensor data and an answer's go between the processes through /dev/shm."""
+    big = np.random.default_rng(1).random((1, 300_000), dtype=np.float32)  # 1.2 MB each way
+    for _ in range(3):
+        np.testing.assert_array_equal(client.infer("echo_fp32", [_input("x", big)]).as_numpy("y"), big)
+    assert list(Path("/dev/shm").glob(f"container-{server.process.pid}-*")) == []
 
 
 def test_a_message_over_the_size_limit_is_resource_exhausted(client):

@@ -1,12 +1,15 @@
 """The channel's wire (container/channel/wire.py): what crosses comes back equal, tensors as their raw
-bytes, and a frame can make nothing but plain values and numeric or BYTES tensors."""
+bytes, large data beside the frame in shared memory, and a frame can make nothing but plain values,
+numeric or BYTES tensors, and mappings of data this server's processes wrote."""
 
 import msgpack
 import numpy as np
 import pytest
 
 from container import errors
+from container.channel import blobs as blobs_module
 from container.channel import wire
+from container.channel.blobs import Blobs
 
 
 def round_trip(value):
@@ -71,3 +74,52 @@ def test_an_unknown_error_name_is_a_server_error_with_its_status():
     with pytest.raises(errors.ServeError) as raised:
         wire.raise_error("NotAnError", "words", 418)
     assert type(raised.value) is errors.ServeError and raised.value.status == 418
+
+
+# -- large values beside the frame (container/channel/blobs.py) ---------------------------------------
+
+
+@pytest.fixture
+def blobs(tmp_path):
+    return Blobs("container-test", tmp_path)
+
+
+def test_large_data_crosses_in_shared_memory_and_leaves_nothing(blobs, tmp_path):
+    data = np.random.default_rng(0).bytes(blobs_module.THRESHOLD + 1)
+    frame = wire.pack([1, "infer", [blobs_module.large(data), blobs_module.large(b"small")]], blobs)
+    assert len(frame) < 200 and len(list(tmp_path.iterdir())) == 1  # the name crossed, not the data
+    _, _, (back, small) = wire.unpack(frame[4:], blobs)
+    assert isinstance(back, memoryview) and back.readonly and bytes(back) == data and small == b"small"
+    assert list(tmp_path.iterdir()) == []  # the receiver removed the name as it mapped the data
+
+
+def test_without_blobs_large_data_stays_in_the_frame():
+    data = b"x" * blobs_module.THRESHOLD
+    assert wire.unpack(wire.pack([blobs_module.large(data)])[4:]) == [data]
+
+
+def test_a_full_shared_memory_falls_back_to_the_frame(tmp_path):
+    gone = Blobs("container-test", tmp_path / "missing")  # any OSError: ENOSPC on a full /dev/shm, here ENOENT
+    data = b"y" * blobs_module.THRESHOLD
+    assert wire.unpack(wire.pack([blobs_module.large(data)], gone)[4:], gone) == [data]
+
+
+@pytest.mark.parametrize("forge", ["other-name", "link", "size"])
+def test_the_receiver_takes_only_what_a_process_of_this_server_wrote(blobs, tmp_path, forge):
+    name = blobs.put(b"z" * 10)
+    if forge == "other-name":
+        (tmp_path / name).rename(tmp_path / "elsewhere")
+        name = "elsewhere"
+    elif forge == "link":
+        (tmp_path / "target").write_bytes(b"z" * 10)
+        (tmp_path / name).unlink()
+        (tmp_path / name).symlink_to(tmp_path / "target")
+    with pytest.raises((ValueError, OSError)):
+        blobs.take(name, 11 if forge == "size" else 10)
+
+
+def test_what_nobody_took_is_removed_by_the_master(blobs, tmp_path):
+    blobs.put(b"left behind")
+    (tmp_path / "unrelated").write_bytes(b"")
+    blobs.remove_all()
+    assert [p.name for p in tmp_path.iterdir()] == ["unrelated"]

@@ -1,0 +1,74 @@
+"""Large binary values beside a channel frame: the sender writes each once into a file of its own under
+/dev/shm (memory, not disk) and only the file's name crosses the socket; the receiver maps the file and
+removes its name. A 6 MiB request then costs one copy on the way in instead of four (msgpack, the
+socket both ways, msgpack again).
+
+Names are `<prefix>-<pid>-<n>`, the prefix the channel's (`container-<master pid>`), so the receiver
+takes only what a process of this server wrote: a name of another shape, a link, a file of another
+user or of another size is refused. The master removes what a crashed process left (`remove_all`)."""
+
+import itertools
+import mmap
+import os
+import re
+import stat
+from pathlib import Path
+
+THRESHOLD = 512 << 10  # smaller values stay in the frame: a file costs more than copying them
+DIRECTORY = Path("/dev/shm")
+
+
+class Large:
+    """Binary data to send beside the frame (wire.pack asks `Blobs.put` for its name)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+
+def large(data):
+    """`data` marked to travel beside the frame when it is large enough to gain by it."""
+    return Large(data) if len(data) >= THRESHOLD else data
+
+
+class Blobs:
+    def __init__(self, prefix: str, directory: Path = DIRECTORY):
+        self.prefix, self.directory = prefix, directory
+        self._names = (f"{prefix}-{os.getpid()}-{n}" for n in itertools.count())
+        self._shape = re.compile(rf"{re.escape(prefix)}-\d+-\d+")
+
+    def put(self, data) -> str:
+        name = next(self._names)
+        fd = os.open(self.directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        try:
+            view, written = memoryview(data).cast("B"), 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+        except BaseException:
+            os.unlink(self.directory / name)
+            raise
+        finally:
+            os.close(fd)
+        return name
+
+    def take(self, name: str, size: int) -> memoryview:
+        """The data behind `name`, mapped read-only; the name is gone once this returns."""
+        if not self._shape.fullmatch(name):
+            raise ValueError(f"{name!r} is not a name this channel gives its data")
+        path = self.directory / name
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.unlink(path)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size != size:
+                raise ValueError(f"{name!r} is not the {size} bytes this channel wrote")
+            return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
+
+    def remove_all(self) -> None:
+        """What processes of this server wrote and nobody took (one died in between)."""
+        for path in self.directory.glob(f"{self.prefix}-*"):
+            if self._shape.fullmatch(path.name):
+                path.unlink(missing_ok=True)
