@@ -4,7 +4,11 @@
 import os
 import sys
 
-import uvloop
+# posix_spawn (frontends.py) leaves the master's inheritable descriptors open here, its HTTP listener
+# among them: an orphan front-end would hold port 8080. None is this process's.
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+
+import uvloop  # after the descriptors are closed: nothing an import opens is lost
 
 from container.grpc_api.server import serve
 from container.logs import configure_logging

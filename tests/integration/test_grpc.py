@@ -452,6 +452,14 @@ def test_a_dead_front_end_is_replaced_and_loses_no_model(server, client, web):
     assert client.infer("scores", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
 
 
+def test_the_front_end_holds_no_descriptor_of_the_masters(server):
+    """Not the HTTP listener above all: an orphaned front-end would keep the port from a new server."""
+    def sockets(pid: int) -> set[str]:
+        return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("socket:")}
+
+    assert sockets(server.process.pid) and not sockets(server.process.pid) & sockets(server.grpc_pid())
+
+
 def _replaced(server, pid: int) -> bool:
     try:
         return server.grpc_pid() != pid
