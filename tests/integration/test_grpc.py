@@ -36,7 +36,7 @@ def server(start_server, tmp_path_factory):
     save_models(root)
     triton_model(root, "accumulate", Accumulate(),
                  [tensor("INPUT", "TYPE_FP32", [1])], [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])],
-                 max_batch_size=4, sequence_batching=SEQUENCE)
+                 max_batch_size=4, sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 10_000_000})  # no idle release on a slow machine
     fp32_model(root, "later")  # not loaded at start: the repository tests load it
     sized_model(root, "huge", 64)
     handler_model(root, "handler", None, Scale())
