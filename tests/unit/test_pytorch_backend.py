@@ -163,7 +163,8 @@ def test_a_model_is_charged_its_measured_load_and_the_activation_peak_of_its_fir
     assert 32 * MIB <= loaded < 32 * MIB * 1.1  # the load's growth, never less than the weights
     run(model, {"x": np.ones((1, 2), np.float32)})
     peak = model.memory()["cpu"] - loaded
-    assert 64 * MIB <= peak < 64 * MIB * 1.1
+    # the process's RSS, so what anything else in it frees meanwhile counts against the peak: once 44 KiB
+    assert 64 * MIB * 0.99 <= peak < 64 * MIB * 1.1
     for _ in range(5):  # learned: later executions are not measured, and change nothing
         run(model, {"x": np.ones((1, 2), np.float32)})
     assert model.memory()["cpu"] == loaded + peak
