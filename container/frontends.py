@@ -7,8 +7,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
-_RESTART_DELAY = 1.0  # seconds before a dead front-end is started again
+_RESTART_DELAY = 1.0  # seconds before a dead front-end is started again; doubled while it keeps dying at once
+_MAX_DELAY = 60.0
+_STEADY = 60.0  # seconds of running after which an exit is a new failure, not the same one again
 
 
 class FrontEnd:
@@ -40,17 +43,20 @@ class FrontEnd:
             process.kill()
 
     def _keep_running(self) -> None:
+        delay = _RESTART_DELAY
         while not self._stopping.is_set():
+            started = time.monotonic()
             # close_fds=False makes Popen use posix_spawn: no fork, so no pipe of its own that gunicorn's
             # forking of a worker at the same moment could inherit (Popen would then wait for that worker)
             self.process = subprocess.Popen(self.command, close_fds=False)
             self.log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
             # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit
             code = self.process.wait()
-            if self._stopping.wait(_RESTART_DELAY):
+            delay = _RESTART_DELAY if time.monotonic() - started > _STEADY else min(delay * 2, _MAX_DELAY)
+            if self._stopping.wait(delay / 2):
                 return
-            self.log.error("front-end exited; starting it again",
-                      extra={"fields": {"front_end": self.name, "pid": self.process.pid, "status": code}})
+            self.log.error("front-end exited; starting it again", extra={"fields": {
+                "front_end": self.name, "pid": self.process.pid, "status": code, "after_seconds": delay / 2}})
 
 
 def grpc_front_end(channel: str, log) -> FrontEnd:

@@ -8,6 +8,9 @@ import sys
 # among them: an orphan front-end would hold port 8080. None is this process's.
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 
+# gRPC's C core writes its own lines to stderr, which are not JSON; GRPC_VERBOSITY=ERROR shows them
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 import uvloop  # after the descriptors are closed: nothing an import opens is lost
 
 from container.grpc_api.server import serve

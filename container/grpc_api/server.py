@@ -52,7 +52,12 @@ async def serve(settings: Settings, channel_path: str) -> None:
     ])
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    server.add_insecure_port(f"[::]:{settings.grpc_port}")
+    try:
+        server.add_insecure_port(f"[::]:{settings.grpc_port}")
+    except RuntimeError as exc:  # the port is taken (another server, a second container on the host)
+        log.error("gRPC cannot listen; set SERVE_GRPC_PORT to a free port, or off",
+                  extra={"fields": {"port": settings.grpc_port, "error": str(exc)}})
+        raise SystemExit(2) from None
     await server.start()
     log.info("gRPC listening", extra={"fields": {"port": settings.grpc_port}})
     stopping = asyncio.Event()

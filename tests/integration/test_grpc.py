@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -483,6 +484,18 @@ def test_while_the_model_process_restarts_grpc_answers_unavailable(server, clien
     wait_for(back, 120, "gRPC did not serve again once gunicorn restarted its worker")
     assert codes <= {"StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND"}  # NOT_FOUND: up, the model still loading
     assert "StatusCode.UNAVAILABLE" in codes
+
+
+def test_a_taken_grpc_port_is_said_in_json_and_http_serves_on(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("taken")
+    fp32_model(root, "plain")
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        server = start_server(root, SERVE_LOAD_MODELS="plain", SERVE_GRPC_PORT=port)
+        wait_for(lambda: "gRPC cannot listen" in server.log.read_text(), 30, "no word of the taken port")
+        wait_for(lambda: server.request("GET", "/v2/models/plain/ready").status_code == 200, 60, "HTTP did not serve")
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if "gRPC cannot listen" in line]
+    assert lines[0]["level"] == "ERROR" and lines[0]["port"] == port
 
 
 @pytest.fixture(scope="module")
