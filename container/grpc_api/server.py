@@ -20,7 +20,7 @@ from container.settings import Settings
 log = logging.getLogger(__name__)
 _SERVICES = ("", "inference.GRPCInferenceService")
 _HEALTH_PERIOD = 1.0  # seconds between health checks of the model process
-_GRACE = 30.0
+_GRACE = 30.0  # seconds the calls under way have at SIGTERM, as gunicorn's graceful timeout
 _FRAMING = 64 << 10  # room for a message's protobuf beside its largest allowed tensor data
 _COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
                 "deflate": grpc.Compression.Deflate}

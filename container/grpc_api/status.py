@@ -27,8 +27,8 @@ def code_of(exc: ServeError) -> grpc.StatusCode:
 
 def answered(group: str):
     """A unary RPC of API `group`: refused without the restricted group's metadata, or when its request
-    did not parse; its ServeError
-    becomes the call's status and message (never a traceback); anything else is a bug, logged."""
+    did not parse; its ServeError becomes the call's status and message (never a traceback); anything
+    else is a bug, logged."""
     def decorate(method):
         @functools.wraps(method)
         async def serve(self, request, context):
