@@ -212,3 +212,16 @@ def take_turns(turns: int = 100) -> None:
 
 def _pbtxt(document: dict) -> str:
     return text_format.MessageToString(json_format.ParseDict(document, pb.ModelConfig()))
+
+
+def manifest_env(manifest: Path, model_root: str) -> dict[str, str]:
+    """The container env a KServe ServingRuntime manifest runs the server with, less what a test moves
+    to this machine: the model root (checked to be `model_root`) and the ports (the test's free ones)."""
+    import yaml
+
+    container = yaml.safe_load(manifest.read_text())["spec"]["containers"][0]
+    assert container["args"] == ["serve"]  # what a test's server runs: ./serve
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env.pop("SERVE_MODEL_ROOT") == model_root
+    env.pop("SAGEMAKER_BIND_TO_PORT"), env.pop("SERVE_GRPC_PORT")
+    return env

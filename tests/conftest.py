@@ -64,6 +64,16 @@ class Server:
     def loaded(self) -> list[str]:
         return [m["modelName"] for m in self.request("GET", "/models?limit=1000").json()["models"]]
 
+    def grpc_ready(self) -> bool:
+        """Whether the gRPC front-end answers ServerReady with true (False while its port is not open)."""
+        import tritonclient.grpc as triton_grpc
+
+        with triton_grpc.InferenceServerClient(self.grpc_url) as client:
+            try:
+                return client.is_server_ready()
+            except triton_grpc.InferenceServerException:
+                return False
+
     def worker_pid(self) -> int:
         """The gunicorn worker: the model process (the master's other children are front-ends)."""
         return next(pid for pid, command in self._children() if "container.grpc_api" not in command)

@@ -24,7 +24,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         return v2_dataplane.model_config(core, name, version).SerializeToString()
 
     return {
-        "live": lambda: v2_dataplane.check_live(core),
+        "live": core.check_health,
         "ready": lambda: v2_dataplane.check_ready(core, started),
         "server_metadata": v2_dataplane.server_metadata,
         "model_ready": lambda name, version: v2_dataplane.check_model_ready(core, name, version),

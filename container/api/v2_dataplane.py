@@ -28,10 +28,6 @@ def server_metadata() -> dict:
     return {"name": "container", "version": package_version("container"), "extensions": EXTENSIONS}
 
 
-def check_live(core: Core) -> None:
-    core.check_health()
-
-
 def check_ready(core: Core, started) -> None:
     """`started` is set once the models named at start have loaded: the server is ready then."""
     core.check_health()

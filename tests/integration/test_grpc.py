@@ -45,16 +45,8 @@ def server(start_server, tmp_path_factory):
     server = start_server(root, SERVE_LOAD_MODELS=",".join(loaded), SERVE_ALLOW_CLIENT_SHM="true", SERVE_ALLOW_MODEL_FILES="true",
                           SERVE_MEMORY_LIMIT="48MiB", SERVE_GRPC_COMPRESSION="gzip",  # every answer here compressed
                           SERVE_RESTRICTED_API=f"statistics:x-stats-key={RESTRICTED}")
-    client = triton_grpc.InferenceServerClient(server.grpc_url)
-    wait_for(lambda: _ready(client), 60, "the gRPC front-end did not answer ready")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
     return server
-
-
-def _ready(client) -> bool:
-    try:
-        return client.is_server_ready()
-    except InferenceServerException:  # the front-end's port is not open yet
-        return False
 
 
 @pytest.fixture
@@ -448,7 +440,7 @@ def test_a_dead_front_end_is_replaced_and_loses_no_model(server, client, web):
     loaded = web.get_model_repository_index()
     front_end = server.grpc_pid()
     os.kill(front_end, signal.SIGKILL)
-    wait_for(lambda: _replaced(server, front_end) and _ready(client), 60, "the gRPC front-end was not replaced")
+    wait_for(lambda: _replaced(server, front_end) and server.grpc_ready(), 60, "the gRPC front-end was not replaced")
     assert web.get_model_repository_index() == loaded
     assert client.infer("scores", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
 
@@ -506,7 +498,7 @@ def default_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("defaults")
     fp32_model(root, "plain")
     server = Server(root, SERVE_LOAD_MODELS="plain")
-    wait_for(lambda: _ready(triton_grpc.InferenceServerClient(server.grpc_url)), 60, "the gRPC front-end did not answer ready")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
     yield server
     server.stop()
 

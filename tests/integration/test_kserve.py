@@ -9,48 +9,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from tests.builders import fp32_model, wait_for
+from tests.builders import fp32_model, manifest_env, wait_for
 from tests.conftest import PROJECT
 
 DOUBLED = (2 * np.arange(8, dtype=np.float32).reshape(2, 4)).tolist()  # what the model (Scale) makes of kserve_calls' X
 
 
-def runtime_env() -> dict[str, str]:
-    runtime = yaml.safe_load((PROJECT / "deploy" / "kserve" / "servingruntime.yaml").read_text())
-    container = runtime["spec"]["containers"][0]
-    assert container["args"] == ["serve"]  # what the test's server runs: ./serve
-    return {e["name"]: e["value"] for e in container["env"]}
-
-
 @pytest.fixture(scope="module")
 def calls(start_server, tmp_path_factory):
     """Every KServe client call, made once against the server, by name."""
-    env = runtime_env()
-    assert env.pop("SERVE_MODEL_ROOT") == "/mnt/models"  # where KServe's storage initializer writes
-    env.pop("SAGEMAKER_BIND_TO_PORT"), env.pop("SERVE_GRPC_PORT")  # the test's free ports instead
+    # its model root: where KServe's storage initializer writes
+    env = manifest_env(PROJECT / "deploy" / "kserve" / "servingruntime.yaml", "/mnt/models")
     root = tmp_path_factory.mktemp("mnt_models")
     fp32_model(root, "mlp")  # the repository storageUri names: one directory, named like the InferenceService
     server = start_server(root, **env)
     wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the model did not load")
-    wait_for(lambda: b"SERVING" in _health(server), 60, "gRPC did not serve")
+    wait_for(server.grpc_ready, 60, "gRPC did not serve")
     result = subprocess.run([sys.executable, str(Path(__file__).with_name("kserve_calls.py")), server.url, server.grpc_url, "mlp"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
-
-
-def _health(server) -> bytes:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        try:
-            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
-        except grpc.RpcError:
-            return b""
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(status).encode()
 
 
 def test_v2_rest_health_and_every_form_of_inference(calls):

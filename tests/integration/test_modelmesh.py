@@ -7,25 +7,13 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-import yaml
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from tests.builders import fp32_model, sized_model, wait_for
+from tests.builders import fp32_model, manifest_env, sized_model, wait_for
 from tests.conftest import PROJECT
 
 RUNTIME = "/mmesh.ModelRuntime/"
-
-
-def runtime_env() -> dict[str, str]:
-    """The container env of deploy/kserve/modelmesh-servingruntime.yaml: what this test runs."""
-    runtime = yaml.safe_load((PROJECT / "deploy" / "kserve" / "modelmesh-servingruntime.yaml").read_text())
-    container = runtime["spec"]["containers"][0]
-    assert container["args"] == ["serve"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env.pop("SERVE_MODEL_ROOT") == "/models"  # where ModelMesh's puller writes
-    env.pop("SAGEMAKER_BIND_TO_PORT"), env.pop("SERVE_GRPC_PORT")  # the test's free ports instead
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -36,20 +24,14 @@ def server(start_server, tmp_path_factory):
     fp32_model(puller, "model-a__isvc-1")
     fp32_model(puller, "model-b__isvc-2")
     sized_model(puller, "too-big__isvc-3", 64)
-    # as the manifest runs it; a model loaded before ModelMesh starts, and the pod's memory limit, are the test's
-    env = {**runtime_env(), "SERVE_LOAD_MODELS": "at-start", "SERVE_MEMORY_LIMIT": "48MiB"}
+    # as the manifest runs it (its model root: where ModelMesh's puller writes); a model loaded before
+    # ModelMesh starts, and the pod's memory limit, are the test's
+    env = {**manifest_env(PROJECT / "deploy" / "kserve" / "modelmesh-servingruntime.yaml", "/models"),
+           "SERVE_LOAD_MODELS": "at-start", "SERVE_MEMORY_LIMIT": "48MiB"}
     server = start_server(root, **env)
-    client = triton_grpc.InferenceServerClient(server.grpc_url)
-    wait_for(lambda: _ready(client), 60, "the gRPC front-end did not answer ready")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
     server.puller = puller
     return server
-
-
-def _ready(client) -> bool:
-    try:
-        return client.is_server_ready()
-    except triton_grpc.InferenceServerException:
-        return False
 
 
 @pytest.fixture

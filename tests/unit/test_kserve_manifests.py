@@ -23,6 +23,7 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) → the strict JSON schema of that resource."""
     schemas = {}
     for path in SCHEMAS.glob("*.yaml.gz"):
+        # the safe loader in C (plain values only, no Python objects): the 1.9 MB CRD in 1 s, not 4
         crd = yaml.load(gzip.decompress(path.read_bytes()), Loader=yaml.CSafeLoader)
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
