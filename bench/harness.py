@@ -20,7 +20,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 # this process's cores before pin_apart moves it: pinning a second server must see all of them again
-_CORES = sorted(os.sched_getaffinity(0))
+CORES = sorted(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -40,7 +40,9 @@ class Server:
         self.grpc_url = f"http://127.0.0.1:{self.grpc_port}"
         environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                        "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_GRPC_PORT": str(self.grpc_port), "SERVE_MODEL_ROOT": str(model_root),
-                       "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning", **env}
+                       "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning",
+                       "SERVE_HTTP_WORKERS": "0",  # what `auto` gives the one server core most scenarios pin it to
+                       **env}
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
                                         stdout=self.log, stderr=subprocess.STDOUT)
@@ -55,6 +57,10 @@ class Server:
         """The gunicorn worker: the process that holds the models (the master's main thread started
         only it; the front-ends are children of the thread that keeps them running)."""
         return int(Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0])
+
+    def http_front_end_pids(self) -> list[int]:
+        return [pid for pid in tree(self.process.pid)
+                if b"container.http_frontend" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
     def worker_rss(self) -> int:
         """Resident bytes of the gunicorn worker."""
@@ -124,26 +130,30 @@ def wait_ready(server, log: Path) -> None:
 def pin_apart(pid: int) -> None:
     """The process `pid` and its descendants, every thread of each, on the first half of the cores;
     this process (and the wrk it starts) on the rest. Nothing to do on one core."""
-    if len(_CORES) < 2:
+    if len(CORES) < 2:
         return
-    server_cores, client_cores = set(_CORES[: len(_CORES) // 2]), set(_CORES[len(_CORES) // 2:])
-    for process in _tree(pid):
+    pin_to(pid, CORES[: len(CORES) // 2])
+    os.sched_setaffinity(0, CORES[len(CORES) // 2:])
+
+
+def pin_to(pid: int, cores) -> None:
+    """The process `pid` and its descendants, every thread of each, on `cores`."""
+    for process in tree(pid):
         for thread in Path(f"/proc/{process}/task").iterdir():  # a pid's affinity is its first thread's alone
-            os.sched_setaffinity(int(thread.name), server_cores)
-    os.sched_setaffinity(0, client_cores)
+            os.sched_setaffinity(int(thread.name), cores)
 
 
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of `pid` and its live descendants (all of their threads)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for process in _tree(pid):
+    for process in tree(pid):
         fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
 
 
-def _tree(pid: int) -> list[int]:
+def tree(pid: int) -> list[int]:
     found, pending = [], [pid]
     while pending:
         current = pending.pop()

@@ -13,8 +13,9 @@ from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from container import resources
-from container.api import tfserving
+from container.api import tfserving, tfserving_json
 from container.api.channel_operations import channel_operations
+from container.api.http_channel import FrontEndClients, http_operations
 from container.api.metrics import metrics_routes
 from container.api.openapi import openapi_routes
 from container.api.pipeline import Dispatcher
@@ -65,13 +66,15 @@ def create_app(settings: Settings) -> Flask:
         *tfserving.tfserving_routes(core),
         *metrics_routes(core, gpus, idle.uss),
     ]
-    routes = Routes([*table, *openapi_routes(package_version("container"), table)], mounts=[tfserving.MOUNT])
+    routes = Routes([*table, *openapi_routes(package_version("container"), table)], mounts=[tfserving_json.MOUNT])
     dispatcher = Dispatcher(routes, settings.max_payload_bytes, settings.restricted_api)
     # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher
+    clients = FrontEndClients()
     app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher,
-                          channel=channel_operations(core, shared_memory, started))
+                          channel={**channel_operations(core, shared_memory, started), **http_operations(dispatcher, clients)},
+                          front_end_gone=clients.close_all)
     return app
 
 

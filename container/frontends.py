@@ -1,8 +1,9 @@
-"""Front-end processes the gunicorn master runs beside its worker (today: the gRPC front-end), each
-restarted when it dies. They hold no model, so a restart loses none; they reach the worker, the one
+"""Front-end processes the gunicorn master runs beside its worker (the HTTP front-ends and the gRPC
+one), each restarted when it dies. They hold no model, so a restart loses none; they reach the worker, the one
 process that owns the models, over the channel. The master starts them before its worker and stops
 them when it exits."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -32,11 +33,21 @@ class FrontEnd:
 
     def stop(self, timeout: float) -> None:
         """SIGTERM, `timeout` seconds to drain, then SIGKILL."""
+        self.terminate()
+        self.wait(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM: the front-end drains, and is not started again."""
         self._stopping.set()
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> None:
+        """Until the front-end has exited; SIGKILL once `timeout` seconds have passed."""
+        process = self.process
+        if process is None:
             return
-        process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -61,3 +72,16 @@ class FrontEnd:
 
 def grpc_front_end(channel: str, log) -> FrontEnd:
     return FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel], log)
+
+
+def head_limits(cfg) -> dict:
+    """gunicorn's bounds on a request head (0: none) and its keep-alive (http_transport.HeadLimits)."""
+    return {"max_line": cfg.limit_request_line, "max_fields": cfg.limit_request_fields,
+            "max_field": cfg.limit_request_field_size, "keepalive": cfg.keepalive}
+
+
+def http_front_end(number: int, channel: str, listeners: list[int], head: dict, graceful_timeout: float, log) -> FrontEnd:
+    """The `number`th HTTP front-end, serving the master's `listeners` (descriptors it leaves open)."""
+    limits = json.dumps({"head": head, "graceful_timeout": graceful_timeout})
+    return FrontEnd(f"http-{number}", [sys.executable, "-m", "container.http_frontend", channel, limits,
+                                       *map(str, listeners)], log)

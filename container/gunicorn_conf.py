@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 
 from container import channel, frontends, resources
 from container.channel.blobs import Blobs
@@ -25,20 +26,39 @@ control_socket_disable = True  # gunicorn 27's admin socket in $HOME: unused her
 def when_ready(server):
     """In the master, before its worker: the channel's directory, and the front-ends that reach the
     worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile). Once the
-    master is told to stop, a front-end that exits is not started again."""
+    master is told to stop, a front-end that exits is not started again; at SIGTERM the HTTP front-ends
+    drain before the worker is told to, as their requests under way need it."""
     path = channel.socket_path(os.getpid())
     channel.make_socket_directory(path)
-    server.front_ends = [frontends.grpc_front_end(path, server.log)] if _settings.grpc_port else []
+    server.http_front_ends = http_front_ends(server, path)
+    server.front_ends = [*server.http_front_ends, *([frontends.grpc_front_end(path, server.log)] if _settings.grpc_port else [])]
     for front_end in server.front_ends:
         front_end.start()
-    for name in ("handle_term", "handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it
-        setattr(server, name, _stopping_first(server.front_ends, getattr(server, name)))
+    server.handle_term = _draining_first(server.http_front_ends, server.front_ends, server.handle_term)
+    for name in ("handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it at once
+        setattr(server, name, _draining_first([], server.front_ends, getattr(server, name)))
 
 
-def _stopping_first(front_ends, handle):
+def http_front_ends(server, path: str) -> list:
+    """SERVE_HTTP_WORKERS front-ends on the master's listeners (none: the worker serves HTTP itself)."""
+    listeners = [listener.fileno() for listener in server.LISTENERS]
+    for fd in listeners:
+        os.set_inheritable(fd, True)  # across posix_spawn to the front-ends (the worker forks, and has them anyway)
+    head = frontends.head_limits(server.cfg)
+    return [frontends.http_front_end(n, path, listeners, head, server.cfg.graceful_timeout, server.log)
+            for n in range(_settings.http_workers)]
+
+
+def _draining_first(draining, front_ends, handle):
+    """`handle`, gunicorn's, after the `draining` front-ends have drained (up to the graceful timeout)."""
     def handle_stop():
         for front_end in front_ends:
             front_end.stopping()
+        for front_end in draining:
+            front_end.terminate()
+        deadline = time.monotonic() + graceful_timeout
+        for front_end in draining:
+            front_end.wait(max(0.0, deadline - time.monotonic()))
         handle()
     return handle_stop
 

@@ -1,63 +1,28 @@
-"""gunicorn's gevent worker, with HTTP/1.1 parsed by httptools (llhttp, a C parser) and requests handed
-straight to the pipeline (api/pipeline.py) instead of through WSGI: gunicorn's pure-Python parser and
-the WSGI environ cost more CPU than the rest of a small request. gunicorn still manages the process
-(`worker_class` in gunicorn_conf), and this worker keeps the promises of the one it replaces:
+"""The model process: gunicorn's one gevent worker, which loads the app (the core and every model) and
+serves the channel (channel/server.py) to the front-end processes. With SERVE_HTTP_WORKERS=0 it serves
+HTTP itself (http_transport.py); otherwise the HTTP front-ends do, and hand it their requests over the
+channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): its start, its
+heartbeat, its restart, its graceful stop."""
 
-- Fairness: after each response the connection's greenlet yields, so a client whose next request is
-  already buffered cannot be served again and again before other greenlets run (p99 in seconds).
-- Pipelining: requests that arrive together are answered in order, one at a time.
-- Shutdown: on SIGTERM, connections idle between requests are closed at once, and the others right
-  after their response; requests in flight still finish, and a request that still arrives (pipelined
-  behind one in flight) is answered 503 with Retry-After.
-- Errors in the HTTP itself (a malformed request, a request line or headers past gunicorn's limits,
-  a head or body too slow, a body too large, a request at shutdown) are answered by the dispatcher
-  like every other error — its renderer, a request id, the access log — and the connection closed.
-- Slow and idle clients: a new connection that stays silent for SERVE_FIRST_REQUEST_TIMEOUT is
-  closed; between requests the keep-alive timeout applies. A request head must arrive whole within
-  SERVE_REQUEST_HEAD_TIMEOUT, and a body at SERVE_MIN_BODY_RATE on average (after a grace), else 408.
-  When every connection slot is taken, the connection idle the longest is closed to make room, so a
-  new client is always served.
-- Heads are bounded while they arrive: SERVE_MAX_HEADER_BYTES and gunicorn's field count (every
-  header line counts, repeated names too) and field size; past them, 431.
-- Bodies: read once, kept whole up to the size limit (the handler's buffer is what `np.frombuffer`
-  reads). A Content-Length past the limit is a 413 at once, before the body is read; a chunked body
-  that grows past it is read and dropped, and the pipeline answers 413.
-"""
-
-import email.utils
 import os
-import socket
-import time
-from collections import deque
 
 import gevent
-import httptools
 from gevent.monkey import get_original
 from gunicorn.workers.ggevent import GeventWorker
 
-from container import channel
-from container.api.errors import status_line
-from container.api.pipeline import Body, Request, Response, request_path
+from container import channel, frontends
 from container.channel.server import ChannelServer
-from container.errors import HeadersTooLarge, InvalidRequest, RequestTimeout, ServeError, Unavailable, UriTooLong
-from container.inference import Client
+from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
-_RECEIVE = 256 << 10
-_INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
-_BODY_GRACE = 5.0  # seconds a body may take before SERVE_MIN_BODY_RATE applies
 _CHANNEL_FRAMING = 1 << 20  # room for a call's description beside its largest allowed tensor data
-_LINGER = 2.0  # seconds a refused request's unread body is drained, so its client can read the answer
 
 
 class Worker(GeventWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # greenlet → the socket of its connection, waiting for a (next) request; the longest idle first
-        self.idle: dict = {}
-        self.connections = 0
         self.settings = Settings.from_env(os.environ)
-        self.dispatcher = None
+        self.connections: Connections | None = None
         self.channel: ChannelServer | None = None
 
     def patch(self):
@@ -71,258 +36,39 @@ class Worker(GeventWorker):
 
     def load_wsgi(self):
         super().load_wsgi()
-        self.dispatcher = self.wsgi.extensions["dispatcher"]  # the app create_app() made
+        extensions = self.wsgi.extensions  # of the app create_app() made
+        self.connections = Connections(extensions["dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
+                                       self.worker_connections, max_requests=self.max_requests, retire=self._retire)
         # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
-        self.channel = ChannelServer(channel.socket_path(os.getppid()), self.wsgi.extensions["channel"],
-                                     self.settings.max_payload_bytes + _CHANNEL_FRAMING)
+        self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
+                                     self.settings.max_payload_bytes + _CHANNEL_FRAMING,
+                                     on_disconnect=extensions["front_end_gone"])
 
     def run(self):
         self.channel.start()
         try:
-            super().run()  # until SIGTERM, then until the HTTP connections have drained
+            if self.settings.http_workers:
+                self._serve_channel_only()
+            else:
+                super().run()  # until SIGTERM, then until the HTTP connections have drained
         finally:
             self.channel.drain(self.cfg.graceful_timeout)
 
+    def _serve_channel_only(self) -> None:
+        """The HTTP front-ends hold the listeners; this process answers their calls until told to stop."""
+        while self.alive:
+            self.notify()
+            gevent.sleep(1.0)
+
+    def _retire(self) -> None:
+        self.alive = False
+
     def handle(self, listener, client, addr):
-        self.connections += 1
-        if self.connections >= self.worker_connections and self.idle:
-            # the last slot is taken: free one, so the next client is accepted and served
-            _hang_up(self.idle.pop(next(iter(self.idle))))
-        connection = Connection(self, client)
-        try:
-            connection.serve()
-        finally:
-            self.connections -= 1
-            _close(client)
-            connection.client.close()
+        self.connections.handle(client)
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
         if self.channel is not None:
             self.channel.draining = True  # calls under way finish; new ones are refused, as new HTTP requests are
-        for sock in list(self.idle.values()):
-            _hang_up(sock)
-
-
-class Connection:
-    """One client connection: httptools calls the `on_*` methods as bytes arrive."""
-
-    def __init__(self, worker: Worker, sock):
-        self.worker, self.sock = worker, sock
-        self.dispatcher = worker.dispatcher
-        self.max_body = self.dispatcher.max_body
-        cfg, settings = worker.cfg, worker.settings
-        # gunicorn's limits, 0 meaning none
-        self.max_line = cfg.limit_request_line or 1 << 62
-        self.max_fields = cfg.limit_request_fields or 1 << 62
-        self.max_field = cfg.limit_request_field_size or 1 << 62
-        self.max_head = settings.max_header_bytes
-        self.head_timeout, self.body_rate = settings.request_head_timeout, settings.min_body_rate
-        self.idle_timeout = settings.first_request_timeout  # until the first request; then keep-alive's
-        self.parser = httptools.HttpRequestParser(self)
-        self.client = Client()  # the connection as the schedulers see it
-        self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
-        self.in_message = self.in_body = False
-        self._reset()
-
-    def _reset(self) -> None:
-        self.url, self.headers, self.body = b"", {}, Body(self.max_body)
-        self.fields = self.head_bytes = self.received = 0
-        self.started = time.monotonic()
-
-    # -- httptools callbacks -----------------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self.in_message = True
-        self._reset()
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        if len(self.url) > self.max_line:
-            raise UriTooLong(f"Request Line is too large ({len(self.url)} > {self.max_line})")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields += 1
-        if self.fields > self.max_fields:
-            raise HeadersTooLarge(f"the request has more than {self.max_fields} header fields")
-        if len(name) + len(value) > self.max_field:
-            raise HeadersTooLarge(f"header {name[:100].decode('latin-1')!r} is longer than {self.max_field} bytes")
-        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
-        previous = self.headers.get(key)
-        self.headers[key] = text if previous is None else f"{previous}, {text}"
-
-    def on_headers_complete(self) -> None:
-        self.in_body, self.started = True, time.monotonic()
-        length = self.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise self.dispatcher.too_large(int(length))
-        if self.headers.get("expect", "").lower() == "100-continue":
-            self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        self.received += len(body)
-        self.body.add(body)
-
-    def on_message_complete(self) -> None:
-        self.in_message = self.in_body = False
-        path, query = request_path(self.url)
-        self.client.requests += 1
-        request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
-                          self.body.whole(), self.body.oversize, self.client)
-        self.ready.append((request, self.parser.should_keep_alive()))
-
-    # -- the connection ----------------------------------------------------------------------------
-
-    def serve(self) -> None:
-        worker, sock = self.worker, self.sock
-        greenlet = gevent.getcurrent()
-        while True:
-            timeout, too_slow = self._deadline()
-            if timeout <= 0:
-                self._refuse(RequestTimeout(too_slow))
-                return
-            sock.settimeout(timeout)
-            idle = not self.in_message
-            if idle:
-                worker.idle[greenlet] = sock
-            try:
-                data = sock.recv(_RECEIVE)
-            except socket.timeout:
-                if not idle:
-                    self._refuse(RequestTimeout(too_slow))
-                return
-            except OSError:  # the client went away, or was hung up on to make room
-                return
-            finally:
-                worker.idle.pop(greenlet, None)
-            if not data:
-                return
-            self.idle_timeout = worker.cfg.keepalive
-            in_head = self.in_message and not self.in_body  # before this read: all of it is head
-            try:
-                self.parser.feed_data(data)
-                if in_head and self.in_message and not self.in_body:
-                    self.head_bytes += len(data)  # httptools holds a header value whole until its line ends
-                    if self.head_bytes > self.max_head:
-                        raise HeadersTooLarge(f"the request head is larger than {self.max_head} bytes (SERVE_MAX_HEADER_BYTES)")
-            except ServeError as refusal:
-                self._refuse(refusal)
-                return
-            except httptools.HttpParserUpgrade:
-                pass  # no protocol upgrades here: the request is answered, and the connection closed
-            except httptools.HttpParserError as exc:
-                refusal = exc.__context__  # httptools wraps what a callback raised
-                self._refuse(refusal if isinstance(refusal, ServeError) else InvalidRequest(f"malformed HTTP request: {exc}"))
-                return
-            if not self._answer():
-                return
-
-    def _deadline(self) -> tuple[float, str]:
-        """Seconds the next read may wait, and what a request still arriving then is told."""
-        if not self.in_message:
-            return self.idle_timeout, ""
-        elapsed = time.monotonic() - self.started
-        if not self.in_body:
-            return self.head_timeout - elapsed, (f"the request head did not arrive within {self.head_timeout} s "
-                                                 f"(SERVE_REQUEST_HEAD_TIMEOUT)")
-        return _BODY_GRACE + self.received / self.body_rate - elapsed, (
-            f"the body arrived slower than {self.body_rate} bytes/s (SERVE_MIN_BODY_RATE)")
-
-    def _answer(self) -> bool:
-        """Answer the requests parsed so far, in order; False once the connection must close."""
-        worker = self.worker
-        while self.ready:
-            request, keep_alive = self.ready.popleft()
-            if not worker.alive:
-                self._refuse(Unavailable("the server is shutting down; send the request again (to another instance)"),
-                             request)
-                return False
-            response = self.dispatcher.serve(request)
-            worker.nr += 1
-            if worker.nr >= worker.max_requests:
-                worker.alive = False
-            # shutting down: close after this response, unless requests behind it are to be refused first
-            close = not keep_alive or (not worker.alive and not self.ready)
-            self._send(response, close, request.method == "HEAD")
-            if close:
-                return False
-            gevent.sleep(0)
-        return True
-
-    def _refuse(self, refusal: ServeError, request: Request | None = None) -> None:
-        """Answer `refusal` through the dispatcher, as every answer goes (the request as far as it was
-        read, when it was not read whole), and close the connection: first the sending side, then, for a
-        moment, read and drop what the client still sends (a body it was writing while refused), as a
-        client that sees its connection reset mid-write never reads the answer."""
-        self._send(self.dispatcher.refuse(request or self._partial(), refusal), close=True)
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-            deadline = time.monotonic() + _LINGER
-            while (left := deadline - time.monotonic()) > 0:
-                self.sock.settimeout(left)
-                if not self.sock.recv(_RECEIVE):
-                    break
-                gevent.sleep(0)  # a read that finds data does not yield: let the other connections run
-        except OSError:
-            pass
-
-    def _partial(self) -> Request:
-        """The request being read, as far as it arrived: for the access log and the error's spelling."""
-        try:
-            method = self.parser.get_method().decode("latin-1")
-        except httptools.HttpParserError:  # not even the method arrived
-            method = ""
-        path, query = request_path(self.url) if self.url else ("", "")
-        return Request(method, path, query, self.headers)
-
-    def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
-        body = response.body
-        lines = [f"HTTP/1.1 {status_line(response.status)}\r\nDate: {_date()}\r\nContent-Length: {len(body)}\r\n"]
-        for name, value in response.headers.items():
-            if "\r" in value or "\n" in value:  # a handler's header must not split the response
-                value = " ".join(value.splitlines())
-            lines.append(f"{name}: {value}\r\n")
-        lines.append("Connection: close\r\n\r\n" if close else "\r\n")
-        head = "".join(lines).encode("latin-1", "replace")
-        try:
-            if head_only:
-                self._write(head)
-            elif len(body) <= _INLINE_BODY:
-                self._write(b"".join((head, body)))
-            else:
-                self._write(head)
-                self._write(body)
-        except OSError:
-            pass  # the client left; the loop ends at its next read
-
-    def _write(self, data) -> None:
-        """One send, which takes a small response whole; gevent's sendall costs ~5 µs more per call."""
-        sent = self.sock.send(data)
-        if sent < len(data):
-            self.sock.sendall(memoryview(data)[sent:])
-
-
-_DATE = [0, ""]
-
-
-def _date() -> str:
-    """The Date header, formatted once a second."""
-    now = int(time.time())
-    if now != _DATE[0]:
-        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True)]
-    return _DATE[1]
-
-
-def _hang_up(sock) -> None:
-    """The pending read sees end-of-stream, and the connection closes its usual way."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-def _close(sock) -> None:
-    try:
-        sock.close()
-    except OSError:
-        pass
+        if self.connections is not None:
+            self.connections.shut_down()

@@ -15,6 +15,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+MAX_HTTP_WORKERS = 64
+_AUTO_HTTP_WORKERS = 16  # `auto` on a larger machine: past it, the one model process is the limit
 
 
 class SettingsError(ValueError):
@@ -133,6 +135,9 @@ class Settings:
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
     )
+    http_workers: int = _env(
+        "SERVE_HTTP_WORKERS", "auto", "HTTP front-end processes: they parse HTTP and hand each request to the one process that owns the models, over a local socket, so HTTP uses more than one core. `auto`: the CPU quota, at most 16, and none on a single core, where the hop costs more than it spreads. `0`: the model process serves HTTP itself."
+    )
     grpc_port: int | None = _env(
         "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-end, a process of its own beside the HTTP one: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
     )
@@ -198,6 +203,7 @@ class Settings:
             s3_roots=_s3_roots(raw["s3_roots"], raw["model_root"]),
             restricted_api=restricted_api(raw["restricted_api"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
+            http_workers=_http_workers(raw["http_workers"]),
             grpc_port=None if raw["grpc_port"].lower() == "off" else _port("SERVE_GRPC_PORT", raw["grpc_port"]),
             grpc_keepalive_time=_positive("SERVE_GRPC_KEEPALIVE_TIME", raw["grpc_keepalive_time"]),
             grpc_keepalive_timeout=_positive("SERVE_GRPC_KEEPALIVE_TIMEOUT", raw["grpc_keepalive_timeout"]),
@@ -230,6 +236,16 @@ def _size(name: str, text: str, total: int) -> int:
         return parse_size(text, total)
     except SettingsError as exc:
         raise SettingsError(f"{name}={exc}") from None
+
+
+def _http_workers(text: str) -> int:
+    if text.lower() == "auto":
+        cores = min(resources.cpu_quota(), _AUTO_HTTP_WORKERS)
+        return cores if cores > 1 else 0
+    count = _integer("SERVE_HTTP_WORKERS", text)
+    if not 0 <= count <= MAX_HTTP_WORKERS:
+        raise SettingsError(f"SERVE_HTTP_WORKERS={text!r}: expected auto, or 0 to {MAX_HTTP_WORKERS}")
+    return count
 
 
 def _disk(directory: str) -> int:

@@ -46,9 +46,9 @@ class Server:
     def _answers(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
-        try:
-            return requests.get(self.url + "/ping", timeout=1).status_code in (200, 503)
-        except requests.RequestException:  # the worker is still booting
+        try:  # the model process answers liveness once it runs, while the models named at start still load
+            return requests.get(self.url + "/v2/health/live", timeout=1).status_code == 200
+        except requests.RequestException:  # the server is still booting
             return False
 
     def request(self, method: str, path: str, **kwargs) -> requests.Response:
@@ -76,10 +76,14 @@ class Server:
 
     def worker_pid(self) -> int:
         """The gunicorn worker: the model process (the master's other children are front-ends)."""
-        return next(pid for pid, command in self._children() if "container.grpc_api" not in command)
+        return next(pid for pid, command in self._children() if "gunicorn" in command)
 
     def grpc_pid(self) -> int:
         return next(pid for pid, command in self._children() if "container.grpc_api" in command)
+
+    def http_pids(self) -> list[int]:
+        """The HTTP front-end processes, by the order the master started them."""
+        return [pid for pid, command in self._children() if "container.http_frontend" in command]
 
     def _children(self) -> list[tuple[int, str]]:
         # each thread lists the children it started: the front-ends are the master's thread's
@@ -91,6 +95,21 @@ class Server:
             except OSError:  # exited meanwhile
                 pass
         return children
+
+    def channel_peers(self) -> int:
+        """Front-end processes connected to the model process's channel now (its Unix sockets in the
+        connected state; the listener is not one)."""
+        inodes = set()
+        for fd in Path(f"/proc/{self.worker_pid()}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except FileNotFoundError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+        return sum(1 for line in lines if len(fields := line.split()) > 7 and fields[6] in inodes and fields[5] == "03"
+                   and fields[7].endswith("models.sock"))
 
     def replaced(self, worker: int) -> bool:
         """gunicorn runs a worker other than `worker` (False between the old one's exit and the new one's start)."""

@@ -11,7 +11,7 @@ from container.api import offload
 from container.api import tfserving_json as tfjson
 from container.api.openapi import TF_SERVING, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
-from container.api.routing import Mount, Route
+from container.api.routing import Route
 from container.core import Core, ModelView
 from container.errors import InvalidInput, InvalidRequest, ModelNotFound
 from container.inference import InferRequest
@@ -26,8 +26,6 @@ _TF_DTYPES = {
     "INT8": "DT_INT8", "INT16": "DT_INT16", "INT32": "DT_INT32", "INT64": "DT_INT64", "FP16": "DT_HALF",
     "FP32": "DT_FLOAT", "FP64": "DT_DOUBLE", "BF16": "DT_BFLOAT16", "BYTES": "DT_STRING",
 }
-# TF Serving answers a URL it does not serve, or a method a URL does not take, as a malformed request.
-MOUNT = Mount("/v1/", tfjson.error, lambda method, path: InvalidRequest(f"Malformed request: {method} {path}"))
 
 
 def tfserving_routes(core: Core) -> list[Route]:

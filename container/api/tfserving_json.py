@@ -9,6 +9,7 @@ import math
 import numpy as np
 import orjson
 
+from container.api.routing import Mount
 from container.errors import InvalidRequest
 from container.limits import MAX_DIMS, too_deep
 
@@ -57,6 +58,12 @@ def pretty(fields: dict) -> bytes:
 
 def error(message: str) -> bytes:
     return f'{{ "error": {json.dumps(message)} }}'.encode()
+
+
+# TF Serving's prefix: errors in its spelling, and a URL it does not serve (or a method a URL does not
+# take) answered as a malformed request. Here, not in tfserving.py, so that an HTTP front-end renders
+# its own refusals the same way without the routes and the core behind them.
+MOUNT = Mount("/v1/", error, lambda method, path: InvalidRequest(f"Malformed request: {method} {path}"))
 
 
 def value(v, binary: bool = False) -> str:

@@ -47,7 +47,7 @@ class ChannelClient:
     async def call(self, op: str, *args):
         """The model process's answer to `op(*args)`; its error raised here as the same class."""
         if self._writer is None:
-            raise Unavailable("the model process is not running; it is being restarted")
+            raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future

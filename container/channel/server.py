@@ -1,12 +1,15 @@
 """The model process's end of the channel: a Unix socket served on the gevent hub. Each call runs in a
 greenlet of its own, so calls from one front-end overlap as HTTP requests do; answers go back in the
-order they finish. `drain()` refuses new calls and waits for those under way (SIGTERM)."""
+order they finish. `drain()` refuses new calls and waits for those under way (SIGTERM). When a
+front-end's connection ends (it exited, or died), `on_disconnect` hears its pid: what the model process
+kept for it (its HTTP clients) goes."""
 
 import logging
 import os
-import socket
+import struct
 from typing import Callable
 
+from gevent import socket  # the hub's own, whether or not the process is monkey-patched
 from gevent.lock import Semaphore
 from gevent.pool import Group
 from gevent.server import StreamServer
@@ -16,14 +19,16 @@ from container.channel.blobs import Blobs
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
-_RECEIVE = 256 << 10
+_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 
 class ChannelServer:
-    def __init__(self, path: str, operations: dict[str, Callable], max_frame: int):
+    def __init__(self, path: str, operations: dict[str, Callable], max_frame: int,
+                 on_disconnect: Callable[[int], None] = lambda pid: None):
         """`operations`: op name → the function a call runs with its arguments; `max_frame`: the largest
         call a front-end may send (a request body's limit, and room for its description)."""
         self.path, self.operations, self.max_frame = path, operations, max_frame
+        self.on_disconnect = on_disconnect
         self.blobs = Blobs(blob_prefix(path))
         self.calls = Group()
         self.draining = False
@@ -45,9 +50,10 @@ class ChannelServer:
 
     def _serve(self, sock, _address) -> None:
         lock = Semaphore()
+        pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
         try:
             while True:
-                frame = _receive(sock, self.max_frame)
+                frame = wire.read_frame(sock, self.max_frame)
                 if frame is None:
                     return
                 self.calls.spawn(self._answer, sock, lock, frame)
@@ -55,6 +61,7 @@ class ChannelServer:
             return
         finally:
             sock.close()
+            self.on_disconnect(pid)
 
     def _answer(self, sock, lock: Semaphore, frame: memoryview) -> None:
         call_id = None
@@ -81,27 +88,3 @@ class ChannelServer:
                 sock.sendall(data)
             except OSError:  # the front-end went away; its caller learns that from its own side
                 pass
-
-
-def _receive(sock, max_frame: int) -> memoryview | None:
-    """The next frame's body; None at a clean end between frames."""
-    head = _read(sock, wire.LENGTH.size, allow_end=True)
-    if head is None:
-        return None
-    (length,) = wire.LENGTH.unpack(head)
-    if length > max_frame:
-        raise OSError(f"a {length}-byte channel frame is past {max_frame}")
-    return _read(sock, length)
-
-
-def _read(sock, size: int, allow_end: bool = False) -> memoryview | None:
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:
-        count = sock.recv_into(view[got:], min(size - got, _RECEIVE))
-        if not count:
-            if allow_end and not got:
-                return None
-            raise OSError("the channel closed inside a frame")
-        got += count
-    return view

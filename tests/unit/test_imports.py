@@ -23,6 +23,9 @@ FORBIDDEN = {
     # The gRPC front-end process reaches the models over the channel alone; nothing there is patched by gevent.
     "grpc_api": ("container.api", "container.core", "container.models", "container.scheduling", "container.backends",
                  "container.app", "flask", "torch", "gevent"),
+    # An HTTP front-end process hands its requests to the model process over the channel: no model machinery.
+    "http_frontend": ("container.core", "container.models", "container.scheduling", "container.backends", "container.app",
+                      "container.grpc_api", "flask", "torch"),
 }
 
 
@@ -59,6 +62,13 @@ def test_the_grpc_front_end_process_loads_no_model_machinery():
             "print(sorted(m for m in ('torch', 'container.core', 'flask') if m in sys.modules), gevent.monkey.is_anything_patched())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "False"]
+
+
+def test_the_http_front_end_process_loads_no_model_machinery():
+    code = ("import sys, container.http_frontend.server, container.logs; "
+            "print(sorted(m for m in ('torch', 'container.core', 'container.models.registry', 'flask') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]"]
 
 
 def test_the_core_facade_sits_below_the_front_ends():

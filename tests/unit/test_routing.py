@@ -8,7 +8,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from container.api.pipeline import Dispatcher, Request, Response, request_path
 from container.api.routing import Mount, Route, Routes
-from container.api.tfserving import MOUNT
+from container.api.tfserving_json import MOUNT
 from container.app import create_app
 from container.errors import InvalidRequest, ModelNotFound
 from container.settings import Settings

@@ -122,3 +122,17 @@ def test_a_refused_restriction_never_shows_its_value():
     with pytest.raises(SettingsError) as refused:
         Settings.from_env({"SERVE_RESTRICTED_API": "trace:key=the-secret-value"})
     assert "the-secret-value" not in str(refused.value) and "trace" in str(refused.value)
+
+
+@pytest.mark.parametrize("cores, expected", [(1, 0), (2, 2), (16, 16), (96, 16)])
+def test_http_front_ends_default_to_one_per_core_and_none_on_one(monkeypatch, cores, expected):
+    monkeypatch.setattr(resources, "cpu_quota", lambda: cores)
+    assert Settings.from_env({}).http_workers == expected
+    assert Settings.from_env({"SERVE_HTTP_WORKERS": "3"}).http_workers == 3
+    assert Settings.from_env({"SERVE_HTTP_WORKERS": "0"}).http_workers == 0
+
+
+@pytest.mark.parametrize("text", ["-1", "65", "many", "1.5"])
+def test_http_front_ends_outside_0_to_64_stop_the_server(text):
+    with pytest.raises(SettingsError, match="SERVE_HTTP_WORKERS"):
+        Settings.from_env({"SERVE_HTTP_WORKERS": text})

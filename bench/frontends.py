@@ -1,0 +1,125 @@
+"""Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
+over V2 binary, V2 JSON and SageMaker invoke at 64 connections, served by one process
+(SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
+beside Triton on the same cores. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
+with ten models loaded — the models are in the model process once, whatever the front-ends."""
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.harness import CORES, Server, mib, pin_to, ratio, save_model, tree, v2_binary_request, wrk
+from bench.mlp import MLP, WIDTH
+from bench.tiny import Double
+from bench.triton import MISSING, Triton, tritonserver
+
+TITLE = "HTTP front-end processes: requests/s from one process to 16 front-ends, and memory per process"
+COUNTS = (0, 1, 2, 4, 8, 16)  # front-end processes; 0 is the model process serving HTTP itself
+CONNECTIONS = 64
+
+
+def run(seconds: float, smoke: bool) -> list[str]:
+    server_cores = CORES[:-1] if len(CORES) > 2 else CORES  # wrk gets a core of its own where there are three
+    counts = [n for n in COUNTS if n <= len(server_cores)][: 2 if smoke else None]
+    models = _models()
+    where = (f"The server (every process) and Triton on cores {server_cores[0]}–{server_cores[-1]}, wrk on core {CORES[-1]}."
+             if server_cores != CORES else
+             f"Only {len(CORES)} cores here: the server, Triton and wrk share them, so these figures understate every "
+             f"server alike; the 16-core run waits for the GPU machine.")
+    lines = [where, "", *_throughput(models, _routes(), counts, server_cores, seconds)]
+    return lines + ["", *_memory((1, 4) if smoke else (1, 4, 16))]
+
+
+def _models() -> dict:
+    torch.manual_seed(0)
+    tiny = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}
+    mlp = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
+    return {"tiny": (Double(), tiny), "mlp": (MLP().eval(), mlp)}
+
+
+def _routes() -> list[tuple]:
+    routes = []
+    for model, width in (("tiny", 16), ("mlp", WIDTH)):
+        values = np.linspace(-1, 1, width, dtype=np.float32).reshape(1, width)
+        binary, headers = v2_binary_request("INPUT0", values)
+        document = {"inputs": [{"name": "INPUT0", "shape": [1, width], "datatype": "FP32", "data": values.ravel().tolist()}]}
+        routes += [(model, "V2 binary", f"/v2/models/{model}/infer", binary, headers),
+                   (model, "V2 JSON", f"/v2/models/{model}/infer", json.dumps(document).encode(), {}),
+                   (model, "SageMaker invoke", f"/models/{model}/invoke", json.dumps(values.tolist()).encode(),
+                    {"Content-Type": "application/json"})]
+    return routes
+
+
+def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float) -> list[str]:
+    rates: dict[tuple, float] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, (module, config) in models.items():
+            save_model(Path(scratch), name, module, config)
+        for count in counts:
+            server = Server(Path(scratch), SERVE_HTTP_WORKERS=str(count))
+            try:
+                pin_to(server.process.pid, cores)
+                for model, label, path, body, headers in routes:
+                    load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
+                    rates[model, label, count] = load.requests_per_s if not load.errors else 0.0
+            finally:
+                server.stop()
+    peer = _triton(models, routes, cores, seconds)
+    head = " | ".join(("one process" if n == 0 else f"{n} front-end{'s' * (n > 1)}") for n in counts)
+    lines = [] if peer else [MISSING, ""]
+    lines += [f"Requests/s at {CONNECTIONS} connections (a failed request zeroes its cell).", "",
+              f"| model | protocol | {head} | Triton | most / one process | most / Triton |",
+              "| --- | --- | " + "--- | " * len(counts) + "--- | --- | --- |"]
+    for model, label, *_ in routes:
+        row = [rates[model, label, n] for n in counts]
+        triton = peer.get((model, label))
+        lines.append(f"| {model} | {label} | " + " | ".join(f"{r:,.0f}" for r in row)
+                     + f" | {f'{triton:,.0f}' if triton else '—'} | {ratio(max(row), row[0])} | "
+                     + f"{ratio(max(row), triton) if triton else '—'} |")
+    return lines
+
+
+def _triton(models: dict, routes: list, cores: list[int], seconds: float) -> dict[tuple, float]:
+    if not tritonserver():
+        return {}
+    peer = Triton(models)
+    try:
+        pin_to(peer.process.pid, cores)
+        return {(model, label): wrk(peer.url + path, body, headers, CONNECTIONS, seconds).requests_per_s
+                for model, label, path, body, headers in routes if path.startswith("/v2/")}
+    finally:
+        peer.stop()
+
+
+def _memory(counts) -> list[str]:
+    lines = ["Memory with ten MLPs loaded (8 MiB of weights each): each process's RSS and PSS (a page shared by n "
+             "processes counts 1/n in each PSS).", "",
+             "| front-ends | model process RSS | model process PSS | each front-end RSS (mean) | each front-end PSS (mean) "
+             "| every process, PSS |", "| --- | --- | --- | --- | --- | --- |"]
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        module, config = _models()["mlp"]
+        for index in range(10):
+            save_model(root, f"mlp{index}", module, config)
+        for count in counts:
+            server = Server(root, SERVE_HTTP_WORKERS=str(count))
+            try:
+                model = _sizes(server.worker_pid())
+                front_ends = [_sizes(pid) for pid in server.http_front_end_pids()]
+                total = sum(_sizes(pid)[1] for pid in tree(server.process.pid))
+            finally:
+                server.stop()
+            mean = [sum(sizes[i] for sizes in front_ends) / len(front_ends) for i in (0, 1)]
+            lines.append(f"| {count} | {mib(model[0])} | {mib(model[1])} | {mib(mean[0])} | {mib(mean[1])} | {mib(total)} |")
+    return lines
+
+
+def _sizes(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of `pid`, in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+    return int(fields["Rss"].split()[0]) * 1024, int(fields["Pss"].split()[0]) * 1024

@@ -1,0 +1,52 @@
+"""What an HTTP front-end process asks the model process over the channel: each request it has parsed,
+served here by the one pipeline (pipeline.Dispatcher: routing, limits, the request id, the handlers, the
+error renderer, the access log), so every answer is the one a single process would give. Each of a
+front-end's connections is one Client here, as a connection is in a single process: a batcher waits for
+a client it has just answered, across front-ends, until the front-end says the connection closed (or
+the front-end itself is gone)."""
+
+from typing import Callable
+
+from container.api.pipeline import Dispatcher, Request
+from container.channel.blobs import large
+from container.inference import Client
+
+
+class FrontEndClients:
+    """(front-end pid, its connection's number) → the Client that connection is here."""
+
+    def __init__(self):
+        self._clients: dict[int, dict[int, Client]] = {}
+
+    def get(self, front_end: int, number: int, requests: int) -> Client:
+        clients = self._clients.setdefault(front_end, {})
+        client = clients.get(number)
+        if client is None:
+            client = clients[number] = Client()
+        client.requests = requests
+        return client
+
+    def close(self, front_end: int, number: int) -> None:
+        client = self._clients.get(front_end, {}).pop(number, None)
+        if client is not None:
+            client.close()
+
+    def close_all(self, front_end: int) -> None:
+        for client in self._clients.pop(front_end, {}).values():
+            client.close()
+
+
+def http_operations(dispatcher: Dispatcher, clients: FrontEndClients) -> dict[str, Callable]:
+    def http(front_end: int, number: int, requests: int, method: str, path: str, query: str,
+             headers: dict[str, str], body, oversize: int | None) -> list:
+        """`body`: bytes, or a large body mapped from shared memory (handlers read bytes)."""
+        request = Request(method, path, query, headers, body if isinstance(body, bytes) else bytes(body), oversize,
+                          clients.get(front_end, number, requests))
+        response = dispatcher.serve(request)
+        return [response.status, response.headers, large(response.body)]
+
+    def probes() -> list[list[str]]:
+        """The routes of the `health` group, which a front-end answers within a deadline of its own."""
+        return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
+
+    return {"http": http, "connection_closed": clients.close, "probes": probes}

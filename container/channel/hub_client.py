@@ -1,0 +1,90 @@
+"""A front-end's end of the channel on a gevent hub (the HTTP front-ends; client.py is the asyncio one
+the gRPC front-end uses): one connection to the model process, many calls in flight on it, each
+answered by id. While the model process is away, calls fail at once with Unavailable, and the client
+keeps trying to connect; `on_connect` runs after each connection is made, and `reached` is set after the
+first."""
+
+import itertools
+import logging
+from typing import Callable
+
+import gevent
+from gevent import socket
+from gevent.event import AsyncResult, Event
+from gevent.lock import Semaphore
+
+from container.channel import blob_prefix, wire
+from container.channel.blobs import Blobs
+from container.errors import Unavailable
+
+log = logging.getLogger(__name__)
+_RETRY = 0.2  # seconds between attempts to reach the model process
+_LOST = (True, ["Unavailable", "the model process ended during the request; retry", 503])
+
+
+class HubChannelClient:
+    def __init__(self, path: str, on_connect: Callable[[], None] = lambda: None):
+        self.path, self.on_connect = path, on_connect
+        self.blobs = Blobs(blob_prefix(path))
+        self._ids = itertools.count()
+        self._pending: dict[int, AsyncResult] = {}
+        self._sock = None
+        self._writing = Semaphore()
+        self.reached = Event()
+
+    def start(self) -> None:
+        gevent.spawn(self._keep_connected)
+
+    def call(self, op: str, *args, timeout: float | None = None):
+        """The model process's answer to `op(*args)`, its error raised here as the same class; past
+        `timeout` seconds without an answer, Unavailable."""
+        sock = self._sock
+        if sock is None:
+            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        call_id = next(self._ids)
+        self._pending[call_id] = answer = AsyncResult()
+        try:
+            frame = wire.pack([call_id, op, list(args)], self.blobs)
+            with self._writing:
+                sock.sendall(frame)
+            failed, result = answer.get(timeout=timeout)
+        except OSError:  # the model process went away while the call was being written
+            raise Unavailable("the model process ended during the request; retry") from None
+        except gevent.Timeout:
+            raise Unavailable(f"the model process did not answer within {timeout} s") from None
+        finally:
+            self._pending.pop(call_id, None)
+        if failed:
+            wire.raise_error(*result)
+        return result
+
+    def _keep_connected(self) -> None:
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)
+            except OSError:
+                sock.close()
+                gevent.sleep(_RETRY)
+                continue
+            self._sock = sock
+            self.reached.set()
+            log.info("connected to the model process", extra={"fields": {"channel": self.path}})
+            gevent.spawn(self.on_connect)
+            try:
+                self._read_answers(sock)
+            except (OSError, ValueError):
+                pass
+            finally:
+                self._sock = None
+                sock.close()
+                for answer in self._pending.values():
+                    answer.set(_LOST)
+            log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
+
+    def _read_answers(self, sock) -> None:
+        while (frame := wire.read_frame(sock, wire.MAX_FRAME)) is not None:
+            call_id, failed, result = wire.unpack(frame, self.blobs)
+            answer = self._pending.get(call_id)
+            if answer is not None and not answer.ready():
+                answer.set((failed, result))

@@ -1,0 +1,154 @@
+"""An HTTP front-end process: the master's listeners served on gevent (http_transport.Connections), each
+request handed whole to the model process over the channel (`ChannelDispatcher`).
+
+- A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
+  stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
+  request id and access-log line a single process writes.
+- While the model process is away (dead, restarting), every request is answered 503 with Retry-After.
+  A health probe (a route of the `health` group, which the model process names when it connects)
+  waits PROBE_DEADLINE at most: a stuck model process makes `/ping` unhealthy within the 2 s SageMaker
+  allows, instead of holding it.
+- SIGTERM: stop accepting, close idle connections, let requests under way finish (the master stops the
+  model process after its front-ends). SIGINT and SIGQUIT: exit at once. A front-end whose master is
+  gone exits, so that no orphan holds the port."""
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import gevent
+from gevent import socket
+from gevent.event import Event
+from gevent.pool import Pool
+from gevent.server import StreamServer
+from werkzeug.exceptions import HTTPException
+
+from container.api.pipeline import Dispatcher, Request, Response
+from container.api.request_log import ACCESS_LOG
+from container.api.routing import Route, Routes
+from container.api.tfserving_json import MOUNT
+from container.channel.blobs import large
+from container.channel.hub_client import HubChannelClient
+from container.errors import ServeError, Unavailable
+from container.http_transport import Connections, HeadLimits
+from container.inference import Client
+from container.settings import Settings
+
+log = logging.getLogger(__name__)
+PROBE_DEADLINE = 1.5  # seconds a health probe waits for the model process (SageMaker's /ping allows 2)
+_ORPHAN_CHECK = 1.0  # seconds between looks at whether the master is still there
+
+
+class FrontEndConnection(Client):
+    """A connection of this front-end, known to the model process by its number."""
+
+    __slots__ = ("number",)
+
+    def __init__(self, number: int):
+        super().__init__()
+        self.number = number
+
+
+class ChannelDispatcher:
+    """What the connections see as their dispatcher: `serve` crosses the channel; refusals render here."""
+
+    def __init__(self, settings: Settings, channel_path: str):
+        self.local = Dispatcher(Routes([], [MOUNT]), settings.max_payload_bytes)
+        self.max_body = self.local.max_body
+        self.too_large, self.refuse = self.local.too_large, self.local.refuse
+        self.channel = HubChannelClient(channel_path, on_connect=self._learn_probes)
+        self.probes = Routes([])
+        self._connections = 0
+
+    def start(self) -> None:
+        self.channel.start()
+
+    def serve(self, request: Request) -> Response:
+        client = request.client
+        try:
+            status, headers, body = self.channel.call(
+                "http", os.getpid(), client.number, client.requests, request.method, request.path, request.query_string,
+                request.headers, large(request.body), request.oversize, timeout=self._deadline(request))
+        except Unavailable as exc:  # the model process is away, or stuck past a probe's deadline
+            return self.refuse(request, exc)
+        return Response(body, status=status, headers=headers)
+
+    def new_client(self) -> FrontEndConnection:
+        self._connections += 1
+        client = FrontEndConnection(self._connections)
+        client.when_closed(self._closed)
+        return client
+
+    def _closed(self, client: FrontEndConnection) -> None:
+        if client.requests:  # the model process knows only connections that carried a request
+            gevent.spawn(self._tell_closed, client.number)
+
+    def _tell_closed(self, number: int) -> None:
+        try:
+            self.channel.call("connection_closed", os.getpid(), number)
+        except ServeError:
+            pass  # the model process is away: its new self never knew the connection
+
+    def _deadline(self, request: Request) -> float | None:
+        try:
+            self.probes.match(request.method, request.path)
+        except HTTPException:
+            return None
+        return PROBE_DEADLINE
+
+    def _learn_probes(self) -> None:
+        try:
+            self.probes = Routes([Route(method, template, None, "health", {})
+                                  for method, template in self.channel.call("probes", timeout=10)])
+        except ServeError as exc:
+            log.warning("could not learn the health routes", extra={"fields": {"error": str(exc)}})
+
+
+def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_timeout: float, fds: list[int]) -> None:
+    dispatcher = ChannelDispatcher(settings, channel_path)
+    dispatcher.start()
+    connections = Connections(dispatcher, settings, limits, settings.max_connections, new_client=dispatcher.new_client)
+    stop = Event()
+    gevent.signal_handler(signal.SIGTERM, stop.set)
+    for quick in (signal.SIGINT, signal.SIGQUIT):
+        gevent.signal_handler(quick, _exit_now)
+    master = os.getppid()
+    # Connections are accepted once the model process has been reached: until then they wait in the
+    # listen queue, as they did while a single process booted (and go to a front-end that has reached it).
+    if not _until(dispatcher.channel.reached, stop, master):
+        return
+    servers = []
+    for fd in fds:
+        server = StreamServer(socket.socket(fileno=fd), lambda sock, _: connections.handle(sock),
+                              spawn=Pool(settings.max_connections))
+        server.max_accept = 1  # one connection per wake-up, so that a burst spreads over the front-ends
+        server.start()
+        servers.append(server)
+    _until(stop, stop, master)
+    for server in servers:
+        server.close()
+    connections.shut_down()
+    deadline = time.monotonic() + graceful_timeout
+    while connections.count and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    ACCESS_LOG.flush()
+
+
+def _until(event: Event, stop: Event, master: int) -> bool:
+    """Wait for `event`; False when told to stop first, or when the master is gone (an orphan must not
+    hold the port)."""
+    while not event.wait(_ORPHAN_CHECK):
+        if stop.is_set():
+            return False
+        if os.getppid() != master:
+            log.error("the master is gone; exiting", extra={"fields": {"master": master}})
+            return False
+    return event.is_set()
+
+
+def _exit_now() -> None:
+    ACCESS_LOG.flush()
+    sys.stderr.flush()
+    os._exit(0)

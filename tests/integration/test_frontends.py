@@ -1,0 +1,259 @@
+"""HTTP front-end processes over the one model process, with real processes and real signals: what one
+process holds (statistics, shared memory regions, sequences, batches) is one across front-ends; a dead
+front-end is replaced and loses no model; a dead or stuck model process makes the front-ends answer 503
+with Retry-After, and `/ping` unhealthy within SageMaker's 2 s, until it is back."""
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPConnection
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.utils.shared_memory as shm
+
+from container import resources
+from tests.builders import Gate, Scale, fp32_model, gated_predict, handler_model, tensor, triton_model, wait_for
+from tests.integration.test_scheduling import SEQUENCE, Accumulate, Affine
+
+X = [1.0, 2.0, 3.0, 4.0]
+
+
+def _models(root):
+    fp32_model(root, "double", Scale())
+    triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
+                 [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
+                 sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 60_000_000})
+    # a queue delay no request may wait out: a batch that does not form fails on the clients' deadline
+    triton_model(root, "pairs", Affine(), [tensor("x", "TYPE_FP32", [3])], [tensor("y", "TYPE_FP32", [3])], max_batch_size=8,
+                 dynamic_batching={"preferred_batch_size": [2], "max_queue_delay_microseconds": 600_000_000})
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    _models(root)
+    server = start_server(root, SERVE_LOAD_MODELS="double,accumulate,pairs", SERVE_ALLOW_CLIENT_SHM="true",
+                          SERVE_HTTP_WORKERS="2")
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the models did not load")
+    wait_for(lambda: len(server.http_pids()) == 2, 30, "the front-ends did not start")
+    return server
+
+
+class Connection:
+    """One keep-alive connection, and the front-end process that accepted it."""
+
+    def __init__(self, server):
+        self.http = HTTPConnection("127.0.0.1", server.port, timeout=30)
+        self.http.connect()
+        port = self.http.sock.getsockname()[1]
+        self.front_end = wait_for(lambda: _accepted_by(server, port), 10, "no front-end accepted the connection")
+
+    def request(self, method: str, path: str, document=None) -> tuple[int, dict, dict]:
+        body = json.dumps(document).encode() if document is not None else None
+        self.http.request(method, path, body, {"Content-Type": "application/json"} if body else {})
+        answer = self.http.getresponse()
+        data = answer.read()
+        return answer.status, dict(answer.getheaders()), json.loads(data) if data else {}
+
+    def infer(self, model: str, document: dict) -> dict:
+        status, _, answer = self.request("POST", f"/v2/models/{model}/infer", document)
+        assert status == 200, answer
+        return answer
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _accepted_by(server, port: int) -> int | None:
+    for pid in server.http_pids():
+        try:
+            connections = psutil.Process(pid).connections("tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.raddr and c.raddr.port == port and c.laddr.port == server.port for c in connections):
+            return pid
+    return None
+
+
+@pytest.fixture
+def pair(server):
+    """Two connections, each on a different front-end (connections are accepted by whichever front-end
+    takes them first: open them until both front-ends hold one)."""
+    found: dict[int, Connection] = {}
+    spare = []
+    deadline = time.monotonic() + 30
+    while len(found) < 2:
+        assert time.monotonic() < deadline, "every connection went to one front-end"
+        connection = Connection(server)
+        if connection.front_end in found:
+            spare.append(connection)
+        else:
+            found[connection.front_end] = connection
+    for connection in spare:
+        connection.close()
+    yield list(found.values())
+    for connection in found.values():
+        connection.close()
+
+
+def _fp32(name: str, values, shape) -> dict:
+    return {"name": name, "datatype": "FP32", "shape": shape, "data": values}
+
+
+def test_the_default_is_one_front_end_per_core_and_none_on_one(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("default")
+    fp32_model(root, "double", Scale())
+    server = start_server(root, SERVE_LOAD_MODELS="double")
+    cores = min(resources.cpu_quota(), 16)
+    wait_for(lambda: len(server.http_pids()) == (cores if cores > 1 else 0), 30, "not one front-end per core")
+    assert server.request("POST", "/v2/models/double/infer", json={"inputs": [_fp32("x", X, [1, 4])]}).json()["outputs"][0]["data"] \
+        == [2 * x for x in X]
+
+
+def test_statistics_and_metrics_add_up_across_front_ends(server, pair):
+    before = server.request("GET", "/v2/models/double/stats").json()["model_stats"][0]["inference_count"]
+    metric = ("nv_inference_count_total", (("model", "double"), ("version", "1")))
+    metric_before = server.metrics()[metric]
+    for count, connection in zip((3, 5), pair, strict=True):
+        for _ in range(count):
+            assert connection.infer("double", {"inputs": [_fp32("x", X, [1, 4])]})["outputs"][0]["data"] == [2 * x for x in X]
+    for connection in pair:  # either front-end reads the one set of figures
+        stats = connection.request("GET", "/v2/models/double/stats")[2]["model_stats"][0]
+        assert stats["inference_count"] - before == 8
+    assert server.metrics()[metric] - metric_before == 8
+
+
+def test_a_region_registered_through_one_front_end_serves_through_another(server, pair):
+    first, second = pair
+    key = f"/test_frontends_{server.port}"
+    handle = shm.create_shared_memory_region("values", key, 16)
+    try:
+        shm.set_shared_memory_region(handle, [np.array(X, np.float32)])
+        status, _, answer = first.request("POST", "/v2/systemsharedmemory/region/values/register",
+                                          {"key": key, "offset": 0, "byte_size": 16})
+        assert status == 200, answer
+        assert [r["name"] for r in second.request("GET", "/v2/systemsharedmemory/status")[2]] == ["values"]
+        tensor_in = {"name": "x", "datatype": "FP32", "shape": [1, 4],
+                     "parameters": {"shared_memory_region": "values", "shared_memory_byte_size": 16}}
+        assert second.infer("double", {"inputs": [tensor_in]})["outputs"][0]["data"] == [2 * x for x in X]
+        assert second.request("POST", "/v2/systemsharedmemory/region/values/unregister")[0] == 200
+        assert first.request("GET", "/v2/systemsharedmemory/status")[2] == []
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_a_sequence_keeps_its_order_whichever_front_end_its_requests_arrive_on(server, pair):
+    totals = []
+    for step, value in enumerate([1.0, 2.0, 3.0, 4.0]):
+        parameters = {"sequence_id": 4242, "sequence_start": step == 0, "sequence_end": step == 3}
+        answer = pair[step % 2].infer("accumulate", {"parameters": parameters, "inputs": [_fp32("INPUT", [value], [1, 1])]})
+        totals.append(next(o for o in answer["outputs"] if o["name"] == "OUTPUT")["data"][0])
+    assert totals == [1.0, 3.0, 6.0, 10.0]
+
+
+def test_a_dynamic_batch_forms_across_front_ends(server, pair):
+    """A batcher waits for a client it answered within its queue delay, on a connection still open, to
+    form a batch. The model process knows each front-end's connections as clients of their own: two
+    clients on two front-ends, each sending its requests one after another and closing once done, meet
+    in a batch of 2 (the later request waits for the client expected back). A client whose identity
+    were lost on the way would never be expected back: each request would run alone."""
+
+    def sizes() -> dict[int, int]:
+        stats = server.request("GET", "/v2/models/pairs/stats").json()["model_stats"][0]
+        return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+    def requests_of(connection: Connection, index: int) -> list[list[float]]:
+        try:
+            return [connection.infer("pairs", {"inputs": [_fp32("x", [float(index), 0.0, float(step)], [1, 3])]})
+                    ["outputs"][0]["data"] for step in range(4)]
+        finally:
+            connection.close()  # nobody waits for a closed connection
+
+    before = sizes()
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(requests_of, pair, (1, 2)))
+    assert answers == [[[2 * i + 1, 1.0, 2 * s + 1] for s in range(4)] for i in (1, 2)]
+    after = sizes()
+    assert after.get(2, 0) - before.get(2, 0) >= 1
+
+
+def test_a_front_end_that_dies_is_replaced_and_no_model_is_lost(server):
+    worker = server.worker_pid()
+    victim = server.http_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(server.http_pids()) == 2 and victim not in server.http_pids(), 30, "the front-end was not replaced")
+    assert server.worker_pid() == worker
+    assert {m["name"] for m in server.request("POST", "/v2/repository/index", json={"ready": True}).json()} \
+        >= {"double", "accumulate", "pairs"}
+    for _ in range(4):  # fresh connections, on whichever front-end takes them
+        connection = Connection(server)
+        assert connection.infer("double", {"inputs": [_fp32("x", X, [1, 4])]})["outputs"][0]["data"] == [2 * x for x in X]
+        connection.close()
+
+
+@pytest.fixture
+def own_server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    fp32_model(root, "double", Scale())
+    server = start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS="2")
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the model did not load")
+    return server
+
+
+def test_while_the_model_process_is_away_every_front_end_answers_503_with_retry_after(own_server):
+    server = own_server
+    worker = server.worker_pid()
+    os.kill(worker, signal.SIGKILL)
+
+    def refused():
+        answer = server.request("GET", "/ping", timeout=5)
+        return [answer] if answer.status_code == 503 else None  # a list: a 503 Response is falsy
+
+    (answer,) = wait_for(refused, 30, "/ping stayed healthy without a model process")
+    assert answer.headers["Retry-After"] and "model process" in answer.json()["error"]
+    answer = server.request("POST", "/v2/models/double/infer", json={"inputs": [_fp32("x", X, [1, 4])]})
+    assert answer.status_code in (200, 503)  # 200 only once gunicorn's new worker has loaded the model again
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the model process did not come back")
+    assert server.worker_pid() != worker
+    answer = server.request("POST", "/v2/models/double/infer", json={"inputs": [_fp32("x", X, [1, 4])]})
+    assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [2 * x for x in X]
+
+
+def test_a_stuck_model_process_makes_ping_unhealthy_within_two_seconds(own_server):
+    server = own_server
+    worker = server.worker_pid()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        answer = server.request("GET", "/ping", timeout=10)
+        waited = time.monotonic() - started
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert answer.status_code == 503 and "did not answer" in answer.json()["error"]
+    assert waited < 2.0  # SageMaker's limit for /ping: a guarantee, not a speed figure
+    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 30, "the model process did not recover")
+    assert server.worker_pid() == worker
+
+
+def test_sigterm_to_the_master_drains_every_front_end_before_the_model_process(start_server, tmp_path_factory):
+    """As `docker stop` sends it: to the master alone. A request in flight is answered; every process exits."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
+    root = tmp_path_factory.mktemp("drain")
+    handler_model(root, "gated", gated_predict(gate), Scale())
+    server = start_server(root, SERVE_HTTP_WORKERS="2")
+    assert server.load("gated").status_code == 200
+    processes = [*server.http_pids(), server.worker_pid()]
+    assert len(processes) == 3
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(server.invoke, "gated", [[4.0]])
+        gate.wait_entered()
+        os.kill(server.process.pid, signal.SIGTERM)
+        gate.release()
+        assert in_flight.result().json() == [[8.0]]
+    assert server.process.wait(timeout=40) == 0
+    for pid in processes:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid

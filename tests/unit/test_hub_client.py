@@ -1,0 +1,88 @@
+"""The channel between an HTTP front-end (channel/hub_client.py) and the model process (channel/server.py),
+both on this test's gevent hub over a real Unix socket: calls are answered by id while others are under
+way, errors come back as their class, a call past its deadline or before the model process is reached
+is Unavailable, and the server hears which process left (a model process's death is the integration
+tests', with real signals)."""
+
+import os
+
+import gevent
+import pytest
+from gevent import socket
+from gevent.event import Event
+
+from container.api.http_channel import FrontEndClients
+from container.channel.hub_client import HubChannelClient
+from container.channel.server import ChannelServer
+from container.errors import InvalidRequest, Unavailable
+from tests.builders import poll
+
+
+@pytest.fixture
+def channel(tmp_path):
+    release, gone = Event(), []
+    operations = {
+        "echo": lambda value: value,
+        "held": lambda: release.wait(10) and "released",
+        "refuse": lambda: (_ for _ in ()).throw(InvalidRequest("input 'x' must have shape [4]")),
+    }
+    server = ChannelServer(str(tmp_path / "models.sock"), operations, 1 << 20, on_disconnect=gone.append)
+    server.start()
+    client = HubChannelClient(server.path)
+    client.start()
+    poll(client.reached.is_set, 10, "the client did not connect")
+    yield server, client, release, gone
+    server.drain(1)
+
+
+def test_calls_are_answered_by_id_while_another_waits(channel):
+    _, client, release, _ = channel
+    held = gevent.spawn(client.call, "held")
+    assert [client.call("echo", n) for n in range(3)] == [0, 1, 2]
+    release.set()
+    assert held.get(timeout=10) == "released"
+
+
+def test_an_error_comes_back_as_its_class_with_its_words(channel):
+    _, client, _, _ = channel
+    with pytest.raises(InvalidRequest, match=r"must have shape \[4\]") as caught:
+        client.call("refuse")
+    assert caught.value.status == 400
+
+
+def test_a_call_past_its_deadline_is_unavailable_and_the_channel_serves_on(channel):
+    _, client, release, _ = channel
+    with pytest.raises(Unavailable, match="did not answer within 0.05 s"):
+        client.call("held", timeout=0.05)
+    release.set()
+    assert client.call("echo", "after") == "after"
+
+
+def test_the_server_hears_which_process_left(channel):
+    server, _, _, gone = channel
+    peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer.connect(server.path)
+    peer.close()
+    poll(lambda: gone == [os.getpid()], 10, "the server did not hear the peer leave")
+
+
+def test_a_call_before_the_model_process_is_reached_is_unavailable(tmp_path):
+    client = HubChannelClient(str(tmp_path / "nobody.sock"))
+    client.start()
+    with pytest.raises(Unavailable, match="not running yet"):
+        client.call("echo", 1)
+
+
+def test_each_front_end_connection_is_one_client_until_closed():
+    clients = FrontEndClients()
+    first = clients.get(101, 1, 1)
+    assert clients.get(101, 1, 2) is first and first.requests == 2
+    assert clients.get(102, 1, 1) is not first  # the same number on another front-end is another connection
+    closed = []
+    first.when_closed(closed.append)
+    clients.close(101, 1)
+    assert closed == [first] and clients.get(101, 1, 1) is not first
+    other = clients.get(102, 1, 1)
+    other.when_closed(closed.append)
+    clients.close_all(102)
+    assert closed == [first, other]
