@@ -11,10 +11,10 @@ from typing import Callable
 import gevent
 from gevent import socket
 from gevent.event import AsyncResult, Event
-from gevent.lock import Semaphore
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
+from container.channel.stream import FrameReader, Outbox
 from container.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,7 @@ class HubChannelClient:
         self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
         self._pending: dict[int, AsyncResult] = {}
-        self._sock = None
-        self._writing = Semaphore()
+        self._outbox: Outbox | None = None
         self.reached = Event()
 
     def start(self) -> None:
@@ -38,18 +37,14 @@ class HubChannelClient:
     def call(self, op: str, *args, timeout: float | None = None):
         """The model process's answer to `op(*args)`, its error raised here as the same class; past
         `timeout` seconds without an answer, Unavailable."""
-        sock = self._sock
-        if sock is None:
+        outbox = self._outbox
+        if outbox is None:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
         self._pending[call_id] = answer = AsyncResult()
         try:
-            frame = wire.pack([call_id, op, list(args)], self.blobs)
-            with self._writing:
-                sock.sendall(frame)
-            failed, result = answer.get(timeout=timeout)
-        except OSError:  # the model process went away while the call was being written
-            raise Unavailable("the model process ended during the request; retry") from None
+            outbox.send(wire.pack([call_id, op, list(args)], self.blobs))
+            failed, result = answer.get(timeout=timeout)  # a lost model process fails it (`_keep_connected`)
         except gevent.Timeout:
             raise Unavailable(f"the model process did not answer within {timeout} s") from None
         finally:
@@ -67,7 +62,7 @@ class HubChannelClient:
                 sock.close()
                 gevent.sleep(_RETRY)
                 continue
-            self._sock = sock
+            self._outbox = Outbox(sock)
             self.reached.set()
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             gevent.spawn(self.on_connect)
@@ -76,14 +71,15 @@ class HubChannelClient:
             except (OSError, ValueError):
                 pass
             finally:
-                self._sock = None
+                self._outbox = None
                 sock.close()
                 for answer in self._pending.values():
                     answer.set(_LOST)
             log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
 
     def _read_answers(self, sock) -> None:
-        while (frame := wire.read_frame(sock, wire.MAX_FRAME)) is not None:
+        frames = FrameReader(sock, wire.MAX_FRAME)
+        while (frame := frames.next()) is not None:
             call_id, failed, result = wire.unpack(frame, self.blobs)
             answer = self._pending.get(call_id)
             if answer is not None and not answer.ready():

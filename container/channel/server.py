@@ -10,12 +10,12 @@ import struct
 from typing import Callable
 
 from gevent import socket  # the hub's own, whether or not the process is monkey-patched
-from gevent.lock import Semaphore
 from gevent.pool import Group
 from gevent.server import StreamServer
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
+from container.channel.stream import FrameReader, Outbox
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -49,21 +49,18 @@ class ChannelServer:
         self.calls.join(timeout)
 
     def _serve(self, sock, _address) -> None:
-        lock = Semaphore()
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
+        frames, outbox = FrameReader(sock, self.max_frame), Outbox(sock)
         try:
-            while True:
-                frame = wire.read_frame(sock, self.max_frame)
-                if frame is None:
-                    return
-                self.calls.spawn(self._answer, sock, lock, frame)
+            while (frame := frames.next()) is not None:
+                self.calls.spawn(self._answer, outbox, frame)
         except OSError:
             return
         finally:
             sock.close()
             self.on_disconnect(pid)
 
-    def _answer(self, sock, lock: Semaphore, frame: memoryview) -> None:
+    def _answer(self, outbox: Outbox, frame: bytes) -> None:
         call_id = None
         try:
             call_id, op, args = wire.unpack(frame, self.blobs)
@@ -83,8 +80,4 @@ class ChannelServer:
         except (ServeError, TypeError, ValueError) as exc:
             log.exception("channel answer could not be packed")
             data = wire.pack([call_id, 1, ["ServeError", f"the answer could not cross the channel: {exc}", 500]])
-        with lock:
-            try:
-                sock.sendall(data)
-            except OSError:  # the front-end went away; its caller learns that from its own side
-                pass
+        outbox.send(data)

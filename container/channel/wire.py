@@ -21,7 +21,6 @@ MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
 _NUMERIC = "biuf"
-_RECEIVE = 256 << 10  # bytes a read of a frame asks for at once
 
 
 def pack(message, blobs: Blobs | None = None) -> bytes:
@@ -95,26 +94,3 @@ def _tensor(code: int, data: bytes):
         raise ValueError(f"a {dtype} tensor on the channel")
     return np.frombuffer(data, dtype, offset=start).reshape(shape)
 
-
-def read_frame(sock, max_frame: int) -> memoryview | None:
-    """The next frame's body from a (gevent) socket; None at a clean end between frames."""
-    head = _read(sock, LENGTH.size, allow_end=True)
-    if head is None:
-        return None
-    (length,) = LENGTH.unpack(head)
-    if length > max_frame:
-        raise OSError(f"a {length}-byte channel frame is past {max_frame}")
-    return _read(sock, length)
-
-
-def _read(sock, size: int, allow_end: bool = False) -> memoryview | None:
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:
-        count = sock.recv_into(view[got:], min(size - got, _RECEIVE))
-        if not count:
-            if allow_end and not got:
-                return None
-            raise OSError("the channel closed inside a frame")
-        got += count
-    return view
