@@ -6,6 +6,7 @@ with Retry-After, and `/ping` unhealthy within SageMaker's 2 s, until it is back
 import json
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
@@ -257,3 +258,57 @@ def test_sigterm_to_the_master_drains_every_front_end_before_the_model_process(s
     assert server.process.wait(timeout=40) == 0
     for pid in processes:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp_path_factory):
+    """The same requests, answered by the model process and refused by a front-end itself (a body past
+    the limit, a malformed request), give the same answers and the same access-log lines with front-ends
+    as without."""
+    root = tmp_path_factory.mktemp("logged")
+    fp32_model(root, "double", Scale())
+    document = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+    raw = [
+        b"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-1\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(document), document),
+        b"GET /v2/models/nobody/ready HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-2\r\n\r\n",
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nX-Amzn-SageMaker-Target-Model: double\r\nX-Request-Id: given-3\r\n"
+        b"Content-Length: 99999999\r\n\r\n",
+        b"GET /v1/models/nobody/metadata/extra HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-4\r\n\r\n",
+        b"BREW /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    seen = {workers: _answers_and_log_lines(start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=workers,
+                                                        SERVE_LOG_LEVEL="info"), raw) for workers in ("2", "0")}
+    assert seen["2"] == seen["0"]
+
+
+def _answers_and_log_lines(server, raw: list[bytes]) -> tuple[list, list]:
+    wait_for(lambda: server.request("GET", "/v2/models/double/ready").status_code == 200, 60, "the model did not load")
+    answers = []
+    for request in raw:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(request)
+            answers.append(_whole_answer(sock))
+    wait_for(lambda: len(_access_lines(server, "given-")) == 4, 10, "the access log lines did not come")
+    return answers, _access_lines(server, "given-")
+
+
+def _whole_answer(sock) -> tuple[str, dict, bytes]:
+    """The status line, the headers that do not vary by run, and the body of one answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    while len(body) < int(headers.get("content-length", 0)):
+        body += sock.recv(65536)
+    varying = {"date", "x-request-id"} if not headers.get("x-request-id", "").startswith("given-") else {"date"}
+    return status, {k: v for k, v in headers.items() if k not in varying}, body
+
+
+def _access_lines(server, prefix: str) -> list[dict]:
+    """The access-log lines of requests whose id starts with `prefix`, by id (processes write their own
+    lines in their own time), less what varies by run."""
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if '"message":"request"' in line]
+    return sorted(({k: v for k, v in line.items() if k not in ("time", "duration_ms")} for line in lines
+                   if line["request_id"].startswith(prefix)), key=lambda line: line["request_id"])

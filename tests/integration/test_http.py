@@ -16,11 +16,13 @@ X = json.dumps([[1.0, 2.0, 3.0, 4.0]]).encode()
 DOUBLED = [[2.0, 4.0, 6.0, 8.0]]
 
 
-@pytest.fixture(scope="module")
-def server(start_server, tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, "1", "0"], ids=["front-ends", "one-front-end", "one-process"])
+def server(start_server, tmp_path_factory, request):
+    """Every behaviour here as the server runs by default (a front-end per core), with one front-end, and
+    with the model process serving HTTP itself: HTTP is one transport (http_transport.py) in all three."""
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "double", Scale())
-    server = start_server(root, SERVE_LOAD_MODELS="double")
+    server = start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=request.param)
     wait_for(lambda: server.loaded() == ["double"], message="the model did not load")
     return server
 
