@@ -106,7 +106,7 @@ class Settings:
     )
     max_priority_levels: int = _env("SERVE_MAX_PRIORITY_LEVELS", "64", "Most `priority_levels` one model's dynamic batcher may declare.")
     max_connections: int = _env(
-        "SERVE_MAX_CONNECTIONS", "", "Most client connections served at once; unset: as many as the open-file limit allows (its soft limit is raised to the hard one at start). When all are taken, the connection idle the longest is closed to make room for a new one."
+        "SERVE_MAX_CONNECTIONS", "", "Most client connections each HTTP process (each front-end, or the model process when it serves HTTP) serves at once; unset: as many as its open-file limit allows (its soft limit is raised to the hard one at start). When all are taken, the connection idle the longest is closed to make room for a new one."
     )
     max_header_bytes: int = _env(
         "SERVE_MAX_HEADER_BYTES", "64KiB", "Most bytes of one request's head (request line and headers), counted while it arrives; more get 431."
