@@ -29,8 +29,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
              if server_cores != CORES else
              f"Only {len(CORES)} cores here: the server, Triton and wrk share them, so these figures understate every "
              f"server alike; the 16-core run waits for the GPU machine.")
-    lines = [where, "", *_throughput(models, _routes(), counts, server_cores, seconds)]
-    return lines + ["", *_memory((1, 4) if smoke else (1, 4, 16))]
+    lines = [where, "", *_throughput(models, _routes(), counts, server_cores, seconds, with_triton=not smoke)]
+    return lines + ["", *_memory((1,) if smoke else (1, 4, 16))]
 
 
 def _models() -> dict:
@@ -55,7 +55,9 @@ def _routes() -> list[tuple]:
     return routes
 
 
-def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float) -> list[str]:
+def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float,
+                with_triton: bool) -> list[str]:
+    """`with_triton`: beside Triton too (a smoke run leaves it out: the tiny scenario runs it already)."""
     rates: dict[tuple, float] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, (module, config) in models.items():
@@ -69,9 +71,9 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
                     rates[model, label, count] = load.requests_per_s if not load.errors else 0.0
             finally:
                 server.stop()
-    peer = _triton(models, routes, cores, seconds)
+    peer = _triton(models, routes, cores, seconds) if with_triton else {}
     head = " | ".join(("one process" if n == 0 else f"{n} front-end{'s' * (n > 1)}") for n in counts)
-    lines = [] if peer else [MISSING, ""]
+    lines = [] if peer else [MISSING if with_triton else "Triton: left out of a smoke run.", ""]
     lines += [f"Requests/s at {CONNECTIONS} connections (a failed request zeroes its cell).", "",
               f"| model | protocol | {head} | Triton | most / one process | most / Triton |",
               "| --- | --- | " + "--- | " * len(counts) + "--- | --- | --- |"]
