@@ -1,6 +1,7 @@
 """Real models for the tests, built with torch: Triton layout, SageMaker layout, archives, and gates that
 hold model code at a known point so concurrency is tested by order of events, never by timing."""
 
+import errno
 import os
 import tarfile
 import textwrap
@@ -143,9 +144,18 @@ class Gate:
     def wait_entered(self, timeout: float = 30) -> None:
         wait_for(self.marker.exists, timeout, f"model code never reached gate {self.fifo.name}")
 
-    def release(self) -> None:
-        fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO here means nobody waits: a test bug
-        os.close(fd)
+    def release(self, timeout: float = 30) -> None:
+        """The code marks its arrival just before it opens the FIFO: a release right after `wait_entered`
+        may find it not open yet (ENXIO), and waits for it to be."""
+        def opened() -> int | None:
+            try:
+                return os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                return None
+
+        os.close(wait_for(opened, timeout, f"nobody opened gate {self.fifo.name}"))
 
 
 def gates(directory: Path, *names: str) -> dict[str, Gate]:
