@@ -1,8 +1,7 @@
 """A front-end's end of the channel on a gevent hub (the HTTP front-ends; client.py is the asyncio one
 the gRPC front-end uses): one connection to the model process, many calls in flight on it, each
 answered by id. While the model process is away, calls fail at once with Unavailable, and the client
-keeps trying to connect; `on_connect` runs after each connection is made, and `reached` is set after the
-first."""
+keeps trying to connect; `on_connect` runs after each connection is made."""
 
 import itertools
 import logging
@@ -10,7 +9,7 @@ from typing import Callable
 
 import gevent
 from gevent import socket
-from gevent.event import AsyncResult, Event
+from gevent.event import AsyncResult
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
@@ -29,10 +28,13 @@ class HubChannelClient:
         self._ids = itertools.count()
         self._pending: dict[int, AsyncResult] = {}
         self._outbox: Outbox | None = None
-        self.reached = Event()
 
     def start(self) -> None:
         gevent.spawn(self._keep_connected)
+
+    @property
+    def connected(self) -> bool:
+        return self._outbox is not None
 
     def call(self, op: str, *args, timeout: float | None = None):
         """The model process's answer to `op(*args)`, its error raised here as the same class; past
@@ -63,7 +65,6 @@ class HubChannelClient:
                 gevent.sleep(_RETRY)
                 continue
             self._outbox = Outbox(sock)
-            self.reached.set()
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             gevent.spawn(self.on_connect)
             try:

@@ -5,9 +5,9 @@ request handed whole to the model process over the channel (`ChannelDispatcher`)
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
   request id and access-log line a single process writes.
 - While the model process is away (dead, restarting), every request is answered 503 with Retry-After.
-  A health probe (a route of the `health` group, which the model process names when it connects)
-  waits PROBE_DEADLINE at most: a stuck model process makes `/ping` unhealthy within the 2 s SageMaker
-  allows, instead of holding it.
+  A health probe (a route of the `health` group, which the model process names at each connection,
+  and before this process accepts any) waits PROBE_DEADLINE at most: a stuck model process makes
+  `/ping` unhealthy within the 2 s SageMaker allows, instead of holding it.
 - SIGTERM: stop accepting, close idle connections, let requests under way finish (the master stops the
   model process after its front-ends). SIGINT and SIGQUIT: exit at once. A front-end whose master is
   gone exits, so that no orphan holds the port."""
@@ -39,6 +39,8 @@ from container.settings import Settings
 log = logging.getLogger(__name__)
 PROBE_DEADLINE = 1.5  # seconds a health probe waits for the model process (SageMaker's /ping allows 2)
 _ORPHAN_CHECK = 1.0  # seconds between looks at whether the master is still there
+_PROBES_TIMEOUT = 10.0  # seconds the model process has to name its health routes
+_PROBES_RETRY = 1.0  # seconds before asking again
 
 
 class FrontEndConnection(Client):
@@ -60,6 +62,7 @@ class ChannelDispatcher:
         self.too_large, self.refuse = self.local.too_large, self.local.refuse
         self.channel = HubChannelClient(channel_path, on_connect=self._learn_probes)
         self.probes = Routes([])
+        self.ready = Event()  # set once the probes are known: then this process accepts connections
         self._connections = 0
 
     def start(self) -> None:
@@ -99,11 +102,18 @@ class ChannelDispatcher:
         return PROBE_DEADLINE
 
     def _learn_probes(self) -> None:
-        try:
-            self.probes = Routes([Route(method, template, None, "health", {})
-                                  for method, template in self.channel.call("probes", timeout=10)])
-        except ServeError as exc:
-            log.warning("could not learn the health routes", extra={"fields": {"error": str(exc)}})
+        """At each connection: the health routes, asked again while the model process does not answer
+        (the next connection asks anew)."""
+        while self.channel.connected:
+            try:
+                routes = self.channel.call("probes", timeout=_PROBES_TIMEOUT)
+            except ServeError as exc:  # stuck, or shutting down: ask again in a moment
+                log.warning("the model process did not name its health routes", extra={"fields": {"error": str(exc)}})
+                gevent.sleep(_PROBES_RETRY)
+                continue
+            self.probes = Routes([Route(method, template, None, "health", {}) for method, template in routes])
+            self.ready.set()
+            return
 
 
 def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_timeout: float, fds: list[int]) -> None:
@@ -115,9 +125,10 @@ def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_ti
     for quick in (signal.SIGINT, signal.SIGQUIT):
         gevent.signal_handler(quick, _exit_now)
     master = os.getppid()
-    # Connections are accepted once the model process has been reached: until then they wait in the
-    # listen queue, as they did while a single process booted (and go to a front-end that has reached it).
-    if not _until(dispatcher.channel.reached, stop, master):
+    # Connections are accepted once the model process has answered (named its health routes): until then
+    # they wait in the listen queue, as they did while a single process booted, or go to a front-end
+    # that is ready.
+    if not _until(dispatcher.ready, stop, master):
         return
     servers = []
     for fd in fds:

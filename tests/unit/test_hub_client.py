@@ -30,7 +30,7 @@ def channel(tmp_path):
     server.start()
     client = HubChannelClient(server.path)
     client.start()
-    poll(client.reached.is_set, 10, "the client did not connect")
+    poll(lambda: client.connected, 10, "the client did not connect")
     yield server, client, release, gone
     server.drain(1)
 
