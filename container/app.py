@@ -12,7 +12,7 @@ from flask import Flask
 from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
-from container import resources
+from container import frontends, resources
 from container.api import tfserving, tfserving_json
 from container.api.channel_operations import channel_operations
 from container.api.http_channel import FrontEndClients, http_operations
@@ -85,8 +85,10 @@ def handler_options(settings: Settings, cuda_contexts: dict[str, int]) -> Handle
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:
     """Budgets for models: SERVE_MEMORY_LIMIT, never more than the container's RAM less the idle
-    process; on each GPU, SERVE_GPU_MEMORY_LIMIT of it less what was in use before any model."""
-    budgets = {"cpu": min(settings.memory_limit, resources.memory_limit() - idle_bytes)}
+    process and the front-end processes beside it; on each GPU, SERVE_GPU_MEMORY_LIMIT of it less what
+    was in use before any model."""
+    beside = frontends.memory(settings.http_workers, settings.grpc_port is not None)
+    budgets = {"cpu": min(settings.memory_limit, resources.memory_limit() - idle_bytes - beside)}
     for device in gpus.devices:
         budgets[device] = gpus.budget(device, settings.gpu_budget(gpus.totals[device]))
     return MemoryCache(budgets, evict=settings.eviction == "lru")
