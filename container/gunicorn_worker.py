@@ -37,8 +37,9 @@ class Worker(GeventWorker):
     def load_wsgi(self):
         super().load_wsgi()
         extensions = self.wsgi.extensions  # of the app create_app() made
-        self.connections = Connections(extensions["dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
-                                       self.worker_connections, max_requests=self.max_requests, retire=self._retire)
+        if not self.settings.http_workers:  # HTTP is this process's own
+            self.connections = Connections(extensions["dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
+                                           self.worker_connections, max_requests=self.max_requests, retire=self._retire)
         # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
         self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
                                      self.settings.max_payload_bytes + _CHANNEL_FRAMING,

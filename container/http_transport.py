@@ -34,6 +34,7 @@ from typing import Callable
 
 import gevent
 import httptools
+from gevent.event import Event
 
 from container.api.errors import status_line
 from container.api.pipeline import Body, Request, Response, request_path
@@ -71,9 +72,12 @@ class Connections:
         self.idle: dict = {}  # greenlet → the socket of its connection, waiting for a (next) request
         self.count = self.served = 0
         self.alive = True
+        self.drained = Event()  # set while no connection is open
+        self.drained.set()
 
     def handle(self, sock) -> None:
         self.count += 1
+        self.drained.clear()
         if self.count >= self.capacity and self.idle:
             # the last slot is taken: free one, so the next client is accepted and served
             _hang_up(self.idle.pop(next(iter(self.idle))))
@@ -84,6 +88,8 @@ class Connections:
             self.count -= 1
             _close(sock)
             connection.client.close()
+            if not self.count:
+                self.drained.set()
 
     def answered(self) -> None:
         self.served += 1

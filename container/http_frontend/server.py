@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 import gevent
 from gevent import socket
@@ -141,9 +140,7 @@ def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_ti
     for server in servers:
         server.close()
     connections.shut_down()
-    deadline = time.monotonic() + graceful_timeout
-    while connections.count and time.monotonic() < deadline:
-        gevent.sleep(0.05)
+    connections.drained.wait(graceful_timeout)
     ACCESS_LOG.flush()
 
 
