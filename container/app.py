@@ -12,7 +12,7 @@ from flask import Flask
 from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
-from container import frontends, resources
+from container import channel, frontends, resources
 from container.api import tfserving, tfserving_json
 from container.api.channel_operations import channel_operations
 from container.api.http_channel import FrontEndClients, http_operations
@@ -24,7 +24,7 @@ from container.api.sagemaker import SINGLE_MODEL_NAME, sagemaker_routes
 from container.api.shared_memory import SharedMemory, shared_memory_routes
 from container.api.v2 import v2_routes
 from container.api.v2_repository import repository_routes
-from container.backends import HandlerOptions, load_backends
+from container.backends import WorkerOptions, load_backends
 from container.backends.gpus import Gpus
 from container.backends.torch_runtime import configure_threads, free_memory, release_memory, warm_up
 from container.core import Core
@@ -46,7 +46,7 @@ def create_app(settings: Settings) -> Flask:
     warm_up()
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
-    backends = functools.partial(load_backends, options=handler_options(settings, gpus.contexts))
+    backends = functools.partial(load_backends, options=worker_options(settings, gpus.contexts, channel.socket_path(os.getppid())))
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
     runtime = Runtime(backends, release_memory, free_memory)
@@ -78,9 +78,11 @@ def create_app(settings: Settings) -> Flask:
     return app
 
 
-def handler_options(settings: Settings, cuda_contexts: dict[str, int]) -> HandlerOptions:
-    return HandlerOptions(settings.program, settings.default_accept, settings.install_requirements,
-                          settings.requirements_cache, torch.get_num_threads(), cuda_contexts, settings.log_level)
+def worker_options(settings: Settings, cuda_contexts: dict[str, int], channel_path: str) -> WorkerOptions:
+    """`channel_path`: the model process's channel, which python models' BLS calls reach the core by."""
+    return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
+                         settings.requirements_cache, torch.get_num_threads(), cuda_contexts, settings.log_level,
+                         settings.python_load_timeout, settings.python_response_timeout, channel_path)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

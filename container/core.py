@@ -13,13 +13,23 @@ from typing import Callable, Mapping
 
 import gevent
 
-from container.errors import Forbidden, InsufficientMemory, InvalidRequest, ModelNotFound, ServeError, Unavailable
+from container import ensembles
+from container.backends.ensemble import Ensemble, Step
+from container.errors import (
+    Forbidden,
+    InsufficientMemory,
+    InvalidModel,
+    InvalidRequest,
+    ModelNotFound,
+    ServeError,
+    Unavailable,
+)
 from container.inference import Client, InferRequest, InferResponse, TransformRequest
 from container.models.cache import total_by_device
 from container.models.downloads import DownloadCounters
 from container.models.registry import Model, Registry, State
 from container.models.signature import Signature
-from container.models.statistics import Statistics
+from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.tensors import decoded_size
 
@@ -129,6 +139,7 @@ class Core:
         self.model_root = registry.model_root
         self.counters = registry.counters
         self._downloads = registry.downloads
+        self._dependents: dict[str, list[str]] = {}  # ensemble → the composing models its load loaded
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -169,13 +180,27 @@ class Core:
             if request.outputs:
                 signature.check_outputs(request.outputs)
             items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
-            outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
+            if isinstance(backend, Ensemble):
+                outputs, phases = ensembles.run(backend, request.inputs, request.outputs, self._infer_step), Phases()
+            else:
+                outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
         except BaseException as exc:
             self._failed(statistics, start, exc)
             raise
         statistics.record_success(items, time.perf_counter_ns() - start, phases)
         self._registry.remeasure(model)
         return InferResponse(model.name, version, outputs)
+
+    def _infer_step(self, step: Step, inputs: dict) -> dict:
+        """One step of an ensemble: a request to its model, loaded again first if it was evicted."""
+        try:
+            lease = self.lease(step.model, step.version)
+        except ModelNotFound:
+            if step.version is not None or not any(name == step.model for name, _ in self.entries()):
+                raise
+            lease = self.lease_loading(step.model, self.locate(step.model))
+        with lease:
+            return self.infer(lease, InferRequest(inputs, list(step.outputs))).outputs
 
     def transform(self, lease: Lease, request: TransformRequest):
         """A request body through the leased SageMaker handler model; returns its backend's response."""
@@ -315,6 +340,7 @@ class Core:
     def _load(self, name: str, url: str, **options) -> Model:
         model = self._registry.load(name, url, **options)
         try:
+            self._compose(model)
             model.scheduler = self._schedulers(model.name, model.config, model.signature,
                                                lambda device, requested: self._registry.recover(model, device, requested))
         except BaseException as exc:  # a config the scheduler refuses (a queue policy, say)
@@ -324,6 +350,29 @@ class Core:
         model.view = ModelView.of(model)
         self._registry.serve(model)
         return model
+
+    def _compose(self, model: Model) -> None:
+        """An ensemble's composing models, loaded with it when they are not (and remembered, for
+        `unload_dependents`); each step's tensors checked against its model's."""
+        steps = [step for backend in model.versions.values() if isinstance(backend, Ensemble) for step in backend.steps]
+        loaded = []
+        try:
+            for name in dict.fromkeys(step.model for step in steps):
+                if name == model.name:
+                    raise InvalidModel(f"ensemble '{name}' names itself as a step")
+                if self.state(name) is not State.READY:
+                    try:
+                        self.load(name, self.locate(name))
+                    except ServeError as exc:
+                        raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' did not load: {exc}") from None
+                    loaded.append(name)
+            for step in steps:
+                _check_step(model.name, step, self._registry.models[step.model])
+        except BaseException:
+            for name in loaded:
+                self.unload(name)
+            raise
+        self._dependents[model.name] = loaded
 
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
@@ -359,8 +408,12 @@ class Core:
         self.counters.hits += 1
         return model.loaded.get()
 
-    def unload(self, name: str) -> None:
+    def unload(self, name: str, dependents: bool = False) -> None:
+        """Unload `name`; with `dependents`, the models an ensemble's load loaded along with it too."""
         self._registry.unload(name)
+        for composing in self._dependents.pop(name, []) if dependents else ():
+            if self.state(composing) is State.READY:
+                self.unload(composing, dependents=True)
 
     def locate(self, name: str) -> str:
         return self._registry.locate(name)
@@ -388,6 +441,19 @@ def _close_when_gone(model: Model, scheduler) -> None:
     threads end."""
     model.gone.wait()
     scheduler.close()
+
+
+def _check_step(ensemble: str, step: Step, model: Model) -> None:
+    if model.signature is None:
+        raise InvalidModel(f"ensemble '{ensemble}': step model '{step.model}' is a SageMaker handler model, which "
+                           f"takes a request body, not tensors")
+    if step.version is not None and step.version not in model.versions:
+        raise InvalidModel(f"ensemble '{ensemble}': step model '{step.model}' has no version {step.version}")
+    for kind, names, specs in (("input", step.inputs, model.signature.inputs), ("output", step.outputs, model.signature.outputs)):
+        unknown = sorted(set(names) - {spec.name for spec in specs})
+        if unknown:
+            raise InvalidModel(f"ensemble '{ensemble}': step model '{step.model}' has no {kind}(s) {unknown}; it has "
+                               f"{[spec.name for spec in specs]}")
 
 
 def _not_loaded(name: str, version: int | None = None) -> ModelNotFound:

@@ -80,6 +80,12 @@ class Settings:
     model_server_timeout: int = _env(
         "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
     )
+    python_load_timeout: int = _env(
+        "SERVE_PYTHON_LOAD_TIMEOUT", "300", "Seconds a python-backend model's `auto_complete_config`, and each instance's `initialize`, may take; then its process is killed and the load fails."
+    )
+    python_response_timeout: int = _env(
+        "SERVE_PYTHON_RESPONSE_TIMEOUT", "300", "Seconds a python-backend model's `execute` may take for one batch; then the instance's process is killed, the batch fails with 500, and the next batch starts the instance again."
+    )
     default_accept: str = _env(
         "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "application/json", "Answer type of invoke when `Accept` is missing or `*/*`."
     )
@@ -181,6 +187,8 @@ class Settings:
             load_models=tuple(n.strip() for n in raw["load_models"].split(",") if n.strip()),
             log_level=raw["log_level"].upper(),
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
+            python_load_timeout=_positive("SERVE_PYTHON_LOAD_TIMEOUT", raw["python_load_timeout"]),
+            python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
             default_accept=content.media_type(raw["default_accept"]),
             program=_program(raw["program"]),
             install_requirements=_boolean("SERVE_INSTALL_REQUIREMENTS", raw["install_requirements"]),

@@ -17,9 +17,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 
 class Server:
-    def __init__(self, model_root: Path, **env):
+    def __init__(self, model_root: Path, port: int | None = None, **env):
+        """`port`: where it listens for HTTP (default: a free one)."""
         self.model_root = model_root
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.grpc_port = _free_port()
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
@@ -153,8 +154,8 @@ def start_server(tmp_path_factory):
     """Start servers for a test module (`start_server(root, **env)`); all are stopped at its end."""
     servers = []
 
-    def start(model_root: Path, **env) -> Server:
-        servers.append(Server(model_root, **env))
+    def start(model_root: Path, port: int | None = None, **env) -> Server:
+        servers.append(Server(model_root, port, **env))
         return servers[-1]
 
     yield start

@@ -1,7 +1,8 @@
 """What front-end processes may ask the model process over the channel (channel/server.py): V2's
 operations on its documents (v2_dataplane.py), the shared memory regions (which live here, so a region
-registered through one front-end serves every front-end), and ModelMesh's runtime API (modelmesh.py). Arguments and answers
-are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
+registered through one front-end serves every front-end), and ModelMesh's runtime API (modelmesh.py);
+and what python models' worker processes ask: their BLS calls (`bls_infer`, tensors in and out). Arguments
+and answers are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
 
 from typing import Callable
 
@@ -10,6 +11,7 @@ from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.channel.blobs import large
 from container.core import Core
+from container.inference import InferRequest
 
 
 def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict[str, Callable]:
@@ -19,6 +21,11 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, lambda _: (document, memoryview(binary)),
                                             heavy=heavy)
         return [answer, [large(chunk) for chunk in chunks]]
+
+    def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
+        """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest."""
+        with core.lease(name, version if version > 0 else None) as lease:
+            return core.infer(lease, InferRequest(inputs, outputs, parameters)).outputs
 
     def model_config(name: str, version: str) -> bytes:
         return v2_dataplane.model_config(core, name, version).SerializeToString()
@@ -32,6 +39,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         "model_config": model_config,
         "statistics": lambda name, version: v2_dataplane.statistics(core, name, version),
         "infer": infer,
+        "bls_infer": bls_infer,
         "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
         "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),
         "unload": lambda name, parameters: v2_dataplane.unload(core, name, parameters),

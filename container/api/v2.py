@@ -1,9 +1,6 @@
 """Triton / KServe V2 over HTTP: health, metadata, config, inference and statistics. The repository
 and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-
 from container import content
 from container.api import compression, offload, v2_codec, v2_dataplane
 from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
@@ -11,6 +8,7 @@ from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
 from container.limits import whole_number
+from container.models.config import config_document
 
 
 def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
@@ -96,37 +94,6 @@ def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tup
 
 def _json(value) -> Response:
     return Response(content.encode_json(value), content.JSON)
-
-
-def config_document(config) -> dict:
-    """A ModelConfig as Triton prints it: proto field names, fields at their default value included (a
-    control's `kind` of CONTROL_SEQUENCE_START is the enum's zero), 64-bit integers as numbers."""
-    return _int64_as_numbers(json_format.MessageToDict(
-        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True), config.DESCRIPTOR)
-
-
-_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
-          FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64}
-
-
-def _int64_as_numbers(value, descriptor):
-    """protobuf's JSON writes 64-bit integers as strings; Triton's /config writes numbers."""
-    for key, item in value.items():
-        field = descriptor.fields_by_name.get(key)
-        if field is None:
-            continue
-        if field.message_type is not None:
-            if field.message_type.GetOptions().map_entry:
-                entry = field.message_type.fields_by_name["value"]
-                if entry.message_type is not None:
-                    value[key] = {k: _int64_as_numbers(v, entry.message_type) for k, v in item.items()}
-            elif isinstance(item, list):
-                value[key] = [_int64_as_numbers(v, field.message_type) for v in item]
-            else:
-                value[key] = _int64_as_numbers(item, field.message_type)
-        elif field.type in _INT64:
-            value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
-    return value
 
 
 # The OpenAPI operations of the routes above (api/openapi.py)

@@ -21,7 +21,7 @@ EXTENSIONS = [
 ]
 SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
                          "priority": (int,), "timeout": (int,)}
-PLATFORMS = {"pytorch": "pytorch_libtorch"}
+PLATFORMS = {"pytorch": "pytorch_libtorch", "python": "python"}
 
 
 def server_metadata() -> dict:
@@ -132,7 +132,7 @@ def unload(core: Core, name: str, parameters: dict) -> None:
     if not isinstance(dependents, bool):
         raise InvalidRequest("parameter 'unload_dependents' must be true or false")
     if core.state(name) is not None:  # unloading a model that is not loaded succeeds, as in Triton
-        core.unload(name)  # no ensembles here, so no model has dependents
+        core.unload(name, dependents)
 
 
 def model(core: Core, name: str, version: str | None, default_latest: bool = True) -> tuple[ModelView, int | None]:

@@ -6,17 +6,27 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
   instances placed as the groups place them.
 - `handler_worker.HandlerWorker`: request bytes in, response bytes out, through SageMaker's handler
   functions, in a worker process of the model's own (`handler.HandlerModel` runs there).
+- `python_backend.PythonBackend`: a Triton python-backend `model.py`, a worker process per instance;
+  its `execute` takes the batch's requests as a list.
+- `ensemble.Ensemble`: the steps of an ensemble, which the core runs through the models they name.
 """
 
-from container.backends.handler_worker import HandlerOptions, HandlerWorker
+from container.backends import python_backend
+from container.backends.ensemble import Ensemble
+from container.backends.handler_worker import HandlerWorker
 from container.backends.pytorch import Replicas, TorchScriptModel
-from container.models.config import instance_gpus
+from container.backends.worker_process import WorkerOptions
+from container.models.config import ENSEMBLE_PLATFORM, PYTHON_BACKEND, instance_gpus
 from container.models.source import ModelSource, TritonLayout
 
 
-def load_backends(name: str, source: ModelSource, device: str, options: HandlerOptions) -> dict[int, object]:
+def load_backends(name: str, source: ModelSource, device: str, options: WorkerOptions) -> dict[int, object]:
     """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
     layout = source.layout
+    if isinstance(layout, TritonLayout) and layout.kind == ENSEMBLE_PLATFORM:
+        return {version: Ensemble(name, layout.config) for version in layout.versions}
+    if isinstance(layout, TritonLayout) and layout.kind == PYTHON_BACKEND:
+        return _python_versions(name, layout, device, options)
     if isinstance(layout, TritonLayout):
         loaded = {}
         placed = instance_gpus(layout.config)
@@ -38,3 +48,18 @@ def load_backends(name: str, source: ModelSource, device: str, options: HandlerO
             raise
         return loaded
     return {1: HandlerWorker(name, source.directory, device, options)}
+
+
+def _python_versions(name: str, layout: TritonLayout, device: str, options: WorkerOptions) -> dict[int, object]:
+    """A python model's versions, once its `auto_complete_config` has completed the config (with the
+    latest version's `model.py`, as Triton does)."""
+    layout.complete(python_backend.complete_config(name, layout.versions[max(layout.versions)], layout.config, options))
+    loaded = {}
+    try:
+        for version, path in sorted(layout.versions.items()):
+            loaded[version] = python_backend.PythonBackend(name, version, path, layout.config, device, options)
+    except BaseException:
+        for backend in loaded.values():
+            backend.close()
+        raise
+    return loaded

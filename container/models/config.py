@@ -5,27 +5,78 @@ from pathlib import Path
 
 import orjson
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
 
 from container.errors import InvalidModel
 from container.models.triton_schema import model_config_pb2 as pb
 
 PYTORCH_PLATFORMS = ("pytorch_libtorch",)
 PYTORCH_BACKENDS = ("pytorch",)
+PYTHON_BACKEND = "python"
+ENSEMBLE_PLATFORM = "ensemble"
 DEFAULT_MODEL_FILENAME = "model.pt"
+DEFAULT_FILENAMES = {"pytorch": DEFAULT_MODEL_FILENAME, PYTHON_BACKEND: "model.py", ENSEMBLE_PLATFORM: ""}
 MAX_PATH_BYTES = 1024  # well under PATH_MAX with the model root in front
 
 
 def read_config(directory: Path) -> tuple[pb.ModelConfig, dict[str, int]]:
-    """The model's config and its version labels (our `config.json` extension `version_labels`)."""
+    """The model's config and its version labels (our `config.json` extension `version_labels`). A
+    python model may have no config at all, as on Triton: its `model.py` completes it at load."""
     labels: dict[str, int] = {}
     if (directory / "config.pbtxt").is_file():
         config = _parse_pbtxt(read_text(directory / "config.pbtxt", "config"))
     elif (directory / "config.json").is_file():
         config, labels = parse_json_config((directory / "config.json").read_bytes())
+    elif has_python_versions(directory):
+        config = pb.ModelConfig(name=directory.name, backend=PYTHON_BACKEND)
     else:
         raise InvalidModel(f"{directory.name}: no config.pbtxt or config.json")
-    check_config(config)
+    check_config(config, complete=kind_of(config) != PYTHON_BACKEND)
     return config, labels
+
+
+def has_python_versions(directory: Path) -> bool:
+    """Whether the directory holds `<version>/model.py`: a python model, with or without a config."""
+    return any(p.name.isdigit() and (p / DEFAULT_FILENAMES[PYTHON_BACKEND]).is_file() for p in directory.iterdir())
+
+
+def kind_of(config: pb.ModelConfig) -> str:
+    """What runs the model: "pytorch" (TorchScript here), "python" (a `model.py` in a worker process of
+    its own) or "ensemble" (steps through other models)."""
+    if config.platform == ENSEMBLE_PLATFORM:
+        return ENSEMBLE_PLATFORM
+    return PYTHON_BACKEND if config.backend == PYTHON_BACKEND else "pytorch"
+
+
+def config_document(config: pb.ModelConfig) -> dict:
+    """A ModelConfig as Triton prints it: proto field names, fields at their default value included (a
+    control's `kind` of CONTROL_SEQUENCE_START is the enum's zero), 64-bit integers as numbers."""
+    return _int64_as_numbers(json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True), config.DESCRIPTOR)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,
+          FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_SINT64}
+
+
+def _int64_as_numbers(value, descriptor):
+    """protobuf's JSON writes 64-bit integers as strings; Triton's /config writes numbers."""
+    for key, item in value.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                entry = field.message_type.fields_by_name["value"]
+                if entry.message_type is not None:
+                    value[key] = {k: _int64_as_numbers(v, entry.message_type) for k, v in item.items()}
+            elif isinstance(item, list):
+                value[key] = [_int64_as_numbers(v, field.message_type) for v in item]
+            else:
+                value[key] = _int64_as_numbers(item, field.message_type)
+        elif field.type in _INT64:
+            value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
+    return value
 
 
 def read_text(path: Path, what: str) -> str:
@@ -67,17 +118,20 @@ def relative_path(relative: str, what: str) -> str:
     return normal
 
 
-def check_config(config: pb.ModelConfig) -> None:
+def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
     """What the schema cannot say: a backend we run, named tensors with types and sane dims, and file
-    names that stay inside the model's directory."""
+    names that stay inside the model's directory. A python model's config is `complete` once its
+    `auto_complete_config` has run."""
     for what, path in _file_fields(config):
         relative_path(path, what)
-    if config.platform and config.platform not in PYTORCH_PLATFORMS:
-        raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch'")
-    if config.backend and config.backend not in PYTORCH_BACKENDS:
-        raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch'")
+    if config.platform and config.platform not in (*PYTORCH_PLATFORMS, ENSEMBLE_PLATFORM):
+        raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch' or 'ensemble'")
+    if config.backend and config.backend not in (*PYTORCH_BACKENDS, PYTHON_BACKEND):
+        raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch' or 'python'")
     if config.max_batch_size < 0:
         raise InvalidModel("max_batch_size must be 0 (no batching) or positive")
+    if not complete:
+        return
     if not config.input:
         raise InvalidModel("the config declares no inputs")
     if not config.output:
@@ -128,7 +182,7 @@ def _file_fields(config: pb.ModelConfig):
         yield "model_operations.op_library_filename", library
 
 
-def selected_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
+def selected_versions(config: pb.ModelConfig, available: list[int], filename: str = DEFAULT_MODEL_FILENAME) -> list[int]:
     """Versions to serve under the config's version_policy (default: the latest one)."""
     policy = config.version_policy
     choice = policy.WhichOneof("policy_choice")
@@ -143,5 +197,5 @@ def selected_versions(config: pb.ModelConfig, available: list[int]) -> list[int]
         count = policy.latest.num_versions if choice == "latest" else 1
         chosen = sorted(available)[-max(count, 1):]
     if not chosen:
-        raise InvalidModel(f"no version directory holds a model file (looked for <version>/{DEFAULT_MODEL_FILENAME})")
+        raise InvalidModel(f"no version directory holds a model file (looked for <version>/{filename})")
     return chosen

@@ -16,8 +16,13 @@ import numpy as np
 from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound
 from container.limits import Limits, whole_number
 from container.models.config import (
-    DEFAULT_MODEL_FILENAME,
+    DEFAULT_FILENAMES,
+    ENSEMBLE_PLATFORM,
+    PYTHON_BACKEND,
+    check_config,
+    has_python_versions,
     instance_count,
+    kind_of,
     read_config,
     read_text,
     relative_path,
@@ -35,9 +40,19 @@ SAGEMAKER_WEIGHTS = (".pt", ".pth")  # SageMaker's PyTorch toolkit loads the one
 class TritonLayout:
     config: object  # model_config_pb2.ModelConfig
     labels: dict[str, int]  # version label → version
-    versions: dict[int, Path]  # version → model file
+    versions: dict[int, Path]  # version → model file (an ensemble's: its version directory)
     output_labels: dict[str, list[str]]  # output → class labels from its label_filename
-    signature: Signature  # the tensors, with implicit state's initial values from their data files
+    signature: Signature | None  # the tensors, with implicit state's initial values from their data files;
+    # None until a python model's `auto_complete_config` has completed its config (complete())
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.config)
+
+    def complete(self, config) -> None:
+        """A python model's config as its `auto_complete_config` left it, checked as any config is."""
+        check_config(config)
+        self.config, self.signature = config, Signature.from_config(config)
 
 
 @dataclass
@@ -135,13 +150,14 @@ def read_layout(directory: Path, limits: Limits) -> TritonLayout | SageMakerLayo
     at the top, code/): a SageMaker model may keep a config.json of its own beside its weights."""
     weights = _weights(directory)
     sagemaker = bool(weights) or (directory / "code").is_dir()
-    if (directory / "config.pbtxt").is_file() or ((directory / "config.json").is_file() and not sagemaker):
+    triton_config = (directory / "config.pbtxt").is_file() or (directory / "config.json").is_file()
+    if (directory / "config.pbtxt").is_file() or (triton_config and not sagemaker) or has_python_versions(directory):
         return _triton_layout(directory, limits)
     if sagemaker:
         return SageMakerLayout(weights)
     raise InvalidModel(
-        f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt "
-        f"(Triton layout), or a .pt/.pth file with optional code/inference.py (SageMaker layout)"
+        f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt or "
+        f"<version>/model.py (Triton layout), or a .pt/.pth file with optional code/inference.py (SageMaker layout)"
     )
 
 
@@ -153,15 +169,20 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
     limits.check_model(instance_count(config), config.dynamic_batching.priority_levels)
     _check_state_sizes(config, limits)
-    filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    inside(directory, filename, "default_model_filename")
-    versions = {(whole_number(p.name), p / filename) for p in directory.iterdir()}
-    available = {version: path for version, path in versions if version is not None and path.is_file()}
-    versions = {v: available[v] for v in selected_versions(config, sorted(available))}
+    kind = kind_of(config)
+    filename = config.default_model_filename or DEFAULT_FILENAMES[kind]
+    if filename:
+        inside(directory, filename, "default_model_filename")
+    versions = {(whole_number(p.name), p / filename if filename else p) for p in directory.iterdir()}
+    available = {version: path for version, path in versions
+                 if version is not None and (path.is_dir() if kind == ENSEMBLE_PLATFORM else path.is_file())}
+    versions = {v: available[v] for v in selected_versions(config, sorted(available), filename or "(a directory)")}
     unknown = {k: v for k, v in labels.items() if v not in versions}
     if unknown:
         raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
-    signature = Signature.from_config(config, _initial_states(directory, config, limits))
+    signature = None
+    if kind != PYTHON_BACKEND:
+        signature = Signature.from_config(config, _initial_states(directory, config, limits))
     return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
 
 

@@ -3,7 +3,7 @@ batcher (`sequence_batching`), the dynamic batcher (`dynamic_batching`), or dire
 off the event loop, on as many instance threads as `instance_group` asks for."""
 
 from container.inference import InferRequest
-from container.models.config import instance_count
+from container.models.config import PYTHON_BACKEND, instance_count
 from container.models.recovery import Recover
 from container.models.signature import Signature
 from container.scheduling.direct import DirectScheduler
@@ -18,6 +18,8 @@ def scheduler_for(model_name: str, config=None, signature: Signature | None = No
     `recover`: frees device memory after an out-of-memory error (recovery.py); `inline_below_ns`: see
     inline.py; `wait_limit`: seconds a sequence request may wait for a slot."""
     instances = instance_count(config) if config is not None else 1
+    if config is not None and config.backend == PYTHON_BACKEND:
+        inline_below_ns = 0  # its executions wait on a process of its own: never on the event loop
     if config is not None and config.HasField("sequence_batching"):
         return SequenceBatcher(model_name, config, signature or Signature.from_config(config), instances, recover,
                                wait_limit)

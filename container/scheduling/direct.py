@@ -39,6 +39,8 @@ class DirectScheduler(Scheduler):
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
         self._judge.record(job.items, phases, inline)
         job.statistics.record_execution(job.items, phases)
+        if isinstance(outputs, Exception):
+            raise outputs
         return outputs, phases
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:

@@ -85,6 +85,8 @@ class DynamicBatcher(Scheduler):
         phases, (outputs,) = outcome
         self._judge.record(job.items, phases, inline)
         job.statistics.record_execution(job.items, phases)
+        if isinstance(outputs, Exception):
+            raise outputs
         return outputs, phases
 
     def _still_alone(self) -> bool:
@@ -149,7 +151,8 @@ class DynamicBatcher(Scheduler):
         compute = phases.input_ns + phases.infer_ns + phases.output_ns
         for job, result in zip(batch, outputs, strict=True):
             own = Phases(now - job.submitted - compute, phases.input_ns, phases.infer_ns, phases.output_ns)
-            self._deliver(job, (result, own), ok=True)
+            failed = isinstance(result, Exception)
+            self._deliver(job, result if failed else (result, own), ok=not failed)
 
     def _cut(self, batch: list[Job]) -> list[Job]:
         """Shorten a batch to the largest preferred size it makes exactly; the jobs cut go back first."""

@@ -38,10 +38,14 @@ class Job:
         return id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
 
 
-def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray]]]:
-    """On an execution thread: concatenate the jobs' inputs, execute once, hand each job its slice."""
+def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exception]]:
+    """On an execution thread: concatenate the jobs' inputs, execute once, hand each job its slice. A
+    backend that takes request lists gets the jobs' requests as they are, and may fail some alone:
+    their results are the exceptions."""
     phases = Phases()
     backend = jobs[0].backend
+    if getattr(backend, "takes_request_lists", False):  # a python model: a response (or error) per request
+        return phases, backend.execute_requests([(job.inputs, job.outputs, job.parameters) for job in jobs])
     if len(jobs) == 1:
         return phases, [backend.execute(jobs[0].inputs, jobs[0].outputs, phases)]
     started = time.perf_counter_ns()

@@ -150,7 +150,10 @@ class SequenceBatcher(Scheduler):
             phases, outputs = outcome
             batch[0].statistics.record_execution(requests, phases)
             for job, result in zip(batch, outputs, strict=True):
-                job.result.set((result, phases))
+                if isinstance(result, Exception):  # a python model failed this request alone
+                    job.result.set_exception(result)
+                else:
+                    job.result.set((result, phases))
 
     def _eligible(self, instance: int) -> list[tuple[Job, "Sequence"]]:
         """The ready requests an instance may take: with `direct`, those of sequences holding one of its

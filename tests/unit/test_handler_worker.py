@@ -13,7 +13,7 @@ from tests.builders import Scale, handler_model
 WORKER = """
 import socket, sys, threading
 from multiprocessing.connection import Connection
-from container.backends.handler_worker import HandlerOptions, serve
+from container.backends.handler_worker import WorkerOptions, serve
 server_end, worker_end = (Connection(s.detach()) for s in socket.socketpair())
 def server(hang_up):
     if hang_up == "during a request":
@@ -22,7 +22,7 @@ def server(hang_up):
     server_end.close()
 thread = threading.Thread(target=server, args=(sys.argv[2],))
 thread.start()
-serve(worker_end, "m", sys.argv[1], "cpu", HandlerOptions())
+serve(worker_end, "m", sys.argv[1], "cpu", WorkerOptions())
 thread.join()
 """
 

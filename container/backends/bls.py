@@ -1,0 +1,77 @@
+"""A python model's calls to other models (BLS: `pb_utils.InferenceRequest(...).exec()`), made from its
+worker process over the model process's channel (channel/), so they go through the server's core as
+any client's request does: the same lease, scheduler, statistics and memory rules. The instance thread
+that waits for this worker holds nothing the call needs, so a call never deadlocks its caller.
+
+Blocking, as `exec` is; `async_exec` runs calls on threads, each taking a connection of its own."""
+
+import itertools
+import socket
+import threading
+
+from container.backends import pb_utils
+from container.channel import wire
+
+# An error's HTTP status as the TritonError code a BLS response carries
+_CODES = {400: pb_utils.TritonError.INVALID_ARG, 404: pb_utils.TritonError.NOT_FOUND,
+          409: pb_utils.TritonError.ALREADY_EXISTS, 501: pb_utils.TritonError.UNSUPPORTED,
+          503: pb_utils.TritonError.UNAVAILABLE}
+
+
+class BlsClient:
+    def __init__(self, path: str):
+        self.path = path
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    def exec(self, model: str, version: int, inputs: dict, outputs: list[str] | None, parameters: dict,
+             timeout_us: int = 0) -> dict | pb_utils.TritonError:
+        """The model's outputs, or the error it answered with (as Triton's BLS returns it)."""
+        call_id = next(self._ids)
+        try:
+            connection = self._connection()
+        except OSError as exc:
+            return pb_utils.TritonError(f"the server cannot be reached for a BLS call: {exc.strerror}",
+                                        pb_utils.TritonError.UNAVAILABLE)
+        try:
+            connection.settimeout(timeout_us / 1e6 if timeout_us > 0 else None)
+            connection.sendall(wire.pack([call_id, "bls_infer", [model, version, inputs, outputs, parameters]]))
+            _, failed, result = wire.unpack(_frame(connection))
+        except (OSError, EOFError) as exc:
+            connection.close()
+            why = "timed out" if isinstance(exc, TimeoutError) else "was cut off"
+            return pb_utils.TritonError(f"the BLS call to model '{model}' {why}", pb_utils.TritonError.UNAVAILABLE)
+        with self._lock:
+            self._idle.append(connection)
+        if failed:
+            _, message, status = result
+            return pb_utils.TritonError(message, _CODES.get(status, pb_utils.TritonError.INTERNAL))
+        return result
+
+    def _connection(self) -> socket.socket:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(self.path)
+        except OSError:
+            connection.close()
+            raise
+        return connection
+
+
+def _frame(connection: socket.socket) -> bytes:
+    (length,) = wire.LENGTH.unpack(_exactly(connection, wire.LENGTH.size))
+    return _exactly(connection, length)
+
+
+def _exactly(connection: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = connection.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError("the server closed the channel")
+        data += chunk
+    return bytes(data)

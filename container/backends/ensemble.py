@@ -1,0 +1,76 @@
+"""An ensemble (`platform: "ensemble"`): a graph of steps, each a request to another model, its inputs
+mapped from the ensemble's inputs or from earlier steps' outputs. This holds the graph, checked at
+load: every tensor a step reads is made by exactly one producer, every output is made, and no step
+waits on itself. The core runs it (container/ensembles.py); the ensemble itself holds no memory."""
+
+from dataclasses import dataclass
+
+from container.errors import InvalidModel
+
+
+@dataclass(frozen=True)
+class Step:
+    model: str
+    version: int | None  # None: the model's latest
+    inputs: dict[str, str]  # the model's input → the ensemble tensor it reads
+    outputs: dict[str, str]  # the model's output → the ensemble tensor it makes
+
+
+class Ensemble:
+    own_process = False
+
+    def __init__(self, name: str, config):
+        self.name = name
+        self.steps = tuple(Step(s.model_name, s.model_version if s.model_version > 0 else None,
+                                dict(s.input_map), dict(s.output_map)) for s in config.ensemble_scheduling.step)
+        self.max_inflight = config.ensemble_scheduling.max_inflight_requests  # per step; 0: no limit
+        self.inputs = [t.name for t in config.input]
+        self.outputs = [t.name for t in config.output]
+        self._check()
+
+    @property
+    def models(self) -> list[str]:
+        """The composing models, in step order, each once."""
+        return list(dict.fromkeys(step.model for step in self.steps))
+
+    def memory(self) -> dict[str, int]:
+        return {}
+
+    def measured(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def _check(self) -> None:
+        if not self.steps:
+            raise InvalidModel(f"ensemble '{self.name}' has no ensemble_scheduling steps")
+        made = {name: "an ensemble input" for name in self.inputs}
+        for step in self.steps:
+            if not step.model:
+                raise InvalidModel(f"ensemble '{self.name}': a step has no model_name")
+            for tensor in step.outputs.values():
+                if tensor in made:
+                    raise InvalidModel(f"ensemble '{self.name}': tensor '{tensor}' is made twice (by {made[tensor]} "
+                                       f"and by step '{step.model}')")
+                made[tensor] = f"step '{step.model}'"
+        for step in self.steps:
+            unknown = [t for t in step.inputs.values() if t not in made]
+            if unknown:
+                raise InvalidModel(f"ensemble '{self.name}': step '{step.model}' reads {unknown}, which no input "
+                                   f"or step makes")
+        missing = [t for t in self.outputs if t not in made]
+        if missing:
+            raise InvalidModel(f"ensemble '{self.name}': output(s) {missing} are made by no step")
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        available, pending = set(self.inputs), list(self.steps)
+        while pending:
+            ready = [s for s in pending if set(s.inputs.values()) <= available]
+            if not ready:
+                raise InvalidModel(f"ensemble '{self.name}': steps {[s.model for s in pending]} wait on each other "
+                                   f"(a cycle)")
+            for step in ready:
+                available |= set(step.outputs.values())
+                pending.remove(step)

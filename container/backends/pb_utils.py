@@ -1,0 +1,422 @@
+"""`triton_python_backend_utils` as a python-backend `model.py` imports it (`import
+triton_python_backend_utils as pb_utils`): the names and behaviour of Triton's python backend, written
+for this server. It is importable under that name only inside a python model's worker process
+(python_backend.py), where a BLS call reaches the server's core over the channel (bls.py)."""
+
+import asyncio
+import json
+import logging
+import struct
+
+import numpy as np
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# Triton's data types: config names and their numpy types; the enum values are model_config.proto's
+TRITON_STRING_TO_NUMPY = {
+    "TYPE_BOOL": bool, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+_BY_ENUM = dict(enumerate([np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+                           np.float16, np.float32, np.float64, np.object_], start=1))
+
+_bls = None  # the worker's BLS client (bls.py): exec(model, version, inputs, outputs, parameters, timeout)
+_model_name = ""  # the model this process serves, for the Logger's records
+
+
+class TritonError:
+    """An error a response carries; `code` as Triton's TRITONSERVER_Error codes."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        self._message, self._code = str(message), code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r})"
+
+
+class TritonModelException(Exception):
+    """Raised by `execute` to fail every request of the batch with its message."""
+
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Tensor:
+    def __init__(self, name: str, data):
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(f"tensor '{name}' must be a numpy array, got {type(data).__name__}")
+        if data.dtype.kind in "SU":
+            data = data.astype(np.object_)
+        self._name, self._data = str(name), data
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._data
+
+    def shape(self) -> list[int]:
+        return list(self._data.shape)
+
+    def triton_dtype(self) -> int:
+        return numpy_to_triton_type(self._data.dtype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self):
+        if self._data.dtype == np.object_:
+            raise TritonModelException(f"tensor '{self._name}' holds BYTES, which DLPack cannot carry")
+        return self._data.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule) -> "Tensor":
+        """A DLPack capsule, or an object that makes one (a torch tensor, a numpy array)."""
+        import torch.utils.dlpack
+
+        tensor = torch.utils.dlpack.from_dlpack(capsule)
+        return Tensor(name, tensor.detach().cpu().numpy())
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, {self._data.dtype}{list(self._data.shape)})"
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None):
+        self._outputs = list(output_tensors)
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request `execute` receives, or one a model makes to call another model (BLS: `exec`)."""
+
+    def __init__(self, request_id: str = "", correlation_id=0, inputs=(), requested_output_names=(),
+                 model_name: str = "", model_version: int = -1, flags: int = 0, timeout: int = 0,
+                 preferred_memory=None, trace=None, parameters=None):
+        self._request_id, self._correlation_id, self._flags = request_id, correlation_id, flags
+        self._inputs = list(inputs)
+        self._outputs = [_text(n) for n in requested_output_names]
+        self.model_name, self.model_version, self.timeout = _text(model_name), int(model_version), timeout
+        self._parameters = _parameters_json(parameters)
+        self._sender = None
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def requested_output_names(self) -> list[str]:
+        return self._outputs
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self):
+        if self._sender is None:
+            raise TritonModelException("get_response_sender is for decoupled models (model_transaction_policy "
+                                       "{ decoupled: true })")
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on the server's model `model_name` and wait for its response; a failure is
+        the response's error, as in Triton."""
+        if decoupled:
+            raise TritonModelException("decoupled BLS calls are not supported by this server")
+        if _bls is None:
+            raise TritonModelException("BLS calls are made from initialize or execute of a served model")
+        inputs = {t.name(): t.as_numpy() for t in self._inputs}
+        outcome = _bls.exec(self.model_name, self.model_version, inputs, self._outputs or None,
+                            json.loads(self._parameters), self.timeout)
+        if isinstance(outcome, TritonError):
+            return InferenceResponse(error=outcome)
+        return InferenceResponse([Tensor(name, array) for name, array in outcome.items()])
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """`exec` without blocking the caller's event loop, so that several calls run at once."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+
+
+class ModelConfig:
+    """The configuration `auto_complete_config` receives and returns: read it (`as_dict`), and complete
+    its batch size, tensors, scheduler and transaction policy."""
+
+    def __init__(self, config: dict):
+        self._config = config
+
+    def as_dict(self) -> dict:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if self._config.get("max_batch_size", 0) > max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {self._config['max_batch_size']}, but "
+                             f"auto_complete_config of model '{self._name}' set {max_batch_size}")
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._config:
+                raise ValueError(f"configuration specified '{other}', but auto_complete_config of model "
+                                 f"'{self._name}' sets 'dynamic_batching'")
+        self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, tensor: dict) -> None:
+        self._add("input", tensor, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, tensor: dict) -> None:
+        self._add("output", tensor, ("name", "data_type", "dims"))
+
+    def set_model_transaction_policy(self, policy: dict) -> None:
+        if set(policy) - {"decoupled"}:
+            raise ValueError(f"model_transaction_policy of model '{self._name}' takes only 'decoupled'")
+        current = self._config.get("model_transaction_policy", {})
+        if "decoupled" in current and "decoupled" in policy and current["decoupled"] != policy["decoupled"]:
+            raise ValueError(f"configuration specified decoupled {current['decoupled']}, but auto_complete_config "
+                             f"of model '{self._name}' set {policy['decoupled']}")
+        self._config["model_transaction_policy"] = {**current, **policy}
+
+    @property
+    def _name(self) -> str:
+        return self._config.get("name", "")
+
+    def _add(self, kind: str, tensor: dict, allowed: tuple) -> None:
+        if set(tensor) - set(allowed):
+            raise ValueError(f"{kind} {tensor.get('name')!r} of model '{self._name}' may have only {', '.join(allowed)}")
+        for key in allowed[:3]:
+            if key not in tensor:
+                raise ValueError(f"{kind} {tensor.get('name')!r} of model '{self._name}' has no '{key}'")
+        tensors = self._config.setdefault(kind, [])
+        for existing in tensors:
+            if existing["name"] != tensor["name"]:
+                continue
+            if existing.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(f"model '{self._name}': the configuration says {kind} '{tensor['name']}' is "
+                                 f"{existing['data_type']}, the model says {tensor['data_type']}")
+            if existing.get("dims") and list(existing["dims"]) != list(tensor["dims"]):
+                raise ValueError(f"model '{self._name}': the configuration gives {kind} '{tensor['name']}' dims "
+                                 f"{existing['dims']}, the model {tensor['dims']}")
+            existing.update(tensor)
+            return
+        tensors.append(dict(tensor))
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer a request with any number of responses, then the final flag."""
+
+    def __init__(self, send):
+        self._send, self._closed = send, False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("the response sender is closed: the final flag was sent")
+        self._closed = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._send(response, flags)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class LogLevel:
+    INFO, WARNING, ERROR, VERBOSE = range(4)
+
+
+class Logger:
+    """Lines in the server's log, marked with the model's name."""
+
+    _levels = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR,
+               LogLevel.VERBOSE: logging.DEBUG}
+
+    @staticmethod
+    def log(message, level: int = LogLevel.INFO) -> None:
+        logging.getLogger("container.model").log(Logger._levels.get(level, logging.INFO), str(message),
+                                                 extra={"fields": {"model": _model_name}})
+
+    @staticmethod
+    def log_info(message) -> None:
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message) -> None:
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message) -> None:
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message) -> None:
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+class MetricFamily:
+    """A custom metric family, shown in the server's /metrics beside Triton's own."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    families: dict[str, "MetricFamily"] = {}  # every family this process made, by name
+
+    def __init__(self, name: str, description: str, kind: str):
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException(f"metric family '{name}': kind must be COUNTER, GAUGE or HISTOGRAM")
+        if name in self.families:
+            raise TritonModelException(f"metric family '{name}' already exists")
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics: list[Metric] = []
+        self.families[name] = self
+
+    def Metric(self, labels: dict | None = None, buckets: list[float] | None = None) -> "Metric":  # noqa: N802 (Triton's name)
+        if (self.kind == self.HISTOGRAM) != (buckets is not None):
+            raise TritonModelException(f"metric family '{self.name}': buckets are given for histograms, and only them")
+        metric = Metric(self, {str(k): str(v) for k, v in (labels or {}).items()}, buckets)
+        self.metrics.append(metric)
+        return metric
+
+    @classmethod
+    def snapshot(cls) -> list:
+        """Every family's metrics now: (name, description, kind, [(labels, value, buckets, counts, sum)])."""
+        return [(f.name, f.description, f.kind, [m.state() for m in f.metrics]) for f in cls.families.values()]
+
+
+class Metric:
+    def __init__(self, family: MetricFamily, labels: dict, buckets: list[float] | None):
+        self.family, self.labels = family, labels
+        self._value = 0.0
+        self._buckets = sorted(buckets) if buckets is not None else None
+        self._counts = [0] * (len(self._buckets) + 1) if buckets is not None else None
+
+    def increment(self, value: float) -> None:
+        if self.family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter only goes up")
+        self._histogram_refuses("increment")
+        self._value += value
+
+    def set(self, value: float) -> None:
+        if self.family.kind != MetricFamily.GAUGE:
+            raise TritonModelException(f"set is for gauges; '{self.family.name}' is a {self.family.kind}")
+        self._value = float(value)
+
+    def observe(self, value: float) -> None:
+        if self._buckets is None:
+            raise TritonModelException(f"observe is for histograms; '{self.family.name}' is a {self.family.kind}")
+        self._counts[next((i for i, edge in enumerate(self._buckets) if value <= edge), len(self._buckets))] += 1
+        self._value += value
+
+    def value(self) -> float:
+        self._histogram_refuses("value")
+        return self._value
+
+    def state(self) -> tuple:
+        return self.labels, self._value, self._buckets, self._counts
+
+    def _histogram_refuses(self, what: str) -> None:
+        if self._buckets is not None:
+            raise TritonModelException(f"{what} is not for histograms ('{self.family.name}')")
+
+
+# -- helpers, as Triton's module has them ---------------------------------------------------------------
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    return next((t for t in model_config.get("input", []) if t["name"] == name), None)
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    return next((t for t in model_config.get("output", []) if t["name"] == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def triton_to_numpy_type(data_type: int):
+    return _BY_ENUM.get(data_type)
+
+
+def numpy_to_triton_type(data_type) -> int | None:
+    kind = np.dtype(data_type)
+    if kind.kind in "OSU":
+        return 13
+    return next((code for code, t in _BY_ENUM.items() if t is not np.object_ and np.dtype(t) == kind), None)
+
+
+def triton_string_to_numpy(triton_type_string: str):
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray):
+    """BYTES elements as Triton's wire has them: a little-endian uint32 length before each."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type is not np.bytes_:
+        return None
+    parts = []
+    for item in input_tensor.reshape(-1, order="C"):
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts += [struct.pack("<I", len(data)), data]
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    items, offset, data = [], 0, bytes(encoded_tensor)
+    while offset < len(data):
+        (length,) = struct.unpack_from("<I", data, offset)
+        items.append(data[offset + 4: offset + 4 + length])
+        offset += 4 + length
+    return np.array(items, dtype=np.object_)
+
+
+def _text(value) -> str:
+    """Names given as bytes (an element of a BYTES tensor) read as text, as Triton's binding reads them."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parameters_json(parameters) -> str:
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        json.loads(parameters)  # a JSON object's text, as Triton takes it
+        return parameters
+    return json.dumps(parameters)

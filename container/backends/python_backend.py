@@ -1,0 +1,280 @@
+"""Triton python-backend models: a `model.py` defining `TritonPythonModel`, run unmodified, one worker
+process per instance (worker_process.py), with `triton_python_backend_utils` importable as Triton's
+python backend makes it (pb_utils.py).
+
+The server's side (`PythonBackend`) hands each batch the scheduler forms to a free instance as a list
+of requests, and gets back one response per request: a response's error fails that request alone.
+Tensors cross the socket pair pickled (numpy's out-of-band buffers): both ends are this server's code.
+"""
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import os
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+from gevent.monkey import get_original
+from google.protobuf import json_format
+
+from container.backends import footprint, pb_utils
+from container.backends.worker_process import (
+    WorkerOptions,
+    WorkerProcess,
+    charged,
+    error_reply,
+    isolate,
+    rebuild,
+    send,
+)
+from container.errors import (
+    InvalidModel,
+    InvalidRequest,
+    ModelConflict,
+    ModelError,
+    ModelNotFound,
+    ServeError,
+    Unavailable,
+    Unsupported,
+)
+from container.logs import configure_logging
+from container.models.cache import total_by_device
+from container.models.config import config_document
+from container.models.triton_schema import model_config_pb2 as pb
+
+_NativeQueue = get_original("queue", "SimpleQueue")
+# A TritonError's code as the error the server answers with (Triton's HTTP statuses for them)
+_BY_CODE = {pb_utils.TritonError.NOT_FOUND: ModelNotFound, pb_utils.TritonError.INVALID_ARG: InvalidRequest,
+            pb_utils.TritonError.UNAVAILABLE: Unavailable, pb_utils.TritonError.UNSUPPORTED: Unsupported,
+            pb_utils.TritonError.ALREADY_EXISTS: ModelConflict}
+
+
+def complete_config(name: str, path: Path, config, options: WorkerOptions):
+    """The config after the model's `auto_complete_config` (when it has one), run in a process of its
+    own that ends with it, as Triton runs it. Blocking."""
+    worker = WorkerProcess(name, serve_auto_complete, (name, str(path), config_document(config), options))
+    try:
+        document = worker.start(options.load_timeout, "auto_complete_config")
+    finally:
+        worker.stop()
+    try:
+        return json_format.ParseDict(document, pb.ModelConfig())
+    except json_format.ParseError as exc:
+        raise InvalidModel(f"auto_complete_config of model '{name}' made a config Triton's schema refuses: {exc}") from None
+
+
+class PythonBackend:
+    """One version of a python model: its instances' worker processes, each running `initialize` at
+    start and `finalize` at close. A worker that died is started again by its next batch."""
+
+    own_process = True  # its memory is outside the server's: measured apart
+    takes_request_lists = True  # execute gets the batch's requests as they came, not concatenated
+
+    def __init__(self, name: str, version: int, path: Path, config, device: str, options: WorkerOptions):
+        self.name, self.device = name, device
+        self._options = options
+        self._decoupled = config.model_transaction_policy.decoupled
+        document = config_document(config)
+        kinds = [group.kind for group in config.instance_group] or [pb.ModelInstanceGroup.KIND_CPU]
+        kind = "GPU" if device.startswith("cuda") and pb.ModelInstanceGroup.KIND_GPU in kinds else "CPU"
+        count = max(sum(group.count or 1 for group in config.instance_group), 1)
+        self._workers = [WorkerProcess(name, serve, (name, version, str(path), document, device, kind, options))
+                         for _ in range(count)]
+        self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
+        self._free = _NativeQueue()
+        try:
+            for worker in self._workers:
+                self._reported[worker] = worker.start(options.load_timeout, "initialize")
+                self._free.put(worker)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w.pid is not None]
+
+    def execute_requests(self, requests: list[tuple]) -> list:
+        """On an instance thread: (inputs, outputs wanted or None, parameters) of each request through a
+        free instance's `execute`; each request's outputs, or the error it failed with."""
+        if self._decoupled:
+            raise InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream "
+                                 f"(ModelStreamInfer), which this request is not")
+        worker = self._free.get()
+        try:
+            if not worker.running:
+                self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
+            replies, self._reported[worker] = worker.ask(("execute", requests), "execute", self._options.response_timeout)
+        finally:
+            self._free.put(worker)
+        return [outputs if ok else _error(self.name, outputs) for ok, outputs in replies]
+
+    def memory(self) -> dict[str, int]:
+        measured = self.measured()
+        return total_by_device([measured["load"], measured["activation_peak"]])
+
+    def measured(self) -> dict[str, dict[str, int]]:
+        gpu = total_by_device([device_bytes for device_bytes, _ in self._reported.values()])
+        return charged(self._workers, gpu, self._options.cuda_contexts)
+
+    def metrics(self) -> list[list]:
+        """Each instance's custom metric families, as it reported them last (MetricFamily.snapshot)."""
+        return [families for _, families in self._reported.values()]
+
+    def close(self) -> None:
+        """Each instance's `finalize`, then its process ends (a worker that hangs there is killed)."""
+        for worker in self._workers:
+            with worker.lock:
+                worker.stop("finalize")
+
+
+def _error(name: str, described: tuple) -> ServeError:
+    kind, message, status, code = described
+    if kind == "TritonError":
+        return _BY_CODE.get(code, ModelError)(message)
+    return rebuild((kind, message, status, code))
+
+
+# -- inside a worker ---------------------------------------------------------------------------------
+
+
+def serve_auto_complete(connection: Connection, name: str, path: str, document: dict, options: WorkerOptions) -> None:
+    isolate(options.torch_threads)
+    configure_logging(options.log_level)
+    try:
+        model_class = _import_model(name, Path(path))
+        complete = getattr(model_class, "auto_complete_config", None)
+        if complete is not None:
+            completed = complete(pb_utils.ModelConfig(document))
+            if not isinstance(completed, pb_utils.ModelConfig):
+                raise InvalidModel(f"auto_complete_config of model '{name}' must return the pb_utils.ModelConfig it was given")
+            document = completed.as_dict()
+        reply = ("ok", document)
+    except Exception as exc:
+        reply = ("error", error_reply(_load_error(name, "auto_complete_config", exc)))
+    send(connection, reply)
+
+
+def serve(connection: Connection, name: str, version: int, path: str, document: dict, device: str, kind: str,
+          options: WorkerOptions) -> None:
+    """An instance's life: import `model.py`, `initialize`, then run `execute` on each batch until
+    told to stop (then `finalize`) or the server goes away."""
+    isolate(options.torch_threads)
+    configure_logging(options.log_level)
+    pb_utils._model_name = name
+    if options.channel:
+        from container.backends.bls import BlsClient
+
+        pb_utils._bls = BlsClient(options.channel)
+    try:
+        model = _import_model(name, Path(path))()
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(device)
+        if hasattr(model, "initialize"):
+            model.initialize({
+                "model_config": json.dumps(document), "model_instance_kind": kind,
+                "model_instance_device_id": device.partition(":")[2] or "0",
+                "model_repository": str(Path(path).parent.parent), "model_version": str(version),
+                "model_name": name})
+        footprint.reset_host_peak()  # from here, the high-water mark is what requests add
+        reply = ("ok", _state(device))
+    except Exception as exc:
+        reply = ("error", error_reply(_load_error(name, "initialize", exc)))
+    if not send(connection, reply) or reply[0] == "error":
+        return
+    loop = asyncio.new_event_loop()  # for an `async def execute`
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if not isinstance(message, tuple):
+            if message == "finalize" and hasattr(model, "finalize"):
+                model.finalize()
+            return
+        _, requests = message
+        if not send(connection, ("ok", (_execute(name, model, requests, loop), _state(device)))):
+            return
+
+
+def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
+    """Each request's (True, outputs) or (False, error as plain values)."""
+    wrapped = [pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
+                                         requested_output_names=outputs or (), parameters=parameters)
+               for inputs, outputs, parameters in requests]
+    try:
+        responses = model.execute(wrapped)
+        if inspect.isawaitable(responses):
+            responses = loop.run_until_complete(responses)
+    except Exception as exc:
+        failure = (False, _user_error(name, exc))
+        return [failure] * len(requests)
+    if not isinstance(responses, list) or len(responses) != len(requests):
+        got = f"{len(responses)} responses" if isinstance(responses, list) else type(responses).__name__
+        failure = (False, ("ModelError", f"execute of model '{name}' must return a list of one InferenceResponse "
+                                         f"per request: {len(requests)} requests, {got}", 500, None))
+        return [failure] * len(requests)
+    return [_outcome(name, response, wanted) for response, (_, wanted, _) in zip(responses, requests, strict=True)]
+
+
+def _outcome(name: str, response, wanted: list[str] | None) -> tuple:
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return False, ("ModelError", f"execute of model '{name}' returned {type(response).__name__}, "
+                                     f"not pb_utils.InferenceResponse", 500, None)
+    if response.has_error():
+        error = response.error()
+        return False, ("TritonError", error.message(), 0, error.code())
+    outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    if wanted is not None:
+        missing = [n for n in wanted if n not in outputs]
+        if missing:
+            return False, ("ModelError", f"model '{name}' did not produce the requested output(s) {missing}", 500, None)
+        outputs = {n: outputs[n] for n in wanted}
+    return True, {n: np.asarray(a) for n, a in outputs.items()}
+
+
+def _user_error(name: str, exc: Exception) -> tuple:
+    if isinstance(exc, pb_utils.TritonModelException):
+        return "ModelError", exc.message(), 500, None
+    return "ModelError", f"execute of model '{name}' raised {type(exc).__name__}: {exc}", 500, None
+
+
+def _load_error(name: str, doing: str, exc: Exception) -> ServeError:
+    if isinstance(exc, ServeError):
+        return exc
+    return InvalidModel(f"{doing} of model '{name}' raised {type(exc).__name__}: {exc}")
+
+
+def _import_model(name: str, path: Path):
+    """`TritonPythonModel` of the version's `model.py`, imported with the version directory on sys.path
+    (so the modules beside it import) and the model directory as the working directory."""
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    os.chdir(path.parent.parent)
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("model", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InvalidModel(f"{path.name} of model '{name}' failed to import: {type(exc).__name__}: {exc}") from None
+    model_class = getattr(module, "TritonPythonModel", None)
+    if not isinstance(model_class, type):
+        raise InvalidModel(f"{path.name} of model '{name}' defines no class TritonPythonModel")
+    if not callable(getattr(model_class, "execute", None)):
+        raise InvalidModel(f"TritonPythonModel of model '{name}' has no execute(self, requests)")
+    return model_class
+
+
+def _state(device: str) -> tuple:
+    """What the server learns after each call: the GPU bytes torch has held here, and custom metrics."""
+    device_bytes = {}
+    if device.startswith("cuda"):
+        import torch
+
+        device_bytes = {device: torch.cuda.max_memory_reserved(device)}
+    return device_bytes, pb_utils.MetricFamily.snapshot()

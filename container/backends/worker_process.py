@@ -1,0 +1,236 @@
+"""A process of user code's own, as the server sees it: forked from the fork server (which imports torch
+once, so a worker starts in milliseconds and shares torch's pages), fed messages over a socket pair,
+measured from outside, and ended on close. A crash (a segfault, `os._exit`, the OOM killer) ends only
+it; a worker that hangs past its deadline is killed. Both kinds of user code run in one: SageMaker
+handler models (handler_worker.py) and Triton python-backend models (python_backend.py).
+
+The parent waits on native threads (the model's instance threads), never on the event loop.
+"""
+
+import atexit
+import ctypes
+import gc
+import multiprocessing
+import select
+import signal
+import socket
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import psutil
+from gevent.monkey import get_original
+
+from container import content, errors
+from container.backends import footprint
+from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
+from container.models.cache import total_by_device
+
+_STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
+_forkserver = None
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How user code's processes run (see settings.py): SageMaker's toolkit settings for handler
+    models, the timeouts, and the channel a python model's BLS calls reach the server by."""
+
+    program: str = "inference.py"
+    default_accept: str = content.JSON
+    install_requirements: bool = True
+    requirements_cache: str = "/tmp/serve-requirements"
+    torch_threads: int = 1
+    cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
+    log_level: str = "INFO"  # a worker logs to the server's stderr in the server's JSON lines
+    load_timeout: float | None = None  # seconds a python model's auto-complete and initialize may take
+    response_timeout: float | None = None  # seconds a python model's execute may take
+    channel: str = ""  # the model process's channel socket (BLS); empty: no BLS
+
+
+class WorkerProcess:
+    """One worker: `start()` runs `target(connection, *args)` in a new process and returns its first
+    reply; `ask(message)` sends one message and returns the reply. Callers take turns (`lock`)."""
+
+    def __init__(self, name: str, target, args: tuple):
+        self.name = name
+        self._target, self._args = target, args
+        self.lock = get_original("threading", "Lock")()  # callers are native threads
+        self._process = self._connection = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None
+
+    def start(self, timeout: float | None = None, doing: str = "loading"):
+        parent, child = _socket_pair()
+        process = _processes().Process(target=self._target, args=(child, *self._args), name=f"model-{self.name}")
+        try:
+            process.start()
+        finally:
+            child.close()
+        self._process, self._connection = process, parent
+        try:
+            return self._receive(doing, timeout)
+        except ServeError:
+            self.stop()  # a worker that failed to load is of no further use
+            raise
+
+    def ask(self, message, doing: str, timeout: float | None = None):
+        """The worker's reply to `message`, or the error it reports, or a ModelError when it died or
+        did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
+        self._connection.send(message)
+        return self._receive(doing, timeout)
+
+    def measured(self) -> tuple[int, int]:
+        """(its own pages, the most its requests held above its resident set since it loaded); zeros
+        when it is not running."""
+        try:
+            process = psutil.Process(self._process.pid)
+            peak = max(footprint.host_peak(process.pid) - process.memory_info().rss, 0)
+            return process.memory_full_info().uss, peak
+        except (psutil.Error, AttributeError, OSError):
+            return 0, 0
+
+    def stop(self, message=None) -> None:
+        """Send `message` (the worker's cue to end), give it a moment, then kill it."""
+        process, connection = self._process, self._connection
+        self._process = self._connection = None
+        if process is None:
+            return
+        try:
+            connection.send(message)
+        except OSError:
+            pass
+        process.join(_STOP_SECONDS)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        connection.close()
+        process.close()
+
+    def _receive(self, doing: str, timeout: float | None):
+        poller = get_original("select", "poll")()
+        poller.register(self._connection.fileno(), select.POLLIN)
+        poller.register(self._process.sentinel, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+        if not ready:
+            self._kill()
+            raise ModelError(f"model '{self.name}' did not finish {doing} within {timeout:g} s; its worker process "
+                             f"was killed, and the next request starts it again")
+        reply = None
+        if self._connection.fileno() in ready:
+            try:
+                reply = self._connection.recv()
+            except (EOFError, OSError):
+                pass
+        if reply is None:
+            self._process.join()
+            exit_code = self._process.exitcode
+            self.stop()
+            raise ModelError(f"the worker process of model '{self.name}' {_death(exit_code)} while {doing}; "
+                             f"the next request starts it again")
+        status, payload = reply
+        if status == "ok":
+            return payload
+        raise rebuild(payload)
+
+    def _kill(self) -> None:
+        self._process.kill()
+        self.stop()
+
+
+def _processes():
+    """The fork server, started on first use; it imports torch and the workers' code once."""
+    global _forkserver
+    if _forkserver is None:
+        _forkserver = multiprocessing.get_context("forkserver")
+        _forkserver.set_forkserver_preload(["container.backends.forkserver"])
+        atexit.register(_kill_workers)  # runs before multiprocessing's own exit hook, which would join them
+    return _forkserver
+
+
+def _kill_workers() -> None:
+    """At exit, when the server has drained: workers ignore SIGTERM, so end them for good."""
+    for process in multiprocessing.active_children():
+        process.kill()
+        process.join()
+
+
+def _socket_pair() -> tuple[Connection, Connection]:
+    """Blocking ends from the unpatched `_socket` module: gevent's sockets are non-blocking, and
+    their ends outlive a dead peer in this process, so a crash would never read as EOF."""
+    import _socket
+
+    a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return Connection(a.detach()), Connection(b.detach())
+
+
+def _death(exit_code: int | None) -> str:
+    if exit_code is not None and exit_code < 0:
+        return f"was killed by {signal.Signals(-exit_code).name}"
+    return f"exited with code {exit_code}"
+
+
+def charged(workers: list[WorkerProcess], device_bytes: dict[str, int], cuda_contexts: dict[str, int]) -> dict:
+    """What `workers` cost, kind → device → bytes: their own pages and GPU bytes with a CUDA context
+    each on their GPU ("load"), and their activation peaks."""
+    sizes = [w.measured() for w in workers]
+    contexts = {d: cuda_contexts.get(d, 0) * len(workers) for d in device_bytes}
+    return {"load": total_by_device([{"cpu": sum(s[0] for s in sizes)}, device_bytes, contexts]),
+            "activation_peak": {"cpu": max((s[1] for s in sizes), default=0)}}
+
+
+def error_reply(exc: BaseException) -> tuple:
+    """An exception as plain values, for the parent to raise again."""
+    if isinstance(exc, DeviceOutOfMemory):
+        return type(exc).__name__, str(exc), exc.status, (exc.device, exc.requested)
+    if isinstance(exc, DeviceFault):  # the worker ends, and with it the broken context: the server is fine
+        return "ModelError", str(exc), exc.status, None
+    if isinstance(exc, ServeError):
+        return type(exc).__name__, str(exc), exc.status, None
+    return "ModelError", f"{type(exc).__name__}: {exc}", 500, None
+
+
+def rebuild(described: tuple) -> ServeError:
+    kind, message, status, device = described
+    if kind == "DeviceOutOfMemory":
+        return DeviceOutOfMemory(message, *device)
+    if kind == "HandlerError":
+        return HandlerError(message, status)
+    cls = getattr(errors, kind, None)
+    return cls(message) if isinstance(cls, type) and issubclass(cls, ServeError) else ModelError(message)
+
+
+# -- inside a worker -----------------------------------------------------------------------------------
+
+
+def send(connection: Connection, message: tuple) -> bool:
+    """False when the server has hung up."""
+    try:
+        connection.send(message)
+    except OSError:  # a broken pipe or a reset connection
+        return False
+    return True
+
+
+def isolate(torch_threads: int) -> None:
+    """Die with the fork server (and so with the server), be the OOM killer's first choice rather than
+    the server, and keep the pages shared with the fork server shared. SIGTERM and SIGINT stay
+    ignored, as in the fork server: the server drains its requests first, then the worker goes."""
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the fork server restores it for its children
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+    gc.freeze()
+    torch.set_num_threads(torch_threads)

@@ -1,0 +1,61 @@
+"""How the core runs an ensemble (backends/ensemble.py holds its graph): each step is a request to its
+model through the core, as a client's would be, started in a greenlet of its own as soon as every
+tensor it reads exists, so independent steps run at once (a fan-out) and a step that reads several
+(a fan-in) waits for all of them. The first step to fail fails the request with its own error; the
+steps still running are stopped. `max_inflight_requests` bounds each step's requests under way."""
+
+from typing import Callable
+
+import gevent
+from gevent.lock import BoundedSemaphore
+
+from container.backends.ensemble import Ensemble, Step
+from container.errors import ModelError
+
+InferStep = Callable[[Step, dict], dict]  # (step, the model's inputs) → the model's outputs
+
+
+def run(ensemble: Ensemble, inputs: dict, wanted: list[str] | None, infer_step: InferStep) -> dict:
+    values = dict(inputs)  # ensemble tensor → its array, as the steps make them
+    gates = _gates(ensemble)
+    pending, running = list(enumerate(ensemble.steps)), {}
+    try:
+        while pending or running:
+            for index, step in [(i, s) for i, s in pending if set(s.inputs.values()) <= values.keys()]:
+                pending.remove((index, step))
+                feed = {model_input: values[tensor] for model_input, tensor in step.inputs.items()}
+                running[gevent.spawn(_gated, gates[index], infer_step, step, feed)] = step
+            if not running:
+                raise ModelError(f"ensemble '{ensemble.name}': steps {[s.model for _, s in pending]} never got their inputs")
+            finished = gevent.wait(list(running), count=1)[0]
+            step = running.pop(finished)
+            ok, outputs = finished.value
+            if not ok:
+                raise outputs
+            for model_output, tensor in step.outputs.items():
+                if model_output not in outputs:
+                    raise ModelError(f"ensemble '{ensemble.name}': step '{step.model}' made no output '{model_output}'")
+                values[tensor] = outputs[model_output]
+    finally:
+        gevent.killall(list(running))
+    return {name: values[name] for name in (wanted or ensemble.outputs)}
+
+
+def _gated(gate: BoundedSemaphore | None, infer_step: InferStep, step: Step, feed: dict) -> tuple[bool, object]:
+    """(True, outputs) or (False, the error): a greenlet that raised would print its traceback."""
+    try:
+        if gate is None:
+            return True, infer_step(step, feed)
+        with gate:
+            return True, infer_step(step, feed)
+    except Exception as exc:
+        return False, exc
+
+
+def _gates(ensemble: Ensemble) -> list[BoundedSemaphore | None]:
+    """Each step's bound on requests under way, made on the event loop at the first request."""
+    gates = getattr(ensemble, "gates", None)
+    if gates is None:
+        limit = ensemble.max_inflight
+        gates = ensemble.gates = [BoundedSemaphore(limit) if limit else None for _ in ensemble.steps]
+    return gates
