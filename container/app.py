@@ -64,15 +64,16 @@ def create_app(settings: Settings) -> Flask:
         *repository_routes(core),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
-        *metrics_routes(core, gpus, idle.uss),
+        *(metrics := metrics_routes(core, gpus, idle.uss)),
     ]
     routes = Routes([*table, *openapi_routes(package_version("container"), table)], mounts=[tfserving_json.MOUNT])
     dispatcher = Dispatcher(routes, settings.max_payload_bytes, settings.restricted_api)
+    metrics_only = Dispatcher(Routes(metrics), settings.max_payload_bytes, settings.restricted_api)  # SERVE_METRICS_PORT
     # Flask is the WSGI face the design card names; every URL is served by the dispatcher behind it.
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
-    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher,
+    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
                           channel={**channel_operations(core, shared_memory, started), **http_operations(dispatcher, clients)},
                           front_end_gone=clients.close_all)
     return app

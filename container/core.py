@@ -308,6 +308,12 @@ class Core:
                    if getattr(b, "own_process", False)]
         return total_by_device([in_process, *workers])
 
+    def custom_metrics(self) -> list[list]:
+        """The custom metric families each python model's instance reported last (`pb_utils.MetricFamily`):
+        one list of (name, description, kind, [(labels, value, buckets, counts)]) per instance."""
+        return [families for m in self._registry.ready() for backend in m.versions.values()
+                for families in getattr(backend, "metrics", list)()]
+
     def download_cache(self) -> DownloadCacheState | None:
         """The S3 download cache now (None: this server has none)."""
         cache = self._downloads

@@ -2,12 +2,13 @@
 serves the channel (channel/server.py) to the front-end processes. With SERVE_HTTP_WORKERS=0 it serves
 HTTP itself (http_transport.py); otherwise the HTTP front-ends do, and hand it their requests over the
 channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): its start, its
-heartbeat, its restart, its graceful stop."""
+heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
 import os
 
 import gevent
 from gevent.monkey import get_original
+from gevent.server import StreamServer
 from gunicorn.workers.ggevent import GeventWorker
 
 from container import channel, frontends
@@ -16,6 +17,7 @@ from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
 _CHANNEL_FRAMING = 1 << 20  # room for a call's description beside its largest allowed tensor data
+_METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
 
 
 class Worker(GeventWorker):
@@ -24,6 +26,7 @@ class Worker(GeventWorker):
         self.settings = Settings.from_env(os.environ)
         self.connections: Connections | None = None
         self.channel: ChannelServer | None = None
+        self.metrics_server: StreamServer | None = None
 
     def patch(self):
         super().patch()  # gevent's monkey.patch_all()
@@ -44,9 +47,15 @@ class Worker(GeventWorker):
         self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
                                      self.settings.max_payload_bytes + _CHANNEL_FRAMING,
                                      on_disconnect=extensions["front_end_gone"])
+        if self.settings.metrics_port is not None:
+            scrapes = Connections(extensions["metrics_dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
+                                  _METRICS_CONNECTIONS)
+            self.metrics_server = StreamServer(("0.0.0.0", self.settings.metrics_port), lambda sock, _: scrapes.handle(sock))
 
     def run(self):
         self.channel.start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         try:
             if self.settings.http_workers:
                 self._serve_channel_only()

@@ -147,6 +147,9 @@ class Settings:
     grpc_port: int | None = _env(
         "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-end, a process of its own beside the HTTP one: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
     )
+    metrics_port: int | None = _env(
+        "SERVE_METRICS_PORT", "off", "TCP port that serves `GET /metrics` alone, as Triton's metrics port (8002) does, for scrapers set up for Triton; `off`: metrics are on the HTTP port only (they always are there too)."
+    )
     grpc_keepalive_time: int = _env(
         "SERVE_GRPC_KEEPALIVE_TIME", "7200", "Seconds a gRPC connection may stay silent before the server pings it (Triton's default)."
     )
@@ -213,6 +216,7 @@ class Settings:
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
             http_workers=_http_workers(raw["http_workers"]),
             grpc_port=None if raw["grpc_port"].lower() == "off" else _port("SERVE_GRPC_PORT", raw["grpc_port"]),
+            metrics_port=None if raw["metrics_port"].lower() == "off" else _port("SERVE_METRICS_PORT", raw["metrics_port"]),
             grpc_keepalive_time=_positive("SERVE_GRPC_KEEPALIVE_TIME", raw["grpc_keepalive_time"]),
             grpc_keepalive_timeout=_positive("SERVE_GRPC_KEEPALIVE_TIMEOUT", raw["grpc_keepalive_timeout"]),
             grpc_max_pending=_positive("SERVE_GRPC_MAX_PENDING", raw["grpc_max_pending"]),

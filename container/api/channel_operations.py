@@ -6,12 +6,16 @@ and answers are plain values and tensors; a ModelConfig crosses as its serialize
 
 from typing import Callable
 
+import numpy as np
+
+from container import content
 from container.api import offload, v2_dataplane
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.channel.blobs import large
 from container.core import Core
-from container.inference import InferRequest
+from container.errors import InvalidInput
+from container.inference import InferRequest, TransformRequest
 
 
 def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict[str, Callable]:
@@ -19,13 +23,19 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         """`binary`: bytes, or a large request's data mapped from shared memory."""
         heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
         answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, lambda _: (document, memoryview(binary)),
-                                            heavy=heavy)
+                                            heavy=heavy, decoupled=v2_dataplane.GRPC_DECOUPLED)
         return [answer, [large(chunk) for chunk in chunks]]
 
     def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
-        """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest."""
+        """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest. A
+        SageMaker handler model takes one BYTES element, the request body (`content_type` and `accept`
+        parameters as its headers), and answers outputs `body` and `content_type`, one element each."""
         with core.lease(name, version if version > 0 else None) as lease:
-            return core.infer(lease, InferRequest(inputs, outputs, parameters)).outputs
+            if lease.takes_tensors:
+                return core.infer(lease, InferRequest(inputs, outputs, parameters)).outputs
+            response = core.transform(lease, _body_request(name, inputs, parameters))
+            return {"body": np.array([response.body], np.object_),
+                    "content_type": np.array([response.content_type.encode()], np.object_)}
 
     def model_config(name: str, version: str) -> bytes:
         return v2_dataplane.model_config(core, name, version).SerializeToString()
@@ -55,3 +65,14 @@ def _names_shared_memory(document: dict) -> bool:
     inputs = document.get("inputs")
     return isinstance(inputs, list) and any(isinstance(e, dict) and "shared_memory_region" in e.get("parameters", {})
                                             for e in inputs)
+
+
+def _body_request(name: str, inputs: dict, parameters: dict) -> TransformRequest:
+    body = next(iter(inputs.values()), None) if len(inputs) == 1 else None
+    if body is None or body.dtype != np.object_ or body.size != 1 or not isinstance(body.flat[0], bytes):
+        raise InvalidInput(f"model '{name}' is a SageMaker handler model: a BLS request to it carries one input, "
+                           f"a BYTES tensor of one element holding the request body")
+    content_type, accept = parameters.get("content_type"), parameters.get("accept")
+    if not isinstance(content_type, (str, type(None))) or not isinstance(accept, (str, type(None))):
+        raise InvalidInput("the 'content_type' and 'accept' parameters are strings")
+    return TransformRequest(body.flat[0], content.media_type(content_type) if content_type else None, accept)

@@ -1,6 +1,7 @@
 """`GET /metrics` in Prometheus' text format. Triton's metric names where they apply (so Triton
 dashboards work), labelled by model and version, plus the cache's own. Everything is read from the
-registry at scrape time: serving a request costs nothing extra."""
+registry at scrape time: serving a request costs nothing extra. Python models' own metric families
+(`pb_utils.MetricFamily`) follow Triton's, as their instances last reported them."""
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,6 +53,27 @@ class ServerCollector:
             for model, version, statistics in self.core.stats():
                 lines.append(f'{name}{{model="{_escape(model.name)}",version="{version}"}} {value(statistics)}')
         return "\n".join(lines) + "\n"
+
+    def custom(self) -> str:
+        """Python models' own metric families (`pb_utils.MetricFamily`), named as their code names them.
+        A family several instances report is one family: counters and histograms add up, a gauge shows
+        the value reported last."""
+        families: dict[str, tuple[str, str, dict]] = {}
+        for reported in self.core.custom_metrics():
+            for name, documentation, kind, metrics in reported:
+                _, _, series = families.setdefault(name, (documentation, kind, {}))
+                for labels, value, buckets, counts in metrics:
+                    key = tuple(sorted(labels.items()))
+                    before = series.get(key)
+                    if before is not None and kind != "gauge":
+                        value, counts = before[0] + value, [a + b for a, b in zip(before[2] or [], counts or [], strict=True)] or None
+                    series[key] = (value, buckets, counts)
+        lines = []
+        for name, (documentation, kind, series) in families.items():
+            lines += [f"# HELP {name} {_escape_help(documentation)}", f"# TYPE {name} {kind}"]
+            for key, (value, buckets, counts) in series.items():
+                lines += _series(name, dict(key), value, buckets, counts)
+        return "".join(line + "\n" for line in lines)
 
     def _memory(self):
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "Host memory in bytes", value=resources.memory_limit())
@@ -134,6 +156,26 @@ class ServerCollector:
         yield CounterMetricFamily("serve_download_cache_evictions", "Unused downloads removed to make room", value=counters.evictions)
 
 
+def _series(name: str, labels: dict, value: float, buckets, counts) -> list[str]:
+    if buckets is None:
+        return [f"{name}{_labels(labels)} {value}"]
+    lines, total = [], 0
+    for edge, count in zip([*buckets, "+Inf"], counts, strict=True):
+        total += count
+        lines.append(f"{name}_bucket{_labels({**labels, 'le': str(edge)})} {total}")
+    return [*lines, f"{name}_sum{_labels(labels)} {value}", f"{name}_count{_labels(labels)} {total}"]
+
+
+def _labels(labels: dict) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -144,7 +186,8 @@ def metrics_routes(core: Core, gpus, idle_bytes: int) -> list[Route]:
     metrics.register(collector)
 
     def scrape(request) -> Response:
-        return Response(collector.triton_counters().encode() + generate_latest(metrics), CONTENT_TYPE)
+        text = collector.triton_counters() + collector.custom()
+        return Response(text.encode() + generate_latest(metrics), CONTENT_TYPE)
 
     return [Route("GET", "/metrics", scrape, "statistics",
                   operation("Prometheus metrics (Triton's names, and the server's own)", METRICS,

@@ -69,14 +69,21 @@ def statistics(core: Core, name: str | None = None, version: str | None = None) 
     return {"model_stats": [_model_statistics(m, v, s) for m, v, s in selected]}
 
 
+HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"  # Triton's words
+GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
 def infer(core: Core, shared_memory, name: str, version: str | None, parse, client: Client | None = None,
-          heavy: bool = False) -> tuple[dict, list[bytes]]:
+          heavy: bool = False, decoupled: str = HTTP_DECOUPLED) -> tuple[dict, list[bytes]]:
     """One inference: `parse(signature)` gives the request's document and binary data once the model is
     leased (a raw binary request takes its shape from the signature); `heavy`: decode and encode on a
     thread, off the hub (a large request, or one that reads shared memory). Returns the answer's document and
-    the binary data of its outputs sent as binary, in order."""
+    the binary data of its outputs sent as binary, in order. `decoupled`: the refusal a decoupled model's
+    request gets, in the words of the transport's Triton endpoint."""
     number = _version(version)
     with core.lease(name, number, not_found=lambda _, *v: _unknown(core, name, *v), client=client) as lease:
+        if lease.view.config is not None and lease.view.config.model_transaction_policy.decoupled:
+            raise InvalidRequest(decoupled)
         signature: Signature = lease.signature
         document, binary = parse(signature)
         parameters = _request_parameters(document)

@@ -42,7 +42,7 @@ class HandlerWorker:
             if not self._worker.running:
                 self._device_bytes = self._worker.start()
             response, self._device_bytes = self._worker.ask((body, content_type, accept, headers, request_id),
-                                                            "serving a request")
+                                                            "a request")
             return response
 
     def memory(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ for this server. It is importable under that name only inside a python model's w
 import asyncio
 import json
 import logging
+import re
 import struct
 
 import numpy as np
@@ -26,6 +27,8 @@ TRITON_STRING_TO_NUMPY = {
 _BY_ENUM = dict(enumerate([np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
                            np.float16, np.float32, np.float64, np.object_], start=1))
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _bls = None  # the worker's BLS client (bls.py): exec(model, version, inputs, outputs, parameters, timeout)
 _model_name = ""  # the model this process serves, for the Logger's records
 
@@ -293,6 +296,8 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: str):
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"metric family '{name}': kind must be COUNTER, GAUGE or HISTOGRAM")
+        if not _METRIC_NAME.fullmatch(str(name)):
+            raise TritonModelException(f"metric family name {str(name)[:100]!r} is not a Prometheus metric name")
         if name in self.families:
             raise TritonModelException(f"metric family '{name}' already exists")
         self.name, self.description, self.kind = name, description, kind
@@ -302,7 +307,10 @@ class MetricFamily:
     def Metric(self, labels: dict | None = None, buckets: list[float] | None = None) -> "Metric":  # noqa: N802 (Triton's name)
         if (self.kind == self.HISTOGRAM) != (buckets is not None):
             raise TritonModelException(f"metric family '{self.name}': buckets are given for histograms, and only them")
-        metric = Metric(self, {str(k): str(v) for k, v in (labels or {}).items()}, buckets)
+        labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        if not all(_LABEL_NAME.fullmatch(k) for k in labels):
+            raise TritonModelException(f"metric family '{self.name}': label names must be Prometheus label names")
+        metric = Metric(self, labels, buckets)
         self.metrics.append(metric)
         return metric
 

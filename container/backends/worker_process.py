@@ -131,7 +131,7 @@ class WorkerProcess:
             self._process.join()
             exit_code = self._process.exitcode
             self.stop()
-            raise ModelError(f"the worker process of model '{self.name}' {_death(exit_code)} while {doing}; "
+            raise ModelError(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
                              f"the next request starts it again")
         status, payload = reply
         if status == "ok":

@@ -1,0 +1,483 @@
+"""Triton python-backend models, BLS and ensembles against the real server: Triton's own examples with
+their own clients, then what a Triton user's repository does with them — batches into `execute`,
+per-request errors, BLS to every kind of model, an ensemble graph, crashes, hangs and eviction."""
+
+import io
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "python_backend"
+TRITON_PORT = 8000  # where the examples' clients look for the server
+
+
+def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
+    """A python-backend model: `<version>/model.py`, and `config.pbtxt` from `config` when given."""
+    from tests.builders import _pbtxt
+
+    directory = root / name
+    for version in versions:
+        (directory / str(version)).mkdir(parents=True)
+        (directory / str(version) / "model.py").write_text(textwrap.dedent(model_py))
+    if config is not None:
+        (directory / "config.pbtxt").write_text(_pbtxt({"name": name, "backend": "python", **config}))
+    return directory
+
+
+def ensemble(root: Path, name: str, inputs, outputs, steps, **scheduling) -> Path:
+    from tests.builders import _pbtxt
+
+    directory = root / name
+    (directory / "1").mkdir(parents=True)  # an ensemble's version directory is empty, as on Triton
+    document = {"name": name, "platform": "ensemble", "input": inputs, "output": outputs,
+                "ensemble_scheduling": {"step": steps, **scheduling}}
+    (directory / "config.pbtxt").write_text(_pbtxt(document))
+    return directory
+
+
+def step(model: str, inputs: dict, outputs: dict) -> dict:
+    return {"model_name": model, "model_version": -1, "input_map": inputs, "output_map": outputs}
+
+
+# x (FP32 [4]) → y = factor·x; x[0] == -1 waits at the gate; x[0] < -1 is that request's own error
+SCALE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.factor = float(json.loads(args["model_config"])["parameters"]["factor"]["string_value"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x.flat[0] == -1:
+                {gate}
+            if x.flat[0] < -1:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("x must not be negative", pb_utils.TritonError.INVALID_ARG)))
+                continue
+            count = np.full((x.shape[0], 1) if x.ndim == 2 else (1,), len(requests), np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * self.factor),
+                                                         pb_utils.Tensor("count", count)]))
+        return responses
+"""
+
+
+def scale_config(factor: float, max_batch_size: int = 0, **config) -> dict:
+    return {"max_batch_size": max_batch_size, "input": [tensor("x", "TYPE_FP32", [4])],
+            "output": [tensor("y", "TYPE_FP32", [4]), tensor("count", "TYPE_INT32", [1])],
+            "parameters": {"factor": {"string_value": str(factor)}}, **config}
+
+
+def infer(server, name: str, x, model_version: str = "") -> requests.Response:
+    x = np.asarray(x, np.float32)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+    return server.request("POST", f"/v2/models/{name}{'/versions/' + model_version if model_version else ''}/infer",
+                          json=body)
+
+
+def output(answer: requests.Response, name: str = "y") -> np.ndarray:
+    entry = next(o for o in answer.json()["outputs"] if o["name"] == name)
+    return np.array(entry["data"]).reshape(entry["shape"])
+
+
+def stats(server, name: str) -> dict:
+    return server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]["inference_stats"]
+
+
+# -- Triton's own examples, with their own clients -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def triton_examples(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples")
+    for name, config, model in [("add_sub", "add_sub/config.pbtxt", "add_sub/model.py"),
+                                ("pytorch", "pytorch/config.pbtxt", "pytorch/model.py"),
+                                ("bls_sync", "bls/sync_config.pbtxt", "bls/sync_model.py"),
+                                ("bls_async", "bls/async_config.pbtxt", "bls/async_model.py"),
+                                ("nobatch_auto_complete", None, "auto_complete/nobatch_model.py"),
+                                ("batch_auto_complete", None, "auto_complete/batch_model.py")]:
+        (root / name / "1").mkdir(parents=True)
+        if config:
+            shutil.copy(EXAMPLES / config, root / name / "config.pbtxt")
+        shutil.copy(EXAMPLES / model, root / name / "1" / "model.py")
+    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*")
+    wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the examples did not load")
+    return server
+
+
+@pytest.mark.parametrize("client, printed", [
+    ("add_sub/client.py", "PASS: add_sub"),
+    ("auto_complete/client.py", "PASS: auto_complete"),
+    ("bls/sync_client.py", "PASS: BLS Sync"),
+    ("bls/async_client.py", "PASS: BLS Async"),
+])
+def test_triton_example_passes_with_its_own_client(triton_examples, client, printed):
+    run = subprocess.run([sys.executable, str(EXAMPLES / client)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and printed in run.stdout, run.stdout + run.stderr
+
+
+def test_bls_to_an_unknown_model_fails_that_request_with_the_servers_words(triton_examples):
+    run = subprocess.run([sys.executable, str(EXAMPLES / "bls/sync_client.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert "model 'undefined_model' is not loaded" in run.stdout  # the example prints the error it got
+
+
+def test_auto_completed_config_is_served_as_the_models_config(triton_examples):
+    config = triton_examples.request("GET", "/v2/models/batch_auto_complete/config").json()
+    assert config["backend"] == "python" and config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert triton_examples.request("GET", "/v2/models/add_sub").json()["platform"] == "python"
+
+
+# -- the server's own repository -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gate_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory, gate_dir):
+    root = tmp_path_factory.mktemp("python-models")
+    batched_gate, fan_gate = Gate(gate_dir, "batched"), Gate(gate_dir, "fan_out")
+    python_model(root, "batched", SCALE_PY.replace("{gate}", batched_gate.code()),
+                 scale_config(2, max_batch_size=8, dynamic_batching={"max_queue_delay_microseconds": 0}))
+    python_model(root, "double", SCALE_PY.replace("{gate}", fan_gate.code()), scale_config(2))
+    python_model(root, "triple", SCALE_PY.replace("{gate}", "pass"), scale_config(3))
+    python_model(root, "pre", SCALE_PY.replace("{gate}", "pass"), scale_config(1))
+    python_model(root, "post", SCALE_PY.replace("{gate}", "pass"), scale_config(1))
+    triton_model(root, "add_sub_ts", AddSub(), [tensor("INPUT0", "TYPE_FP32", [4]), tensor("INPUT1", "TYPE_FP32", [4])],
+                 [tensor("OUTPUT0", "TYPE_FP32", [4]), tensor("OUTPUT1", "TYPE_FP32", [4])])
+    from tests.builders import Scale, fp32_model
+
+    fp32_model(root, "scale_ts", Scale(2), max_batch_size=0)
+    handler_model(root, "scale_sm", None, Scale(2))
+    python_model(root, "caller", CALLER_PY, {
+        "input": [tensor("model", "TYPE_STRING", [1]), tensor("x", "TYPE_FP32", [4])],
+        "output": [tensor("y", "TYPE_FP32", [4])]})
+    python_model(root, "crashes", CRASHES_PY, scale_config(1))
+    python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
+    python_model(root, "counted", COUNTED_PY, scale_config(1))
+    python_model(root, "decoupled", SCALE_PY.replace("{gate}", "pass"),
+                 scale_config(1, model_transaction_policy={"decoupled": True}))
+    python_model(root, "broken", "import not_a_module_anywhere\n", scale_config(1))
+    python_model(root, "classless", "class Other:\n    pass\n", scale_config(1))
+    ensemble(root, "fan", [tensor("RAW", "TYPE_FP32", [4])],
+             [tensor("SUM", "TYPE_FP32", [4]), tensor("DIFF", "TYPE_FP32", [4])],
+             [step("double", {"x": "RAW"}, {"y": "TWICE"}), step("triple", {"x": "RAW"}, {"y": "THRICE"}),
+              step("add_sub_ts", {"INPUT0": "TWICE", "INPUT1": "THRICE"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})])
+    ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
+             [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
+    metrics_port = __import__("tests.conftest", fromlist=["_free_port"])._free_port()
+    server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
+                                                  "counted,decoupled,fan,negate", SERVE_METRICS_PORT=str(metrics_port))
+    server.metrics_port = metrics_port
+    server.gates = {"batched": batched_gate, "fan": fan_gate}
+    wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the models did not load")
+    return server
+
+
+CALLER_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = pb_utils.get_input_tensor_by_name(request, "model").as_numpy()[0]
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if target.endswith(b"_sm"):  # a SageMaker handler model takes a body
+                body = np.array([json.dumps(x.tolist()).encode()], dtype=np.object_)
+                call = pb_utils.InferenceRequest(model_name=target, inputs=[pb_utils.Tensor("body", body)],
+                                                 requested_output_names=["body"],
+                                                 parameters={"content_type": "application/json"})
+            else:
+                call = pb_utils.InferenceRequest(model_name=target, inputs=[pb_utils.Tensor("x", x)],
+                                                 requested_output_names=["y"])
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                continue
+            y = pb_utils.get_output_tensor_by_name(answer, answer.output_tensors()[0].name()).as_numpy()
+            if y.dtype == np.object_:
+                y = np.array(json.loads(y[0]), np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y.astype(np.float32))]))
+        return responses
+"""
+
+NEGATE_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", -pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+"""
+
+CRASHES_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        if x[0] == 13:
+            os._exit(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("count", np.array([os.getpid()], np.int32))])]
+"""
+
+COUNTED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily("my_requests_total", "Requests counted by the model itself",
+                                       pb_utils.MetricFamily.COUNTER)
+        self.requests = family.Metric(labels={"model": args["model_name"]})
+        sizes = pb_utils.MetricFamily("my_sizes", "Sizes seen", pb_utils.MetricFamily.HISTOGRAM)
+        self.sizes = sizes.Metric(labels={}, buckets=[1.0, 10.0])
+
+    def execute(self, requests):
+        self.requests.increment(len(requests))
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        self.sizes.observe(float(x[0]))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("count", np.array([1], np.int32))])]
+"""
+
+
+def test_a_batch_reaches_execute_as_a_list_and_a_bad_request_fails_alone(server):
+    gate = server.gates["batched"]
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(infer, server, "batched", [[-1, 0, 0, 0]])
+        gate.wait_entered()
+        queued = [pool.submit(infer, server, "batched", [[v, 1, 1, 1]]) for v in (1, 2, -5, 3)]
+        wait_for(lambda: server.metrics().get(("serve_queue_depth", (("model", "batched"),))) == 4, 30,
+                 "the four requests did not queue behind the gated one")
+        gate.release()
+        assert first.result().status_code == 200
+        answers = [f.result() for f in queued]
+    good = [answers[i] for i in (0, 1, 3)]
+    assert [a.status_code for a in good] == [200, 200, 200]
+    assert [output(a, "count")[0][0] for a in good] == [4, 4, 4]  # one execute held all four requests
+    assert [output(a)[0][0] for a in good] == [2, 4, 6]
+    assert answers[2].status_code == 400 and answers[2].json() == {"error": "x must not be negative"}
+    assert stats(server, "batched")["fail"]["count"] == 1
+
+
+@pytest.mark.parametrize("target", ["scale_ts", "double", "scale_sm"])
+def test_bls_reaches_every_kind_of_model_through_the_core(server, target):
+    before = stats(server, target)["success"]["count"]
+    body = {"inputs": [{"name": "model", "datatype": "BYTES", "shape": [1], "data": [target]},
+                       {"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
+    answer = server.request("POST", "/v2/models/caller/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    assert output(answer).tolist() == [2, 4, 6, 8]
+    assert stats(server, target)["success"]["count"] == before + 1  # counted as the target's own request
+
+
+def test_a_bls_error_is_returned_as_triton_returns_it(server):
+    body = {"inputs": [{"name": "model", "datatype": "BYTES", "shape": [1], "data": ["nope"]},
+                       {"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
+    answer = server.request("POST", "/v2/models/caller/infer", json=body)
+    assert answer.status_code == 404 and answer.json() == {"error": "model 'nope' is not loaded"}
+
+
+def test_ensemble_runs_independent_steps_at_once_and_joins_them(server):
+    gate = server.gates["fan"]
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.request, "POST", "/v2/models/fan/infer", json={
+            "inputs": [{"name": "RAW", "datatype": "FP32", "shape": [4], "data": [-1, 2, 3, 4]}]})
+        gate.wait_entered()  # `double` holds at its gate; `triple` reads the same input and runs meanwhile
+        wait_for(lambda: stats(server, "triple")["success"]["count"] >= 1, 30, "the fan-out did not run at once")
+        gate.release()
+        answer = pending.result()
+    assert answer.status_code == 200, answer.text
+    assert output(answer, "SUM").tolist() == [-5, 10, 15, 20] and output(answer, "DIFF").tolist() == [1, -2, -3, -4]
+    for name in ("fan", "double", "triple", "add_sub_ts"):
+        assert stats(server, name)["success"]["count"] >= 1
+    assert server.metrics()[("nv_inference_request_success_total", (("model", "fan"), ("version", "1")))] >= 1
+
+
+def test_an_ensemble_step_error_answers_the_request_with_it(server):
+    answer = server.request("POST", "/v2/models/fan/infer", json={
+        "inputs": [{"name": "RAW", "datatype": "FP32", "shape": [4], "data": [-7, 2, 3, 4]}]})
+    assert answer.status_code == 400 and answer.json() == {"error": "x must not be negative"}
+    assert server.request("GET", "/v2/models/fan/ready").status_code == 200
+
+
+def test_unload_dependents_unloads_what_the_ensemble_loaded(server):
+    repository = "/v2/repository/models"
+    assert server.request("POST", f"{repository}/chain/load").status_code == 200
+    assert all(server.request("GET", f"/v2/models/{m}/ready").status_code == 200 for m in ("chain", "pre", "post"))
+    answer = infer(server, "chain", [1, 2, 3, 4])
+    assert answer.status_code == 200 and output(answer).tolist() == [1, 2, 3, 4]
+    assert server.request("POST", f"{repository}/chain/unload",
+                          json={"parameters": {"unload_dependents": True}}).status_code == 200
+    assert all(server.request("GET", f"/v2/models/{m}/ready").status_code != 200 for m in ("chain", "pre", "post"))
+    # without the parameter, the composing models stay
+    assert server.request("POST", f"{repository}/chain/load").status_code == 200
+    assert server.request("POST", f"{repository}/chain/unload").status_code == 200
+    assert all(server.request("GET", f"/v2/models/{m}/ready").status_code == 200 for m in ("pre", "post"))
+
+
+def test_an_ensemble_naming_a_missing_tensor_does_not_load(server):
+    ensemble(server.model_root, "miswired", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
+             [step("pre", {"nope": "x"}, {"y": "y"})])
+    answer = server.request("POST", "/v2/repository/models/miswired/load")
+    assert answer.status_code == 400 and "has no input(s) ['nope']" in answer.json()["error"]
+
+
+def test_a_crash_in_model_py_fails_only_that_model_and_it_restarts(server):
+    first = infer(server, "crashes", [1, 2, 3, 4])
+    assert first.status_code == 200
+    crashed = infer(server, "crashes", [13, 0, 0, 0])
+    assert crashed.status_code == 500 and "exited with code 3" in crashed.json()["error"]
+    assert infer(server, "double", [1, 2, 3, 4]).status_code == 200  # the other models serve on
+    again = infer(server, "crashes", [1, 2, 3, 4])
+    assert again.status_code == 200 and output(again, "count")[0] != output(first, "count")[0]  # a new process
+
+
+def test_custom_metrics_appear_in_metrics_and_on_the_metrics_port(server):
+    for _ in range(2):
+        assert infer(server, "counted", [5, 0, 0, 0]).status_code == 200
+    metrics = server.metrics()
+    assert metrics[("my_requests_total", (("model", "counted"),))] == 2
+    assert metrics[("my_sizes_bucket", (("le", "10.0"),))] == 2 and metrics[("my_sizes_count", ())] == 2
+    scraped = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10)
+    assert scraped.status_code == 200 and 'my_requests_total{model="counted"} 2' in scraped.text
+    assert requests.get(f"http://127.0.0.1:{server.metrics_port}/v2/models/counted", timeout=10).status_code == 404
+
+
+def test_a_python_model_serves_every_protocol(server):
+    invoked = server.request("POST", "/models/double/invoke", json=[1, 2, 3, 4])
+    assert invoked.status_code == 200 and invoked.json() == {"y": [2, 4, 6, 8], "count": [1]}
+    body = io.BytesIO()
+    np.save(body, np.array([1, 2, 3, 4], np.float32))
+    npy = server.request("POST", "/models/negate/invoke", data=body.getvalue(),
+                         headers={"Content-Type": "application/x-npy", "Accept": "application/x-npy"})
+    assert npy.status_code == 200 and np.load(io.BytesIO(npy.content)).tolist() == [-1, -2, -3, -4]
+    predicted = server.request("POST", "/v1/models/double:predict", json={"inputs": {"x": [1, 2, 3, 4]}})
+    assert predicted.status_code == 200 and predicted.json() == {"outputs": {"y": [2, 4, 6, 8], "count": [1]}}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        x = grpcclient.InferInput("x", [4], "FP32")
+        x.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
+        assert client.infer("double", [x]).as_numpy("y").tolist() == [2, 4, 6, 8]
+
+
+def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(server):
+    answer = infer(server, "decoupled", [1, 2, 3, 4])
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        x = grpcclient.InferInput("x", [4], "FP32")
+        x.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("decoupled", [x])
+    assert refused.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in refused.value.message()
+
+
+@pytest.mark.parametrize("model, error", [
+    ("broken", "model.py of model 'broken' failed to import: ModuleNotFoundError"),
+    ("classless", "model.py of model 'classless' defines no class TritonPythonModel"),
+])
+def test_a_model_py_that_cannot_serve_fails_its_load_with_the_reason(server, model, error):
+    answer = server.request("POST", f"/v2/repository/models/{model}/load")
+    assert answer.status_code == 400 and error in answer.json()["error"]
+    assert server.request("GET", "/v2/health/live").status_code == 200
+
+
+def test_tritons_http_client_reads_the_python_models_metadata(server):
+    with httpclient.InferenceServerClient(server.url.removeprefix("http://")) as client:
+        metadata = client.get_model_metadata("double")
+    assert metadata["platform"] == "python" and [i["name"] for i in metadata["inputs"]] == ["x"]
+
+
+# -- bounds: a hang and memory -----------------------------------------------------------------------------
+
+
+HANGS_PY = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_name"] == "hangs_initialize":
+            threading.Event().wait()
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        if x[0] == 7:
+            threading.Event().wait()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("count", np.array([1], np.int32))])]
+"""
+
+HOLDS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.weights = np.ones({size} // 8)  # pages of its own, in its own process
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("count", np.array([1], np.int32))])]
+"""
+
+
+@pytest.fixture(scope="module")
+def bounded(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bounded")
+    python_model(root, "hangs_execute", HANGS_PY, scale_config(1))
+    python_model(root, "hangs_initialize", HANGS_PY, scale_config(1))
+    for name in ("big_a", "big_b"):
+        python_model(root, name, HOLDS_PY.replace("{size}", str(100 * MIB)), scale_config(1))
+    return start_server(root, SERVE_PYTHON_LOAD_TIMEOUT="2", SERVE_PYTHON_RESPONSE_TIMEOUT="2",
+                        SERVE_MEMORY_LIMIT="150MiB")
+
+
+def test_a_hang_in_execute_is_bounded_and_the_instance_restarts(bounded):
+    assert bounded.load("hangs_execute").status_code == 200
+    answer = infer(bounded, "hangs_execute", [7, 0, 0, 0])
+    assert answer.status_code == 500
+    assert answer.json() == {"error": "model 'hangs_execute' did not finish execute within 2 s; its worker process "
+                                      "was killed, and the next request starts it again"}
+    assert infer(bounded, "hangs_execute", [1, 0, 0, 0]).status_code == 200
+
+
+def test_a_hang_in_initialize_fails_the_load_within_the_load_timeout(bounded):
+    answer = bounded.load("hangs_initialize")
+    assert answer.status_code == 500 and "did not finish initialize within 2 s" in answer.json()["error"]
+    assert bounded.request("GET", "/ping").status_code == 200
+
+
+def test_a_python_model_is_charged_its_process_and_evicted_under_pressure(bounded):
+    assert bounded.load("big_a").status_code == 200
+    charged = bounded.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", "big_a")))]
+    assert charged >= 100 * MIB  # its worker's own pages, the 100 MiB it holds among them
+    assert bounded.load("big_b").status_code == 200  # only one fits: the idle big_a makes room
+    assert "big_a" not in bounded.loaded() and "big_b" in bounded.loaded()
+    assert infer(bounded, "big_a", [1, 0, 0, 0]).status_code == 404
