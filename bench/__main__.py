@@ -15,7 +15,7 @@ import torch
 from container import resources
 
 SCENARIOS = ("tiny", "mlp", "grpc", "frontends", "payload", "churn", "cold_load", "memory", "handler", "soak", "s3_load", "attacks", "classification",
-             "burst")
+             "burst", "python_backend")
 
 
 def main() -> None:

@@ -428,8 +428,11 @@ class Core:
         return self._registry.entries()
 
     def load_all(self, entries: list[tuple[str, str]]) -> None:
-        """Load (name, url) pairs one after another; a failure is logged and the rest still load."""
+        """Load (name, url) pairs one after another; a failure is logged and the rest still load. A model
+        an ensemble's load has loaded already is left as it is."""
         for name, url in entries:
+            if self.state(name) is State.READY:
+                continue
             try:
                 self.load(name, url)
             except ServeError as exc:

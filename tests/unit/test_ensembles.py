@@ -1,0 +1,101 @@
+"""An ensemble's graph (backends/ensemble.py) and how the core runs it (ensembles.py), with steps that
+are plain functions: what runs at once, what waits, what fails, and the bound on requests under way."""
+
+import gevent
+import numpy as np
+import pytest
+from gevent.event import Event
+from google.protobuf import json_format
+
+from container import ensembles
+from container.backends.ensemble import Ensemble
+from container.errors import InvalidModel, InvalidRequest
+from container.models.triton_schema import model_config_pb2 as pb
+from tests.builders import poll, take_turns
+
+
+def plan(steps, inputs=("RAW",), outputs=("OUT",), **scheduling) -> Ensemble:
+    document = {"name": "e", "platform": "ensemble",
+                "input": [{"name": n, "data_type": "TYPE_FP32", "dims": [1]} for n in inputs],
+                "output": [{"name": n, "data_type": "TYPE_FP32", "dims": [1]} for n in outputs],
+                "ensemble_scheduling": {"step": [{"model_name": m, "model_version": -1, "input_map": i, "output_map": o}
+                                                 for m, i, o in steps], **scheduling}}
+    return Ensemble("e", json_format.ParseDict(document, pb.ModelConfig()))
+
+
+DIAMOND = [("a", {"x": "RAW"}, {"y": "A"}), ("b", {"x": "RAW"}, {"y": "B"}),
+           ("join", {"left": "A", "right": "B"}, {"y": "OUT"})]
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([], "no ensemble_scheduling steps"),
+    ([("a", {"x": "RAW"}, {"y": "OUT"}), ("b", {"x": "RAW"}, {"y": "OUT"})], "made twice"),
+    ([("a", {"x": "NOWHERE"}, {"y": "OUT"})], "which no input or step makes"),
+    ([("a", {"x": "RAW"}, {"y": "MID"})], "made by no step"),
+    ([("a", {"x": "RAW", "z": "B"}, {"y": "A"}), ("b", {"x": "A"}, {"y": "B"}), ("c", {"x": "B"}, {"y": "OUT"})], "a cycle"),
+])
+def test_a_graph_that_cannot_run_is_refused_at_load(steps, message):
+    with pytest.raises(InvalidModel, match=message):
+        plan(steps)
+
+
+def test_independent_steps_run_at_once_and_a_join_waits_for_both():
+    started, release = [], Event()
+
+    def infer(step, inputs):
+        started.append(step.model)
+        if step.model == "a":
+            release.wait()
+        value = next(iter(inputs.values()))
+        return {"y": value + 1 if step.model != "join" else inputs["left"] * inputs["right"]}
+
+    runner = gevent.spawn(ensembles.run, plan(DIAMOND), {"RAW": np.array([1.0])}, None, infer)
+    poll(lambda: started == ["a", "b"], 5, "the two branches did not start together")
+    take_turns()
+    assert "join" not in started  # it waits for the held branch
+    release.set()
+    assert runner.get(timeout=5)["OUT"].tolist() == [4.0]
+
+
+def test_the_first_failing_step_fails_the_request_and_stops_the_others():
+    held = Event()
+    stopped = []
+
+    def infer(step, inputs):
+        if step.model == "a":
+            try:
+                held.wait()
+            except gevent.GreenletExit:
+                stopped.append("a")
+                raise
+        raise InvalidRequest(f"step {step.model} refused")
+
+    with pytest.raises(InvalidRequest, match="step b refused"):
+        ensembles.run(plan(DIAMOND), {"RAW": np.array([1.0])}, None, infer)
+    assert stopped == ["a"]
+
+
+def test_max_inflight_requests_bounds_each_steps_requests_under_way():
+    ensemble = plan([("a", {"x": "RAW"}, {"y": "OUT"})], max_inflight_requests=2)
+    inside, most, release = [0], [0], Event()
+
+    def infer(step, inputs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        release.wait()
+        inside[0] -= 1
+        return {"y": inputs["x"]}
+
+    requests = [gevent.spawn(ensembles.run, ensemble, {"RAW": np.array([float(i)])}, None, infer) for i in range(5)]
+    poll(lambda: inside[0] == 2, 5, "two requests did not enter the step")
+    take_turns()
+    assert inside[0] == 2
+    release.set()
+    assert [r.get(timeout=5)["OUT"][0] for r in requests] == [0, 1, 2, 3, 4]
+    assert most[0] == 2
+
+
+def test_only_the_outputs_asked_for_are_answered():
+    ensemble = plan([("a", {"x": "RAW"}, {"y": "OUT", "z": "OTHER"})], outputs=("OUT", "OTHER"))
+    answer = ensembles.run(ensemble, {"RAW": np.array([1.0])}, ["OTHER"], lambda step, inputs: {"y": 1, "z": 2})
+    assert answer == {"OTHER": 2}
