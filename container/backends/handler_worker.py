@@ -14,7 +14,7 @@ from pathlib import Path
 from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
 from container.backends.torch_runtime import release_memory
-from container.backends.worker_process import WorkerOptions, WorkerProcess, charged, error_reply, isolate, send
+from container.backends.worker_process import WorkerOptions, WorkerProcess, charged, error_reply, isolate, receive, send
 from container.errors import DeviceFault, DeviceOutOfMemory
 from container.logs import configure_logging
 from container.models.cache import total_by_device
@@ -79,7 +79,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         return
     while True:
         try:
-            request = connection.recv()
+            request = receive(connection)
         except (EOFError, OSError):
             return
         if request is None:

@@ -127,7 +127,7 @@ class InferenceRequest:
         self._inputs = list(inputs)
         self._outputs = [_text(n) for n in requested_output_names]
         self.model_name, self.model_version, self.timeout = _text(model_name), int(model_version), timeout
-        self._parameters = _parameters_json(parameters)
+        self._given_parameters = parameters  # as JSON text when asked for: most models never ask
         self._sender = None
 
     def inputs(self) -> list[Tensor]:
@@ -146,7 +146,7 @@ class InferenceRequest:
         return self._outputs
 
     def parameters(self) -> str:
-        return self._parameters
+        return _parameters_json(self._given_parameters)
 
     def is_cancelled(self) -> bool:
         return False
@@ -166,7 +166,7 @@ class InferenceRequest:
             raise TritonModelException("BLS calls are made from initialize or execute of a served model")
         inputs = {t.name(): t.as_numpy() for t in self._inputs}
         outcome = _bls.exec(self.model_name, self.model_version, inputs, self._outputs or None,
-                            json.loads(self._parameters), self.timeout)
+                            json.loads(self.parameters()), self.timeout)
         if isinstance(outcome, TritonError):
             return InferenceResponse(error=outcome)
         return InferenceResponse([Tensor(name, array) for name, array in outcome.items()])

@@ -28,6 +28,7 @@ from container.backends.worker_process import (
     error_reply,
     isolate,
     rebuild,
+    receive,
     send,
 )
 from container.errors import (
@@ -190,7 +191,7 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
     loop = asyncio.new_event_loop()  # for an `async def execute`
     while True:
         try:
-            message = connection.recv()
+            message = receive(connection)
         except (EOFError, OSError):
             return
         if not isinstance(message, tuple):
