@@ -13,6 +13,9 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     outputs: list[str] | None = None  # None: every output
     parameters: dict = field(default_factory=dict)
+    # a decoupled model's responses, each as it is sent: respond(outputs, or the error it carries, or None
+    # for none; final); called on the event loop. None: the request takes one response only.
+    respond: Callable[[dict | Exception | None, bool], None] | None = None
 
 
 @dataclass

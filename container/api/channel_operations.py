@@ -26,6 +26,13 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
                                             heavy=heavy, decoupled=v2_dataplane.GRPC_DECOUPLED)
         return [answer, [large(chunk) for chunk in chunks]]
 
+    def infer_stream(name: str, version: str, document: dict, binary):
+        """`infer` for gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""
+        heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
+        for answer, chunks, final, error in v2_dataplane.infer_stream(
+                core, shared_memory, name, version, lambda _: (document, memoryview(binary)), heavy=heavy):
+            yield [answer, [large(chunk) for chunk in chunks], final, error]
+
     def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
         """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest. A
         SageMaker handler model takes one BYTES element, the request body (`content_type` and `accept`
@@ -49,6 +56,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         "model_config": model_config,
         "statistics": lambda name, version: v2_dataplane.statistics(core, name, version),
         "infer": infer,
+        "infer_stream": infer_stream,
         "bls_infer": bls_infer,
         "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
         "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),

@@ -5,6 +5,9 @@ the answers are documents too, and each protocol writes them its own way."""
 
 from importlib.metadata import version as package_version
 
+import gevent
+import gevent.queue
+
 from container import errors
 from container.api import offload, v2_codec
 from container.core import Core, ModelView, State
@@ -80,23 +83,66 @@ def infer(core: Core, shared_memory, name: str, version: str | None, parse, clie
     thread, off the hub (a large request, or one that reads shared memory). Returns the answer's document and
     the binary data of its outputs sent as binary, in order. `decoupled`: the refusal a decoupled model's
     request gets, in the words of the transport's Triton endpoint."""
-    number = _version(version)
-    with core.lease(name, number, not_found=lambda _, *v: _unknown(core, name, *v), client=client) as lease:
-        if lease.view.config is not None and lease.view.config.model_transaction_policy.decoupled:
+    with _lease(core, name, version, client) as lease:
+        if _is_decoupled(lease.view):
             raise InvalidRequest(decoupled)
-        signature: Signature = lease.signature
-        document, binary = parse(signature)
-        parameters = _request_parameters(document)
-        inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, name)
-        requested = v2_codec.requested_outputs(document)
-        names = [r["name"] for r in requested] if requested else None
-        response = core.infer(lease, InferRequest(inputs, names, parameters))
-        answer = {"model_name": name, "model_version": str(response.model_version)}
-        if "id" in document:
-            answer["id"] = document["id"]
-        entries, chunks = offload.encode(_encode, response.outputs, requested, parameters.get("binary_data_output", False),
-                                         lease.view, shared_memory)
-        return {**answer, "outputs": entries}, chunks
+        document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
+        response = core.infer(lease, request)
+        return _answer(document, request, response.model_version, response.outputs, requested, lease, shared_memory)
+
+
+def infer_stream(core: Core, shared_memory, name: str, version: str | None, parse, heavy: bool = False):
+    """`infer` as a stream (gRPC's ModelStreamInfer): items (answer, binary chunks, final, error message).
+    A decoupled model's responses come each as it sends it (a final flag without a response is an item
+    with no answer); any other model's one answer is one final item."""
+    with _lease(core, name, version) as lease:
+        document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
+        if not _is_decoupled(lease.view):
+            response = core.infer(lease, request)
+            yield *_answer(document, request, response.model_version, response.outputs, requested, lease, shared_memory), True, None
+            return
+        responses = gevent.queue.Queue()
+        request.respond = lambda outcome, final: responses.put((outcome, final))
+        running = gevent.spawn(core.infer, lease, request)
+        running.link(lambda _: responses.put(None))  # after every response: core.infer returns once all were final
+        while (item := responses.get()) is not None:
+            outcome, final = item
+            if isinstance(outcome, Exception):
+                yield None, [], final, str(outcome)
+            elif outcome is None:
+                yield None, [], final, None
+            else:
+                yield *_answer(document, request, lease.version, outcome, requested, lease, shared_memory), final, None
+        running.get()  # a batch that failed as a whole (its worker died, say) ends the stream with its error
+
+
+def _lease(core: Core, name: str, version: str | None, client: Client | None = None):
+    return core.lease(name, _version(version), not_found=lambda _, *v: _unknown(core, name, *v), client=client)
+
+
+def _is_decoupled(view: ModelView) -> bool:
+    return view.config is not None and view.config.model_transaction_policy.decoupled
+
+
+def _decode(core: Core, shared_memory, lease, parse, heavy: bool) -> tuple[dict, InferRequest, list]:
+    """The request's document, the core's request, and the outputs it asks for."""
+    signature: Signature = lease.signature
+    document, binary = parse(signature)
+    parameters = _request_parameters(document)
+    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, lease.name)
+    requested = v2_codec.requested_outputs(document)
+    names = [r["name"] for r in requested] if requested else None
+    return document, InferRequest(inputs, names, parameters), requested
+
+
+def _answer(document: dict, request: InferRequest, version: int, outputs: dict, requested, lease,
+            shared_memory) -> tuple[dict, list[bytes]]:
+    answer = {"model_name": lease.name, "model_version": str(version)}
+    if "id" in document:
+        answer["id"] = document["id"]
+    binary = request.parameters.get("binary_data_output", False)
+    entries, chunks = offload.encode(_encode, outputs, requested, binary, lease.view, shared_memory)
+    return {**answer, "outputs": entries}, chunks
 
 
 def _encode(outputs: dict, requested, binary: bool, view: ModelView, shared_memory):

@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -98,20 +99,51 @@ class PythonBackend:
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers if w.pid is not None]
 
-    def execute_requests(self, requests: list[tuple]) -> list:
+    def execute_requests(self, requests: list[tuple], responders: list | None = None) -> list:
         """On an instance thread: (inputs, outputs wanted or None, parameters) of each request through a
-        free instance's `execute`; each request's outputs, or the error it failed with."""
-        if self._decoupled:
+        free instance's `execute`; each request's outputs, or the error it failed with. A decoupled
+        model's responses go to each request's responder as they come (`InferRequest.respond`), and its
+        requests' outputs here are empty."""
+        if self._decoupled and (responders is None or None in responders):
             raise InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream "
                                  f"(ModelStreamInfer), which this request is not")
         worker = self._free.get()
         try:
             if not worker.running:
                 self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
-            replies, self._reported[worker] = worker.ask(("execute", requests), "execute", self._options.response_timeout)
+            if self._decoupled:
+                return self._stream(worker, requests, responders)
+            replies, self._reported[worker] = worker.ask(("execute", requests, False), "execute",
+                                                         self._options.response_timeout)
         finally:
             self._free.put(worker)
-        return [outputs if ok else _error(self.name, outputs) for ok, outputs in replies]
+        return [self._outcome(reply) for reply in replies]
+
+    def _stream(self, worker: WorkerProcess, requests: list[tuple], responders: list) -> list:
+        """A decoupled batch: each response to its request's responder as the worker sends it, until every
+        request has had its final flag and `execute` has returned (its responses may come after)."""
+        unfinished, executed = set(range(len(requests))), False
+        message = worker.ask(("execute", requests, True), "execute", self._options.response_timeout)
+        while True:
+            if message[0] == "response":
+                _, index, reply, final = message
+                responders[index](None if reply is None else self._outcome(reply), final)
+                if final:
+                    unfinished.discard(index)
+            else:
+                _, self._reported[worker], failure = message
+                executed = True
+                if failure:  # execute raised: the requests still open end with its error
+                    for index in sorted(unfinished):
+                        responders[index](_error(self.name, failure), True)
+                    unfinished.clear()
+            if executed and not unfinished:
+                return [{} for _ in requests]
+            message = worker.reply("execute", self._options.response_timeout)
+
+    def _outcome(self, reply: tuple):
+        ok, outputs = reply
+        return outputs if ok else _error(self.name, outputs)
 
     def memory(self) -> dict[str, int]:
         measured = self.measured()
@@ -198,20 +230,17 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             if message == "finalize" and hasattr(model, "finalize"):
                 model.finalize()
             return
-        _, requests = message
-        if not send(connection, ("ok", (_execute(name, model, requests, loop), _state(device)))):
+        _, requests, decoupled = message
+        if decoupled:
+            _execute_decoupled(name, model, requests, loop, connection, device)
+        elif not send(connection, ("ok", (_execute(name, model, requests, loop), _state(device)))):
             return
 
 
 def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
     """Each request's (True, outputs) or (False, error as plain values)."""
-    wrapped = [pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
-                                         requested_output_names=outputs or (), parameters=parameters)
-               for inputs, outputs, parameters in requests]
     try:
-        responses = model.execute(wrapped)
-        if inspect.isawaitable(responses):
-            responses = loop.run_until_complete(responses)
+        responses = _call_execute(model, _wrap(requests), loop)
     except Exception as exc:
         failure = (False, _user_error(name, exc))
         return [failure] * len(requests)
@@ -221,6 +250,43 @@ def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
                                          f"per request: {len(requests)} requests, {got}", 500, None))
         return [failure] * len(requests)
     return [_outcome(name, response, wanted) for response, (_, wanted, _) in zip(responses, requests, strict=True)]
+
+
+def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection: Connection, device: str) -> None:
+    """A decoupled model's batch: each response is sent as the model sends it (from any thread, after
+    `execute` has returned as well), then word that `execute` returned, with its error if it raised."""
+    lock = threading.Lock()
+
+    def sender(index: int, wanted: list[str] | None):
+        def respond(response, flags: int) -> None:
+            reply = None if response is None else _outcome(name, response, wanted)
+            with lock:
+                send(connection, ("ok", ("response", index, reply, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))))
+        return pb_utils.InferenceResponseSender(respond)
+
+    wrapped = _wrap(requests)
+    for index, (request, (_, wanted, _)) in enumerate(zip(wrapped, requests, strict=True)):
+        request._sender = sender(index, wanted)
+    try:
+        _call_execute(model, wrapped, loop)
+        failure = None
+    except Exception as exc:
+        failure = _user_error(name, exc)
+    with lock:
+        send(connection, ("ok", ("executed", _state(device), failure)))
+
+
+def _wrap(requests: list[tuple]) -> list:
+    return [pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
+                                      requested_output_names=outputs or (), parameters=parameters)
+            for inputs, outputs, parameters in requests]
+
+
+def _call_execute(model, requests: list, loop):
+    responses = model.execute(requests)
+    if inspect.isawaitable(responses):
+        responses = loop.run_until_complete(responses)
+    return responses
 
 
 def _outcome(name: str, response, wanted: list[str] | None) -> tuple:

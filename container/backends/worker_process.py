@@ -81,7 +81,7 @@ class WorkerProcess:
         self._poller.register(parent.fileno(), select.POLLIN)
         self._poller.register(process.sentinel, select.POLLIN)
         try:
-            return self._receive(doing, timeout)
+            return self.reply(doing, timeout)
         except ServeError:
             self.stop()  # a worker that failed to load is of no further use
             raise
@@ -90,7 +90,7 @@ class WorkerProcess:
         """The worker's reply to `message`, or the error it reports, or a ModelError when it died or
         did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
         self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
-        return self._receive(doing, timeout)
+        return self.reply(doing, timeout)
 
     def measured(self) -> tuple[int, int]:
         """(its own pages, the most its requests held above its resident set since it loaded); zeros
@@ -119,7 +119,8 @@ class WorkerProcess:
         connection.close()
         process.close()
 
-    def _receive(self, doing: str, timeout: float | None):
+    def reply(self, doing: str, timeout: float | None = None):
+        """The worker's next message (a worker may send several for one): as `ask` returns it."""
         ready = {fd for fd, _ in self._poller.poll(None if timeout is None else timeout * 1000)}
         if not ready:
             self._kill()

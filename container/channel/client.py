@@ -63,6 +63,25 @@ class ChannelClient:
             wire.raise_error(*result)
         return result
 
+    async def stream(self, op: str, *args):
+        """The items `op(*args)` streams, each as the model process sends it; its error raised here."""
+        if self._writer is None:
+            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        call_id = next(self._ids)
+        self._pending[call_id] = items = asyncio.Queue()
+        try:
+            try:
+                self._writer.write(wire.pack([call_id, op, list(args)], self.blobs))
+                await self._writer.drain()
+            except OSError:
+                raise Unavailable("the model process ended during the request; retry") from None
+            while (frame := await items.get())[0] == wire.ITEM:
+                yield frame[1]
+        finally:
+            self._pending.pop(call_id, None)
+        if frame[0] == wire.ERROR:
+            wire.raise_error(*frame[1])
+
     async def _keep_connected(self) -> None:
         while True:
             try:
@@ -87,12 +106,17 @@ class ChannelClient:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         while True:
             (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-            call_id, failed, result = wire.unpack(await reader.readexactly(length), self.blobs)
-            future = self._pending.get(call_id)
-            if future is not None and not future.done():
-                future.set_result((failed, result))
+            call_id, kind, result = wire.unpack(await reader.readexactly(length), self.blobs)
+            waiting = self._pending.get(call_id)
+            if isinstance(waiting, asyncio.Queue):  # a stream
+                waiting.put_nowait((kind, result))
+            elif waiting is not None and not waiting.done():
+                waiting.set_result((kind == wire.ERROR, result))
 
     def _fail_pending(self) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_result((True, ["Unavailable", "the model process ended during the request; retry", 503]))
+        lost = ["Unavailable", "the model process ended during the request; retry", 503]
+        for waiting in self._pending.values():
+            if isinstance(waiting, asyncio.Queue):
+                waiting.put_nowait((wire.ERROR, lost))
+            elif not waiting.done():
+                waiting.set_result((True, lost))

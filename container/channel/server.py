@@ -1,9 +1,10 @@
 """The model process's end of the channel: a Unix socket served on the gevent hub. Each call runs in a
 greenlet of its own, so calls from one front-end overlap as HTTP requests do; answers go back in the
-order they finish. `drain()` refuses new calls and waits for those under way (SIGTERM). When a
+order they finish. An operation that returns a generator streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). When a
 front-end's connection ends (it exited, or died), `on_disconnect` hears its pid: what the model process
 kept for it (its HTTP clients) goes."""
 
+import inspect
 import logging
 import os
 import struct
@@ -69,12 +70,17 @@ class ChannelServer:
             operation = self.operations.get(op)
             if operation is None:
                 raise ServeError(f"the model process has no channel operation {op!r}")
-            answer = [call_id, 0, operation(*args)]
+            result = operation(*args)
+            if inspect.isgenerator(result):  # a stream: each item as it comes, then the end
+                for item in result:
+                    outbox.send(wire.pack([call_id, wire.ITEM, item], self.blobs))
+                result = None
+            answer = [call_id, wire.ANSWER, result]
         except ServeError as exc:
-            answer = [call_id, 1, wire.error_of(exc)]
+            answer = [call_id, wire.ERROR, wire.error_of(exc)]
         except Exception:
             log.exception("channel call failed", extra={"fields": {"call": call_id}})
-            answer = [call_id, 1, ["ServeError", "internal error in the model process; see its log", 500]]
+            answer = [call_id, wire.ERROR, ["ServeError", "internal error in the model process; see its log", 500]]
         try:
             data = wire.pack(answer, self.blobs)
         except (ServeError, TypeError, ValueError) as exc:

@@ -1,6 +1,7 @@
 """The channel's wire: each message is a 4-byte little-endian length and a msgpack document.
 
 A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
+An operation that streams sends `[id, 2, item]` for each item first, then its answer.
 Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
 makes only plain values and numeric arrays (no code runs, no object dtype from the wire), so a frame a
 peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels
@@ -17,6 +18,7 @@ from container.errors import ServeError
 from container.tensors import pack_strings, unpack_strings
 
 LENGTH = struct.Struct("<I")
+ANSWER, ERROR, ITEM = 0, 1, 2  # what a frame from the model process carries
 MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims

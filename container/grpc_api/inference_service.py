@@ -67,7 +67,8 @@ class InferenceService:
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
-        each answer, or its error in `error_message`, goes back as it is ready, and the stream lives on."""
+        each answer, or its error in `error_message`, goes back as it is ready, and the stream lives on. A
+        decoupled model's request gets each of its responses as the model sends it."""
         try:
             check_restricted(self.restrictions, "inference", context)
         except ServeError as exc:
@@ -98,13 +99,21 @@ class InferenceService:
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest(request.why)
-            final = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
+            marked = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
             if _FINAL in request.parameters:  # tritonclient's own flag; the model never sees it
                 del request.parameters[_FINAL]
-            response = await self._infer(request)
-            if final:
-                response.parameters["triton_final_response"].bool_param = True
-            answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            document, binary = messages.infer_document(request)
+            async for answer, chunks, final, error in self.channel.stream(
+                    "infer_stream", request.model_name, request.model_version, document, large(binary)):
+                if error is not None:  # one response of a decoupled model carried an error
+                    answers.put_nowait(pb.ModelStreamInferResponse(error_message=error))
+                    continue
+                if answer is None and not marked:  # a final flag alone: the client did not ask to see it
+                    continue
+                response = messages.infer_response(answer or _empty(request, document), chunks)
+                if marked:
+                    response.parameters["triton_final_response"].bool_param = final
+                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
         except ServeError as exc:
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
         except Exception:
@@ -222,3 +231,9 @@ def _one_repository(name: str) -> None:
         raise InvalidRequest(f"repository '{name}' is not this server's: it has one model repository; leave the name empty")
 
 
+
+
+def _empty(request, document: dict) -> dict:
+    """The answer that carries a decoupled model's final flag alone, as Triton sends it: no outputs."""
+    return {"model_name": request.model_name, "model_version": request.model_version, "id": document.get("id", ""),
+            "outputs": []}

@@ -2,6 +2,10 @@
 batcher (`sequence_batching`), the dynamic batcher (`dynamic_batching`), or direct execution — always
 off the event loop, on as many instance threads as `instance_group` asks for."""
 
+import functools
+
+from gevent import get_hub
+
 from container.inference import InferRequest
 from container.models.config import PYTHON_BACKEND, instance_count
 from container.models.recovery import Recover
@@ -29,4 +33,8 @@ def scheduler_for(model_name: str, config=None, signature: Signature | None = No
 
 
 def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
-    return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters)
+    respond = request.respond
+    if respond is not None:  # the backend sends a decoupled model's responses from an execution thread
+        loop = get_hub().loop
+        respond = functools.partial(loop.run_callback_threadsafe, respond)
+    return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters, respond)

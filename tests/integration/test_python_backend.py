@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "python_backend"
-TRITON_PORT = 8000  # where the examples' clients look for the server
+TRITON_PORT, TRITON_GRPC_PORT = 8000, 8001  # where the examples' clients look for the server
 
 
 def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
@@ -112,12 +112,13 @@ def triton_examples(start_server, tmp_path_factory):
                                 ("bls_sync", "bls/sync_config.pbtxt", "bls/sync_model.py"),
                                 ("bls_async", "bls/async_config.pbtxt", "bls/async_model.py"),
                                 ("nobatch_auto_complete", None, "auto_complete/nobatch_model.py"),
-                                ("batch_auto_complete", None, "auto_complete/batch_model.py")]:
+                                ("batch_auto_complete", None, "auto_complete/batch_model.py"),
+                                ("square_int32", "decoupled/square_config.pbtxt", "decoupled/square_model.py")]:
         (root / name / "1").mkdir(parents=True)
         if config:
             shutil.copy(EXAMPLES / config, root / name / "config.pbtxt")
         shutil.copy(EXAMPLES / model, root / name / "1" / "model.py")
-    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*")
+    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*", SERVE_GRPC_PORT=str(TRITON_GRPC_PORT))
     wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the examples did not load")
     return server
 
@@ -127,6 +128,7 @@ def triton_examples(start_server, tmp_path_factory):
     ("auto_complete/client.py", "PASS: auto_complete"),
     ("bls/sync_client.py", "PASS: BLS Sync"),
     ("bls/async_client.py", "PASS: BLS Async"),
+    ("decoupled/square_client.py", "PASS: square_int32"),
 ])
 def test_triton_example_passes_with_its_own_client(triton_examples, client, printed):
     run = subprocess.run([sys.executable, str(EXAMPLES / client)], capture_output=True, text=True, timeout=120)
@@ -175,8 +177,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "crashes", CRASHES_PY, scale_config(1))
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
-    python_model(root, "decoupled", SCALE_PY.replace("{gate}", "pass"),
-                 scale_config(1, model_transaction_policy={"decoupled": True}))
+    python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
     python_model(root, "broken", "import not_a_module_anywhere\n", scale_config(1))
     python_model(root, "classless", "class Other:\n    pass\n", scale_config(1))
     ensemble(root, "fan", [tensor("RAW", "TYPE_FP32", [4])],
@@ -231,6 +232,28 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", -pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
                 for r in requests]
+"""
+
+# x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error
+STREAMS_PY = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            threading.Thread(target=self.answer, args=(request.get_response_sender(), x)).start()
+
+    def answer(self, sender, x):
+        for i in range(int(x[0])):
+            if i == 1 and x[1] < 0:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("x[1] is negative")))
+                continue
+            count = np.array([i], np.int32)
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * i), pb_utils.Tensor("count", count)]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
 CRASHES_PY = """
@@ -396,6 +419,36 @@ def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(serv
             client.infer("decoupled", [x])
     assert refused.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
     assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in refused.value.message()
+
+
+def stream(server, values: list, **options) -> list:
+    """Each request of `values` on one gRPC stream; every response (result or error) until the stream ends."""
+    answers = []
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.append(error or result))
+        for index, value in enumerate(values):
+            x = grpcclient.InferInput("x", [4], "FP32")
+            x.set_data_from_numpy(np.array(value, np.float32))
+            client.async_stream_infer("decoupled", [x], request_id=str(index), **options)
+        client.stop_stream()  # waits for the answers under way
+    return answers
+
+
+def test_a_decoupled_model_streams_its_responses_over_grpc(server):
+    answers = stream(server, [[3, 1, 1, 1], [0, 1, 1, 1], [2, 5, 5, 5]])
+    by_request = {}
+    for answer in answers:
+        by_request.setdefault(answer.get_response().id, []).append(answer.as_numpy("count")[0])
+    assert by_request == {"0": [0, 1, 2], "2": [0, 1]}  # a request may have no response at all
+    assert stats(server, "decoupled")["success"]["count"] >= 3
+
+
+def test_a_decoupled_error_fails_one_response_and_the_final_flag_is_shown_when_asked(server):
+    answers = stream(server, [[3, -1, 1, 1]], enable_empty_final_response=True)
+    assert isinstance(answers[1], InferenceServerException) and "x[1] is negative" in answers[1].message()
+    results = [a.get_response() for a in answers if not isinstance(a, InferenceServerException)]
+    assert [r.parameters["triton_final_response"].bool_param for r in results] == [False, False, True]
+    assert len(results[-1].outputs) == 0  # the final flag alone
 
 
 @pytest.mark.parametrize("model, error", [
