@@ -288,9 +288,15 @@ class Core:
         return self._registry.load_threads
 
     def model_memory(self, model: ModelView) -> dict[str, int]:
-        """Device → bytes accounted to `model`."""
+        """Device → bytes accounted to `model`; an ensemble's are its composing models' (each is charged
+        once, in the cache, as a model of its own)."""
         record = self._record(model)
-        return self._registry.cache.size_of(record) if record is not None else {}
+        if record is None:
+            return {}
+        composing = {name for backend in record.versions.values() if isinstance(backend, Ensemble) for name in backend.models}
+        parts = [self.model_memory(m.view) for name in composing if (m := self._registry.models.get(name)) is not None
+                 and m.state is State.READY]
+        return total_by_device([self._registry.cache.size_of(record), *parts])
 
     def measured(self, model: ModelView) -> dict[str, dict[str, int]]:
         """What `model`'s accounting rests on, kind (weights, load, activations) → device → bytes, over its versions."""

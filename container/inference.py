@@ -16,6 +16,7 @@ class InferRequest:
     # a decoupled model's responses, each as it is sent: respond(outputs, or the error it carries, or None
     # for none; final); called on the event loop. None: the request takes one response only.
     respond: Callable[[dict | Exception | None, bool], None] | None = None
+    request_id: str = ""  # the client's id for it (V2's `id`), as python models see it
 
 
 @dataclass

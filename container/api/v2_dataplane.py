@@ -132,7 +132,8 @@ def _decode(core: Core, shared_memory, lease, parse, heavy: bool) -> tuple[dict,
     inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, lease.name)
     requested = v2_codec.requested_outputs(document)
     names = [r["name"] for r in requested] if requested else None
-    return document, InferRequest(inputs, names, parameters), requested
+    request_id = document.get("id", "")
+    return document, InferRequest(inputs, names, parameters, request_id=request_id if isinstance(request_id, str) else ""), requested
 
 
 def _answer(document: dict, request: InferRequest, version: int, outputs: dict, requested, lease,

@@ -164,7 +164,7 @@ class InferenceRequest:
             raise TritonModelException("decoupled BLS calls are not supported by this server")
         if _bls is None:
             raise TritonModelException("BLS calls are made from initialize or execute of a served model")
-        inputs = {t.name(): t.as_numpy() for t in self._inputs}
+        inputs = {t.name(): wire_array(t.as_numpy()) for t in self._inputs}
         outcome = _bls.exec(self.model_name, self.model_version, inputs, self._outputs or None,
                             json.loads(self.parameters()), self.timeout)
         if isinstance(outcome, TritonError):
@@ -414,6 +414,16 @@ def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
         items.append(data[offset + 4: offset + 4 + length])
         offset += 4 + length
     return np.array(items, dtype=np.object_)
+
+
+def wire_array(array) -> np.ndarray:
+    """A tensor as it leaves the model: a BYTES tensor's elements as bytes, as Triton serializes them
+    (text as UTF-8, anything else as its str())."""
+    array = np.asarray(array)
+    if array.dtype != np.object_ or all(isinstance(item, bytes) for item in array.flat):
+        return array
+    return np.array([item if isinstance(item, bytes) else str(item).encode() for item in array.flat],
+                    np.object_).reshape(array.shape)
 
 
 def _text(value) -> str:

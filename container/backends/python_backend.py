@@ -17,7 +17,6 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import numpy as np
 from gevent.monkey import get_original
 from google.protobuf import json_format
 
@@ -100,7 +99,7 @@ class PythonBackend:
         return [w.pid for w in self._workers if w.pid is not None]
 
     def execute_requests(self, requests: list[tuple], responders: list | None = None) -> list:
-        """On an instance thread: (inputs, outputs wanted or None, parameters) of each request through a
+        """On an instance thread: (inputs, outputs wanted or None, parameters, id) of each request through a
         free instance's `execute`; each request's outputs, or the error it failed with. A decoupled
         model's responses go to each request's responder as they come (`InferRequest.respond`), and its
         requests' outputs here are empty."""
@@ -249,7 +248,7 @@ def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
         failure = (False, ("ModelError", f"execute of model '{name}' must return a list of one InferenceResponse "
                                          f"per request: {len(requests)} requests, {got}", 500, None))
         return [failure] * len(requests)
-    return [_outcome(name, response, wanted) for response, (_, wanted, _) in zip(responses, requests, strict=True)]
+    return [_outcome(name, response, wanted) for response, (_, wanted, _, _) in zip(responses, requests, strict=True)]
 
 
 def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection: Connection, device: str) -> None:
@@ -265,7 +264,7 @@ def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection
         return pb_utils.InferenceResponseSender(respond)
 
     wrapped = _wrap(requests)
-    for index, (request, (_, wanted, _)) in enumerate(zip(wrapped, requests, strict=True)):
+    for index, (request, (_, wanted, _, _)) in enumerate(zip(wrapped, requests, strict=True)):
         request._sender = sender(index, wanted)
     try:
         _call_execute(model, wrapped, loop)
@@ -277,9 +276,9 @@ def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection
 
 
 def _wrap(requests: list[tuple]) -> list:
-    return [pb_utils.InferenceRequest(inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
+    return [pb_utils.InferenceRequest(request_id, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
                                       requested_output_names=outputs or (), parameters=parameters)
-            for inputs, outputs, parameters in requests]
+            for inputs, outputs, parameters, request_id in requests]
 
 
 def _call_execute(model, requests: list, loop):
@@ -302,7 +301,8 @@ def _outcome(name: str, response, wanted: list[str] | None) -> tuple:
         if missing:
             return False, ("ModelError", f"model '{name}' did not produce the requested output(s) {missing}", 500, None)
         outputs = {n: outputs[n] for n in wanted}
-    return True, {n: np.asarray(a) for n, a in outputs.items()}
+    return True, {n: pb_utils.wire_array(a) for n, a in outputs.items()}
+
 
 
 def _user_error(name: str, exc: Exception) -> tuple:

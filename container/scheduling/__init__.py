@@ -37,4 +37,5 @@ def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
     if respond is not None:  # the backend sends a decoupled model's responses from an execution thread
         loop = get_hub().loop
         respond = functools.partial(loop.run_callback_threadsafe, respond)
-    return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters, respond)
+    return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters, respond=respond,
+               request_id=request.request_id)

@@ -27,12 +27,13 @@ class Job:
     outputs: list[str] | None  # None: every output
     items: int  # batch items: the leading dimension when the model batches, else 1
     parameters: dict = field(default_factory=dict)
-    respond: object = None  # a decoupled model's responses: InferRequest.respond, callable from any thread
     submitted: int = field(default_factory=time.perf_counter_ns)
     order: int = field(default_factory=lambda: next(_order))
     stage: Stage = Stage.QUEUED
     delayed: bool = False  # its queue timeout passed with timeout_action DELAY: served after the others
     result: AsyncResult = field(default_factory=AsyncResult)  # (outputs, phases) or the exception
+    respond: object = None  # a decoupled model's responses: InferRequest.respond, callable from any thread
+    request_id: str = ""  # the client's id for the request, as a python model's request shows it
 
     def batch_key(self) -> tuple:
         """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size."""
@@ -46,7 +47,7 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     phases = Phases()
     backend = jobs[0].backend
     if getattr(backend, "takes_request_lists", False):  # a python model: a response (or error) per request
-        return phases, backend.execute_requests([(job.inputs, job.outputs, job.parameters) for job in jobs],
+        return phases, backend.execute_requests([(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs],
                                                 [job.respond for job in jobs])
     if len(jobs) == 1:
         return phases, [backend.execute(jobs[0].inputs, jobs[0].outputs, phases)]

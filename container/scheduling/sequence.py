@@ -84,7 +84,8 @@ class SequenceBatcher(Scheduler):
             sequence.last_used = time.monotonic()
             inputs = {**job.inputs, **self._controls(sequence_id, start, end), **sequence.state}
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
-            run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted)
+            run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted,
+                      respond=job.respond, request_id=job.request_id)
             self._ready.append((run, sequence))
             self._arrived.set()
             try:

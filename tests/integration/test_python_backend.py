@@ -3,6 +3,7 @@ their own clients, then what a Triton user's repository does with them — batch
 per-request errors, BLS to every kind of model, an ensemble graph, crashes, hangs and eviction."""
 
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -175,6 +176,8 @@ def server(start_server, tmp_path_factory, gate_dir):
         "input": [tensor("model", "TYPE_STRING", [1]), tensor("x", "TYPE_FP32", [4])],
         "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "crashes", CRASHES_PY, scale_config(1))
+    python_model(root, "describes", DESCRIBES_PY, {"input": [tensor("x", "TYPE_FP32", [4])],
+                                                   "output": [tensor("about", "TYPE_STRING", [2])]})
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
@@ -188,7 +191,7 @@ def server(start_server, tmp_path_factory, gate_dir):
              [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = __import__("tests.conftest", fromlist=["_free_port"])._free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate}
     wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the models did not load")
@@ -223,6 +226,16 @@ class TritonPythonModel:
                 y = np.array(json.loads(y[0]), np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y.astype(np.float32))]))
         return responses
+"""
+
+DESCRIBES_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("about", np.array([r.request_id(), r.parameters()], np.object_))])
+                for r in requests]
 """
 
 NEGATE_PY = """
@@ -319,6 +332,15 @@ def test_bls_reaches_every_kind_of_model_through_the_core(server, target):
     assert stats(server, target)["success"]["count"] == before + 1  # counted as the target's own request
 
 
+def test_execute_sees_the_requests_id_and_parameters(server):
+    answer = server.request("POST", "/v2/models/describes/infer", json={
+        "id": "req-7", "parameters": {"tag": "blue", "priority": 0},
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+    assert answer.status_code == 200, answer.text
+    request_id, parameters = output(answer, "about").tolist()
+    assert request_id == "req-7" and json.loads(parameters) == {"tag": "blue", "priority": 0}
+
+
 def test_a_bls_error_is_returned_as_triton_returns_it(server):
     body = {"inputs": [{"name": "model", "datatype": "BYTES", "shape": [1], "data": ["nope"]},
                        {"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
@@ -339,7 +361,10 @@ def test_ensemble_runs_independent_steps_at_once_and_joins_them(server):
     assert output(answer, "SUM").tolist() == [-5, 10, 15, 20] and output(answer, "DIFF").tolist() == [1, -2, -3, -4]
     for name in ("fan", "double", "triple", "add_sub_ts"):
         assert stats(server, name)["success"]["count"] >= 1
-    assert server.metrics()[("nv_inference_request_success_total", (("model", "fan"), ("version", "1")))] >= 1
+    metrics = server.metrics()
+    assert metrics[("nv_inference_request_success_total", (("model", "fan"), ("version", "1")))] >= 1
+    memory = {m: metrics[("serve_model_memory_bytes", (("device", "cpu"), ("model", m)))] for m in ("fan", "double", "triple", "add_sub_ts")}
+    assert memory["fan"] == memory["double"] + memory["triple"] + memory["add_sub_ts"] > 0  # counted in the ensemble's
 
 
 def test_an_ensemble_step_error_answers_the_request_with_it(server):

@@ -71,3 +71,9 @@ def test_instances_are_counted_per_listed_gpu_as_triton_counts_them():
                                   b'{"kind": "KIND_GPU", "gpus": [1]}, {"count": 3}]}')
     assert instance_count(config) == 2 * 2 + 1 + 3
     assert instance_gpus(config) == ["cuda:1", "cuda:1", "cuda:0", "cuda:0", "cuda:1"]
+
+
+def test_a_python_backend_config_may_leave_its_tensors_to_auto_complete(tmp_path):
+    (tmp_path / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 4\n')
+    config, _ = read_config(tmp_path)
+    assert config.backend == "python" and not config.input

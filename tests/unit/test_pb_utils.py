@@ -103,3 +103,10 @@ def test_metrics_keep_their_values_and_refuse_what_prometheus_cannot_show():
 def test_exec_outside_a_served_model_says_where_it_works():
     with pytest.raises(pb_utils.TritonModelException, match="initialize or execute"):
         pb_utils.InferenceRequest(model_name="m").exec()
+
+
+def test_bytes_tensors_leave_the_model_as_bytes_as_triton_serializes_them():
+    out = pb_utils.wire_array(np.array([["é", b"raw"], [3, 1.5]], dtype=np.object_))
+    assert out.tolist() == [["é".encode(), b"raw"], [b"3", b"1.5"]] and out.shape == (2, 2)
+    numbers = np.arange(3)
+    assert pb_utils.wire_array(numbers) is numbers

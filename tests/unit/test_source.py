@@ -152,3 +152,22 @@ def test_sagemaker_layout_with_a_config_json_of_its_own(tmp_path):
     (tmp_path / "classifier.pth").unlink()
     (tmp_path / "code").mkdir()
     assert isinstance(read_layout(tmp_path, LIMITS), SageMakerLayout)
+
+
+def test_a_python_model_without_a_config_is_recognised_and_waits_for_its_completion(tmp_path):
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.py").write_text("class TritonPythonModel: pass\n")
+    (tmp_path / "2").mkdir()  # no model.py: not a version
+    layout = read_layout(tmp_path, LIMITS)
+    assert isinstance(layout, TritonLayout) and layout.kind == "python" and layout.signature is None
+    assert layout.versions == {1: tmp_path / "1" / "model.py"} and layout.config.backend == "python"
+
+
+def test_an_ensembles_versions_are_its_directories(tmp_path):
+    (tmp_path / "1").mkdir()
+    (tmp_path / "config.pbtxt").write_text(
+        'platform: "ensemble"\ninput [{name: "x" data_type: TYPE_FP32 dims: [1]}]\n'
+        'output [{name: "y" data_type: TYPE_FP32 dims: [1]}]\n')
+    layout = read_layout(tmp_path, LIMITS)
+    assert layout.kind == "ensemble" and layout.versions == {1: tmp_path / "1"}
+    assert [s.name for s in layout.signature.inputs] == ["x"]
