@@ -160,6 +160,10 @@ def gate_dir(tmp_path_factory):
 def server(start_server, tmp_path_factory, gate_dir):
     root = tmp_path_factory.mktemp("python-models")
     batched_gate, fan_gate = Gate(gate_dir, "batched"), Gate(gate_dir, "fan_out")
+    pair_gates = [Gate(gate_dir, "pair1"), Gate(gate_dir, "pair2")]
+    python_model(root, "pair", PAIR_PY.replace("{gates}", repr([g.code() for g in pair_gates]))
+                 .replace("{finalized}", repr(str(gate_dir / "pair.finalized"))),
+                 scale_config(1, instance_group=[{"kind": "KIND_CPU", "count": 2}]))
     python_model(root, "batched", SCALE_PY.replace("{gate}", batched_gate.code()),
                  scale_config(2, max_batch_size=8, dynamic_batching={"max_queue_delay_microseconds": 0}))
     python_model(root, "double", SCALE_PY.replace("{gate}", fan_gate.code()), scale_config(2))
@@ -191,9 +195,10 @@ def server(start_server, tmp_path_factory, gate_dir):
              [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = __import__("tests.conftest", fromlist=["_free_port"])._free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes,pair", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
-    server.gates = {"batched": batched_gate, "fan": fan_gate}
+    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates}
+    server.finalized = gate_dir / "pair.finalized"
     wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the models did not load")
     return server
 
@@ -226,6 +231,23 @@ class TritonPythonModel:
                 y = np.array(json.loads(y[0]), np.float32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y.astype(np.float32))]))
         return responses
+"""
+
+# each instance reports its pid; x[0] == 1 or 2 waits at that gate; finalize leaves a mark
+PAIR_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        if x[0] in (1, 2):
+            exec({gates}[int(x[0]) - 1])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("count", np.array([os.getpid()], np.int32))])]
+
+    def finalize(self):
+        open({finalized}, "a").write("finalized\\n")
 """
 
 DESCRIBES_PY = """
@@ -404,6 +426,21 @@ def test_a_crash_in_model_py_fails_only_that_model_and_it_restarts(server):
     assert infer(server, "double", [1, 2, 3, 4]).status_code == 200  # the other models serve on
     again = infer(server, "crashes", [1, 2, 3, 4])
     assert again.status_code == 200 and output(again, "count")[0] != output(first, "count")[0]  # a new process
+
+
+def test_each_instance_is_a_process_of_its_own_and_they_run_at_once(server):
+    first, second = server.gates["pair"]
+    with ThreadPoolExecutor(2) as pool:
+        answers = [pool.submit(infer, server, "pair", [n, 0, 0, 0]) for n in (1, 2)]
+        first.wait_entered()
+        second.wait_entered()  # both instances hold a request at once
+        first.release()
+        second.release()
+        pids = [output(a.result(), "count")[0] for a in answers]
+    assert len(set(pids)) == 2
+    assert server.request("POST", "/v2/repository/models/pair/unload").status_code == 200
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 30, "the instances did not end")
+    assert server.finalized.read_text() == "finalized\n" * 2  # each instance's finalize ran first
 
 
 def test_custom_metrics_appear_in_metrics_and_on_the_metrics_port(server):
