@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "python_backend"
-TRITON_PORT, TRITON_GRPC_PORT = 8000, 8001  # where the examples' clients look for the server
+TRITON_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT = 8000, 8001, 8002  # where the examples' clients look
 
 
 def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
@@ -114,12 +114,14 @@ def triton_examples(start_server, tmp_path_factory):
                                 ("bls_async", "bls/async_config.pbtxt", "bls/async_model.py"),
                                 ("nobatch_auto_complete", None, "auto_complete/nobatch_model.py"),
                                 ("batch_auto_complete", None, "auto_complete/batch_model.py"),
-                                ("square_int32", "decoupled/square_config.pbtxt", "decoupled/square_model.py")]:
+                                ("square_int32", "decoupled/square_config.pbtxt", "decoupled/square_model.py"),
+                                ("custom_metrics", "custom_metrics/config.pbtxt", "custom_metrics/model.py")]:
         (root / name / "1").mkdir(parents=True)
         if config:
             shutil.copy(EXAMPLES / config, root / name / "config.pbtxt")
         shutil.copy(EXAMPLES / model, root / name / "1" / "model.py")
-    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*", SERVE_GRPC_PORT=str(TRITON_GRPC_PORT))
+    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*", SERVE_GRPC_PORT=str(TRITON_GRPC_PORT),
+                          SERVE_METRICS_PORT=str(TRITON_METRICS_PORT))
     wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the examples did not load")
     return server
 
@@ -130,6 +132,7 @@ def triton_examples(start_server, tmp_path_factory):
     ("bls/sync_client.py", "PASS: BLS Sync"),
     ("bls/async_client.py", "PASS: BLS Async"),
     ("decoupled/square_client.py", "PASS: square_int32"),
+    ("custom_metrics/client.py", "PASS: custom_metrics"),
 ])
 def test_triton_example_passes_with_its_own_client(triton_examples, client, printed):
     run = subprocess.run([sys.executable, str(EXAMPLES / client)], capture_output=True, text=True, timeout=120)
