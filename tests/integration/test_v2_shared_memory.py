@@ -127,26 +127,30 @@ def test_cuda_shared_memory_refuses_what_it_cannot_open(server):
 
 
 @pytest.mark.gpu
-def test_cuda_shared_memory_carries_inputs_and_outputs(server):
-    """Device memory exported from this process (torch's CUDA IPC handle, as torch.multiprocessing
-    shares tensors) registered with the server; the model reads its input there and writes its output."""
-    values = torch.arange(8, dtype=torch.float32, device="cuda").reshape(2, 4)
-    result = torch.zeros(2, 4, dtype=torch.float32, device="cuda")
-    client, offsets = http.InferenceServerClient(server.url.removeprefix("http://")), {}
-    for name, tensor in (("gpu_in", values), ("gpu_out", result)):
-        _, handle, _, offset, *_ = tensor.untyped_storage()._share_cuda_()
-        response = server.request("POST", f"/v2/cudasharedmemory/region/{name}/register", json={
-            "raw_handle": {"b64": base64.b64encode(handle).decode()}, "device_id": 0, "byte_size": offset + BYTES})
-        assert response.status_code == 200, response.text
-        offsets[name] = offset
-    assert [r["name"] for r in client.get_cuda_shared_memory_status()] == ["gpu_in", "gpu_out"]
-    tensor_in = http.InferInput("x", [2, 4], "FP32")
-    tensor_in.set_shared_memory("gpu_in", BYTES, offset=offsets["gpu_in"])
-    tensor_out = http.InferRequestedOutput("y", binary_data=True)
-    tensor_out.set_shared_memory("gpu_out", BYTES, offset=offsets["gpu_out"])
-    client.infer("double", [tensor_in], outputs=[tensor_out])
-    torch.cuda.synchronize()
-    assert result.cpu().tolist() == (values * 2).cpu().tolist()
-    client.unregister_cuda_shared_memory()
-    assert client.get_cuda_shared_memory_status() == []
-    client.close()
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_made_by_tritonclient_carries_inputs_and_outputs(server, protocol):
+    """Regions made with tritonclient.utils.cuda_shared_memory, the module Triton users call (cudaMalloc and
+    cudaIpcGetMemHandle through cuda-python), registered and read over either protocol."""
+    import tritonclient.grpc as grpc
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    module = http if protocol == "http" else grpc
+    client = (http.InferenceServerClient(server.url.removeprefix("http://")) if protocol == "http"
+              else grpc.InferenceServerClient(server.grpc_url))
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    regions = {name: cudashm.create_shared_memory_region(f"{protocol}_{name}", BYTES, 0) for name in ("in", "out")}
+    try:
+        cudashm.set_shared_memory_region(regions["in"], [values])
+        for name, handle in regions.items():
+            client.register_cuda_shared_memory(f"{protocol}_{name}", cudashm.get_raw_handle(handle), 0, BYTES)
+        tensor_in = module.InferInput("x", [2, 4], "FP32")
+        tensor_in.set_shared_memory(f"{protocol}_in", BYTES)
+        tensor_out = module.InferRequestedOutput("y") if protocol == "grpc" else module.InferRequestedOutput("y", binary_data=True)
+        tensor_out.set_shared_memory(f"{protocol}_out", BYTES)
+        client.infer("double", [tensor_in], outputs=[tensor_out])
+        assert np.array_equal(cudashm.get_contents_as_numpy(regions["out"], np.float32, [2, 4]), values * 2)
+        client.unregister_cuda_shared_memory()
+    finally:
+        for handle in regions.values():
+            cudashm.destroy_shared_memory_region(handle)
+        client.close()

@@ -1,0 +1,270 @@
+"""Scenario: the GPU. (1) Twelve handler models of about 4 GiB of device memory each, a 20 GiB GPU
+budget, 16 clients through the SageMaker contract (/invocations with the target-model header) for two
+minutes: loads, evictions, 507s, wrong answers, lost requests and 5xx, and what the server accounts on
+the GPU against what nvidia-smi reports for its processes, at five moments. (2) A real CUDA
+out-of-memory error met by evicting an idle model: the wall time of the request that recovers, beside
+the same request once it fits. (3) The MLP on the GPU over V2 binary, with and without dynamic
+batching, at 1/8/64 clients, against in-process torch on the same GPU at its best batch.
+Without a GPU it says so and measures nothing: a GPU figure comes from a GPU or not at all."""
+
+import json
+import random
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.harness import Server, ratio, save_model, tree, v2_binary_request, wrk
+from bench.mlp import MLP, WIDTH
+
+TITLE = "The GPU: twelve 4 GiB models over a 20 GiB budget, a CUDA out-of-memory recovery, the MLP on the GPU"
+GIB = 1 << 30
+MODELS, MODEL_GIB, BUDGET_GIB, CLIENTS = 12, 4, 20, 16
+ON_GPU = {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}
+
+# Each model holds `gib` GiB of device memory filled with its own factor, and answers its input times that
+# factor, read back from the device: a model that answered for another, or from lost memory, is caught.
+HOLDER = """
+import torch
+
+def model_fn(model_dir):
+    return torch.full(({gib} * (1 << 28),), {factor}.0, device="cuda")
+
+def predict_fn(data, model):
+    return (torch.as_tensor(data, device="cuda") * model[-1]).tolist()
+"""
+
+
+class Grabs(torch.nn.Module):
+    """Holds x[0] GiB of scratch on its device for the length of one execution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grabbed = torch.ones([int(x[0, 0].item()) * (1 << 30)], dtype=torch.uint8, device=x.device)
+        return x + grabbed[0].float() - 1
+
+
+def run(seconds: float, smoke: bool) -> list[str]:
+    if not torch.cuda.is_available():
+        return ["No GPU here (torch sees none): nothing measured. Run it on a GPU machine."]
+    name = torch.cuda.get_device_name(0)
+    driver = _smi("--query-gpu=driver_version")[0][0]
+    lines = [f"{name}, driver {driver}, torch {torch.__version__} (CUDA {torch.version.cuda}).", ""]
+    lines += _many_models(10 if smoke else 120, 1 if smoke else MODEL_GIB)
+    lines += ["", *_out_of_memory_recovery()]
+    lines += ["", *_mlp_on_the_gpu(seconds, smoke)]
+    return lines
+
+
+def _many_models(duration: float, gib: int) -> list[str]:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        for index in range(MODELS):
+            code = root / f"holder{index:02d}" / "code"
+            code.mkdir(parents=True)
+            (code / "inference.py").write_text(textwrap.dedent(HOLDER.format(gib=gib, factor=index + 1)))
+        server = Server(root, SERVE_LOAD_MODELS="", SERVE_GPU_MEMORY_LIMIT=f"{BUDGET_GIB * gib // MODEL_GIB}GiB",
+                        SERVE_HTTP_WORKERS="auto")
+        try:
+            return _drive(server, duration, gib)
+        finally:
+            server.stop()
+
+
+def _drive(server: Server, duration: float, gib: int) -> list[str]:
+    """CLIENTS threads, each sending one request after another to a model drawn at random, each answer
+    checked; memory sampled at five moments meanwhile."""
+    statuses, wrong, lost, latencies = Counter(), [0], [0], []
+    lock, deadline = threading.Lock(), time.monotonic() + duration
+    before = _labelled(server.url)
+
+    def client(seed: int) -> None:
+        draw, session = random.Random(seed), requests.Session()
+        while time.monotonic() < deadline:
+            index = draw.randrange(MODELS)
+            started = time.perf_counter()
+            try:
+                answer = session.post(server.url + "/invocations", data=b"[[1, 2, 3, 4]]", timeout=300,
+                                      headers={"Content-Type": "application/json",
+                                               "X-Amzn-SageMaker-Target-Model": f"holder{index:02d}"})
+            except requests.RequestException:
+                with lock:
+                    lost[0] += 1
+                continue
+            with lock:
+                statuses[answer.status_code] += 1
+                latencies.append(time.perf_counter() - started)
+                if answer.status_code == 200 and answer.json() != [[(index + 1) * v for v in (1, 2, 3, 4)]]:
+                    wrong[0] += 1
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    samples = []
+    for moment in range(1, 6):
+        time.sleep(max(0.0, deadline - duration + moment * duration / 5.5 - time.monotonic()))  # a sampling period
+        samples.append(_memory_now(server))
+    for thread in threads:
+        thread.join()
+    after = _labelled(server.url)
+    counts = {key: after.get(key, 0) - before.get(key, 0) for key in
+              [("serve_model_loads_total", (("outcome", "success"),)), ("serve_model_loads_total", (("outcome", "failure"),)),
+               ("serve_model_evictions_total", ())]}
+    served = sum(statuses.values())
+    latencies.sort()
+    lines = [f"{MODELS} handler models of {gib} GiB each on cuda:0 (each in its own worker process with its own CUDA "
+             f"context), a {BUDGET_GIB * gib // MODEL_GIB} GiB budget, {CLIENTS} clients for {duration:.0f} s through "
+             "`/invocations` (models load on first use, the least recently used idle ones are evicted).", "",
+             "| requests | requests/s | p50 ms | p99 ms | 200 | 507 | other 4xx | 5xx | wrong answers | lost | loads | loads refused | evictions |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"| {served:,} | {served / duration:,.1f} | {latencies[len(latencies) // 2] * 1e3:.1f} | "
+             f"{latencies[int(len(latencies) * 0.99)] * 1e3:.1f} | {statuses[200]:,} | {statuses[507]:,} | "
+             f"{sum(n for s, n in statuses.items() if 400 <= s < 500 and s != 507):,} | "
+             f"{sum(n for s, n in statuses.items() if s >= 500 and s != 507):,} | {wrong[0]} | {lost[0]} | "
+             " | ".join(f"{count:,.0f}" for count in counts.values()) + " |", "",
+             "GPU memory at five moments on cuda:0: what the server accounts (resident models and the reservations of "
+             "loads in flight), what its resident models measurably hold, and what nvidia-smi reports for the server's "
+             "processes (the model process's own CUDA context, outside the budget, included).", "",
+             "| moment | models resident | accounted | measured | nvidia-smi, server's processes | measured ÷ nvidia-smi |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for moment, (resident, accounted, measured, reported) in enumerate(samples, 1):
+        lines.append(f"| {moment} | {resident} | {accounted / GIB:.2f} GiB | {measured / GIB:.2f} GiB | {reported / GIB:.2f} GiB | "
+                     f"{ratio(measured, reported)} |")
+    return lines
+
+
+def _memory_now(server: Server) -> tuple[int, float, float, float]:
+    """(models resident, bytes accounted and measured on cuda:0, bytes nvidia-smi gives the server's processes)."""
+    metrics = _labelled(server.url)
+    accounted = metrics.get(("serve_memory_accounted_bytes", (("device", "cuda:0"),)), 0.0)
+    measured = metrics.get(("serve_memory_measured_bytes", (("device", "cuda:0"),)), 0.0)
+    resident = sum(1 for (name, labels), value in metrics.items()
+                   if name == "serve_model_memory_bytes" and ("device", "cuda:0") in labels and value > 0)
+    pids = _processes(server.process.pid)
+    reported = sum(int(used) for pid, used in _smi("--query-compute-apps=pid,used_memory") if int(pid) in pids) * (1 << 20)
+    return resident, accounted, measured, reported
+
+
+def _processes(pid: int) -> set[int]:
+    """The server's process tree; walked again when a process (an evicted model's worker) ends mid-walk."""
+    for _ in range(5):
+        try:
+            return set(tree(pid))
+        except FileNotFoundError:
+            continue
+    return {pid}
+
+
+def _out_of_memory_recovery() -> list[str]:
+    """Two idle handler models hold 40% of the GPU each; a TorchScript model then asks for 35% in one
+    execution: CUDA fails the allocation, the server evicts the least recently used idle model and runs
+    the request again. Timed against the same request once there is room."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        for name in ("idle1", "idle2"):
+            (root / name / "code").mkdir(parents=True)
+            (root / name / "code" / "inference.py").write_text(textwrap.dedent(f"""
+                import torch
+                def model_fn(model_dir):
+                    return torch.ones({int(total * 0.4)}, dtype=torch.uint8, device="cuda")
+                def predict_fn(data, model):
+                    return data
+                """))
+        config = {"backend": "pytorch", "max_batch_size": 1, **ON_GPU,
+                  "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+                  "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}
+        save_model(root, "greedy", Grabs(), config)
+        server = Server(root, SERVE_LOAD_MODELS="", SERVE_GPU_MEMORY_LIMIT="100%")
+        try:
+            for name in ("idle1", "idle2", "greedy"):
+                assert server.post("/models", json.dumps({"model_name": name, "url": name}).encode()) == 200, name
+            asked = [[float(int(total * 0.35 / GIB))]]
+            recovering, recovered = _timed(server, asked), _timed(server, asked)
+            resident = sorted(m["modelName"] for m in requests.get(server.url + "/models", timeout=10).json()["models"])
+            recoveries = _labelled(server.url).get(("serve_memory_recoveries_total", ()), 0)
+        finally:
+            server.stop()
+    return [f"CUDA out-of-memory recovery: two idle handler models hold 40% of the GPU each; `greedy` asks for {asked[0][0]:.0f} GiB "
+            f"in one execution. The request that met CUDA's error answered {recovering[0]} in {recovering[1] * 1e3:,.0f} ms "
+            f"(the error, one eviction, the retry); the same request with room answered {recovered[0]} in "
+            f"{recovered[1] * 1e3:,.0f} ms. Recoveries counted: {recoveries:.0f}; resident afterwards: {', '.join(resident)}."]
+
+
+def _timed(server: Server, rows) -> tuple[int, float]:
+    started = time.perf_counter()
+    answer = requests.post(server.url + "/models/greedy/invoke", json=rows, timeout=300)
+    return answer.status_code, time.perf_counter() - started
+
+
+def _mlp_on_the_gpu(seconds: float, smoke: bool) -> list[str]:
+    torch.manual_seed(0)
+    module = MLP().eval()
+    reference = _in_process_rows_per_s(module.cuda(), (1, 8) if smoke else (1, 8, 32, 64, 128), 0.2 if smoke else 2)
+    best = max(reference, key=reference.get)
+    lines = [f"The MLP on cuda:0. In-process torch on the same GPU (input copied to the device, output back): "
+             f"{reference[best]:,.0f} rows/s at batch {best} ({', '.join(f'b{b}: {r:,.0f}' for b, r in reference.items())}).", "",
+             "| model | clients | requests/s | p50 ms | p99 ms | errors | mean batch | vs in-process batch 1 | vs in-process best |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    config = {"backend": "pytorch", "max_batch_size": 64, **ON_GPU,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
+    body, headers = v2_binary_request("INPUT0", np.random.default_rng(0).standard_normal((1, WIDTH), np.float32))
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, batching in (("mlp_direct", {}), ("mlp_batched", {"dynamic_batching": {}})):
+            save_model(Path(scratch), name, module.cpu(), {**config, **batching})
+        server = Server(Path(scratch))
+        server.pin()
+        try:
+            for name in ("mlp_direct", "mlp_batched"):
+                for clients in (1, 8) if smoke else (1, 8, 64):
+                    before = _stats(server.url, name)
+                    load = wrk(f"{server.url}/v2/models/{name}/infer", body, headers, clients, seconds)
+                    after = _stats(server.url, name)
+                    batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                    lines.append(f"| {name} | {clients} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | "
+                                 f"{load.errors} | {batch:.1f} | {ratio(load.requests_per_s, reference[1])} | "
+                                 f"{ratio(load.requests_per_s, reference[best])} |")
+        finally:
+            server.stop()
+    return lines
+
+
+def _in_process_rows_per_s(module, batch_sizes, seconds: float) -> dict[int, float]:
+    rates = {}
+    with torch.inference_mode():
+        for batch in batch_sizes:
+            example = torch.randn(batch, WIDTH)
+            module(example.cuda()).cpu()
+            count, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                module(example.cuda()).cpu()  # .cpu() waits for the device, as an answer must
+                count += 1
+            rates[batch] = batch * count / (time.perf_counter() - started)
+    return rates
+
+
+def _stats(url: str, model: str) -> tuple[int, int]:
+    """(inferences, executions) of the model so far."""
+    stats = requests.get(f"{url}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
+
+
+def _labelled(url: str) -> dict[tuple, float]:
+    """(name, sorted labels) → value of each sample in /metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _smi(query: str) -> list[list[str]]:
+    output = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True).stdout
+    return [[field.strip() for field in line.split(",")] for line in output.splitlines() if line.strip()]
