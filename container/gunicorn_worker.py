@@ -6,7 +6,7 @@ heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serve
 
 import os
 
-import gevent
+from gevent.event import Event
 from gevent.monkey import get_original
 from gevent.server import StreamServer
 from gunicorn.workers.ggevent import GeventWorker
@@ -27,6 +27,7 @@ class Worker(GeventWorker):
         self.connections: Connections | None = None
         self.channel: ChannelServer | None = None
         self.metrics_server: StreamServer | None = None
+        self.stopping: Event | None = None  # set by SIGTERM: the channel-only loop ends at once, not at its next beat
 
     def patch(self):
         super().patch()  # gevent's monkey.patch_all()
@@ -53,6 +54,7 @@ class Worker(GeventWorker):
             self.metrics_server = StreamServer(("0.0.0.0", self.settings.metrics_port), lambda sock, _: scrapes.handle(sock))
 
     def run(self):
+        self.stopping = Event()
         self.channel.start()
         if self.metrics_server is not None:
             self.metrics_server.start()
@@ -68,7 +70,7 @@ class Worker(GeventWorker):
         """The HTTP front-ends hold the listeners; this process answers their calls until told to stop."""
         while self.alive:
             self.notify()
-            gevent.sleep(1.0)
+            self.stopping.wait(1.0)  # gunicorn's heartbeat each second, as its own loop beats
 
     def _retire(self) -> None:
         self.alive = False
@@ -78,6 +80,8 @@ class Worker(GeventWorker):
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
+        if self.stopping is not None:
+            self.stopping.set()
         if self.channel is not None:
             self.channel.draining = True  # calls under way finish; new ones are refused, as new HTTP requests are
         if self.connections is not None:

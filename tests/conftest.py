@@ -149,9 +149,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def start_server(tmp_path_factory):
-    """Start servers for a test module (`start_server(root, **env)`); all are stopped at its end."""
+def servers_started():
+    """A fixture's body: it gives `start(root, port=None, **env)`, and stops every server it started at
+    the end of the fixture's scope."""
     servers = []
 
     def start(model_root: Path, port: int | None = None, **env) -> Server:
@@ -161,6 +161,12 @@ def start_server(tmp_path_factory):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def start_server():
+    """Start servers for a test module (`start_server(root, **env)`); all are stopped at its end."""
+    yield from servers_started()
 
 
 def pytest_collection_modifyitems(items):

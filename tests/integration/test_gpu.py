@@ -6,7 +6,7 @@ import requests
 import torch
 
 from tests.builders import Sized, fp32_model, handler_model, wait_for
-from tests.conftest import Server
+from tests.conftest import servers_started
 from tests.integration.test_observability import log_lines
 
 pytestmark = pytest.mark.gpu
@@ -45,10 +45,7 @@ def predict_fn(data, model):
 def start_server():
     """A server per test, stopped at its end: one test's models (and the CUDA context of each of its
     processes) must not hold the device while the next server measures what it may use."""
-    servers = []
-    yield lambda model_root, **env: servers.append(Server(model_root, **env)) or servers[-1]
-    for server in servers:
-        server.stop()
+    yield from servers_started()
 
 
 def gpu_bytes(metrics, model: str) -> float:
