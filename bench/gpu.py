@@ -129,7 +129,7 @@ def _drive(server: Server, duration: float, gib: int) -> list[str]:
              f"{latencies[int(len(latencies) * 0.99)] * 1e3:.1f} | {statuses[200]:,} | {statuses[507]:,} | "
              f"{sum(n for s, n in statuses.items() if 400 <= s < 500 and s != 507):,} | "
              f"{sum(n for s, n in statuses.items() if s >= 500 and s != 507):,} | {wrong[0]} | {lost[0]} | "
-             " | ".join(f"{count:,.0f}" for count in counts.values()) + " |", "",
+             + " | ".join(f"{count:,.0f}" for count in counts.values()) + " |", "",
              "GPU memory at five moments on cuda:0: what the server accounts (resident models and the reservations of "
              "loads in flight), what its resident models measurably hold, and what nvidia-smi reports for the server's "
              "processes (the model process's own CUDA context, outside the budget, included).", "",

@@ -143,6 +143,8 @@ def test_cuda_shared_memory_made_by_tritonclient_carries_inputs_and_outputs(serv
         cudashm.set_shared_memory_region(regions["in"], [values])
         for name, handle in regions.items():
             client.register_cuda_shared_memory(f"{protocol}_{name}", cudashm.get_raw_handle(handle), 0, BYTES)
+        status = client.get_cuda_shared_memory_status()
+        assert ({r["name"] for r in status} if protocol == "http" else set(status.regions)) == {f"{protocol}_in", f"{protocol}_out"}
         tensor_in = module.InferInput("x", [2, 4], "FP32")
         tensor_in.set_shared_memory(f"{protocol}_in", BYTES)
         tensor_out = module.InferRequestedOutput("y") if protocol == "grpc" else module.InferRequestedOutput("y", binary_data=True)
