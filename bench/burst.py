@@ -3,10 +3,8 @@ ask for it (`preferred_batch_size: [4, 8]`, a 20 ms queue delay): the mean batch
 `tritonclient` connections burst two requests each, and the latency of one client alone, against the
 same model served by direct execution. The server runs on its own core, the clients on the other."""
 
-import json
 import tempfile
 import threading
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import numpy as np
 import torch
 import tritonclient.http as http
 
-from bench.harness import Server, ratio, save_model, v2_binary_request, wrk
+from bench.harness import Server, inference_counts, ratio, save_model, v2_binary_request, wrk
 
 TITLE = "Bursts batch, a lone client never waits: dynamic batching of a model that costs microseconds"
 CLIENTS = 32
@@ -60,11 +58,11 @@ def _bursts(url: str, name: str, values: np.ndarray, count: int) -> tuple[float,
     """(mean batch size over `count` bursts, the smallest burst's mean)."""
     means = []
     for _ in range(count):
-        executions = _executions(url, name)
+        executions = inference_counts(url, name)[1]
         barrier = threading.Barrier(CLIENTS)
         with ThreadPoolExecutor(CLIENTS) as pool:
             list(pool.map(_client_burst, [url] * CLIENTS, [name] * CLIENTS, [values] * CLIENTS, [barrier] * CLIENTS))
-        means.append(2 * CLIENTS / (_executions(url, name) - executions))
+        means.append(2 * CLIENTS / (inference_counts(url, name)[1] - executions))
     return sum(means) / len(means), min(means)
 
 
@@ -79,8 +77,3 @@ def _client_burst(url: str, name: str, values: np.ndarray, barrier: threading.Ba
             client.infer(name, [tensor])
     finally:
         client.close()
-
-
-def _executions(url: str, name: str) -> int:
-    stats = json.load(urllib.request.urlopen(f"{url}/v2/models/{name}/stats", timeout=10))["model_stats"][0]
-    return stats["execution_count"]

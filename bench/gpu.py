@@ -14,16 +14,14 @@ import tempfile
 import textwrap
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import requests
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness import Server, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import Server, inference_counts, ratio, save_model, tree, v2_binary_request, wrk
 from bench.mlp import MLP, WIDTH
 
 TITLE = "The GPU: twelve 4 GiB models over a 20 GiB budget, a CUDA out-of-memory recovery, the MLP on the GPU"
@@ -84,7 +82,7 @@ def _drive(server: Server, duration: float, gib: int) -> list[str]:
     checked; memory sampled at five moments meanwhile."""
     statuses, wrong, lost, latencies = Counter(), [0], [0], []
     lock, deadline = threading.Lock(), time.monotonic() + duration
-    before = _labelled(server.url)
+    before = server.labelled_metrics()
 
     def client(seed: int) -> None:
         draw, session = random.Random(seed), requests.Session()
@@ -114,7 +112,7 @@ def _drive(server: Server, duration: float, gib: int) -> list[str]:
         samples.append(_memory_now(server))
     for thread in threads:
         thread.join()
-    after = _labelled(server.url)
+    after = server.labelled_metrics()
     counts = {key: after.get(key, 0) - before.get(key, 0) for key in
               [("serve_model_loads_total", (("outcome", "success"),)), ("serve_model_loads_total", (("outcome", "failure"),)),
                ("serve_model_evictions_total", ())]}
@@ -143,7 +141,7 @@ def _drive(server: Server, duration: float, gib: int) -> list[str]:
 
 def _memory_now(server: Server) -> tuple[int, float, float, float]:
     """(models resident, bytes accounted and measured on cuda:0, bytes nvidia-smi gives the server's processes)."""
-    metrics = _labelled(server.url)
+    metrics = server.labelled_metrics()
     accounted = metrics.get(("serve_memory_accounted_bytes", (("device", "cuda:0"),)), 0.0)
     measured = metrics.get(("serve_memory_measured_bytes", (("device", "cuda:0"),)), 0.0)
     resident = sum(1 for (name, labels), value in metrics.items()
@@ -190,7 +188,7 @@ def _out_of_memory_recovery() -> list[str]:
             asked = [[float(int(total * 0.35 / GIB))]]
             recovering, recovered = _timed(server, asked), _timed(server, asked)
             resident = sorted(m["modelName"] for m in requests.get(server.url + "/models", timeout=10).json()["models"])
-            recoveries = _labelled(server.url).get(("serve_memory_recoveries_total", ()), 0)
+            recoveries = server.labelled_metrics().get(("serve_memory_recoveries_total", ()), 0)
         finally:
             server.stop()
     return [f"CUDA out-of-memory recovery: two idle handler models hold 40% of the GPU each; `greedy` asks for {asked[0][0]:.0f} GiB "
@@ -226,9 +224,9 @@ def _mlp_on_the_gpu(seconds: float, smoke: bool) -> list[str]:
         try:
             for name in ("mlp_direct", "mlp_batched"):
                 for clients in (1, 8) if smoke else (1, 8, 64):
-                    before = _stats(server.url, name)
+                    before = inference_counts(server.url, name)
                     load = wrk(f"{server.url}/v2/models/{name}/infer", body, headers, clients, seconds)
-                    after = _stats(server.url, name)
+                    after = inference_counts(server.url, name)
                     batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
                     lines.append(f"| {name} | {clients} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | "
                                  f"{load.errors} | {batch:.1f} | {ratio(load.requests_per_s, reference[1])} | "
@@ -250,19 +248,6 @@ def _in_process_rows_per_s(module, batch_sizes, seconds: float) -> dict[int, flo
                 count += 1
             rates[batch] = batch * count / (time.perf_counter() - started)
     return rates
-
-
-def _stats(url: str, model: str) -> tuple[int, int]:
-    """(inferences, executions) of the model so far."""
-    stats = requests.get(f"{url}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
-    return stats["inference_count"], stats["execution_count"]
-
-
-def _labelled(url: str) -> dict[tuple, float]:
-    """(name, sorted labels) → value of each sample in /metrics."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def _smi(query: str) -> list[list[str]]:

@@ -80,6 +80,14 @@ class Server:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
         return totals
 
+    def labelled_metrics(self) -> dict[tuple, float]:
+        """(name, sorted labels) → value of each sample in /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
+
     def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
         request = urllib.request.Request(self.url + path, body, headers or {"Content-Type": "application/json"})
         try:
@@ -102,6 +110,12 @@ class Server:
 def ratio(value: float, reference: float) -> str:
     """`value / reference` as a table cell; a reference that served nothing (a smoke run's second) has none."""
     return f"{value / reference:.2f}×" if reference else "—"
+
+
+def inference_counts(url: str, model: str) -> tuple[int, int]:
+    """The model's inference and execution counts so far (V2 statistics: this server and Triton have them)."""
+    stats = json.load(urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=10))["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
 
 
 def free_port() -> int:

@@ -4,9 +4,7 @@ usual 500 µs delay; against in-process torch at its best batch size and against
 The mean batch is the model's inference count over its execution count during the run (V2 stats)."""
 
 import contextlib
-import json
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import torch
 from bench.harness import (
     Server,
     in_process_rows_per_s,
+    inference_counts,
     ratio,
     save_model,
     v2_binary_request,
@@ -90,14 +89,9 @@ def _rows(servers: dict, body: bytes, headers: dict, seconds: float, smoke: bool
     for connections in CONCURRENCIES:
         for name in MODELS:
             for who, server in servers.items():
-                before = _counts(server.url, name)
+                before = inference_counts(server.url, name)
                 load, cpu_us = measure(server.url, server.process.pid, f"/v2/models/{name}/infer", body, headers, connections, seconds)
-                inferences, executions = (after - start for after, start in zip(_counts(server.url, name), before, strict=True))
+                inferences, executions = (after - start for after, start in zip(inference_counts(server.url, name), before, strict=True))
                 rows[who][name, connections] = (load, inferences / max(executions, 1), cpu_us)
     return rows
 
-
-def _counts(url: str, name: str) -> tuple[int, int]:
-    """The model's inference and execution counts so far (V2 statistics: both servers have them)."""
-    stats = json.load(urllib.request.urlopen(f"{url}/v2/models/{name}/stats", timeout=10))["model_stats"][0]
-    return stats["inference_count"], stats["execution_count"]

@@ -5,6 +5,7 @@ import pytest
 import requests
 import torch
 
+from bench.gpu import Grabs
 from tests.builders import Sized, fp32_model, handler_model, wait_for
 from tests.conftest import servers_started
 from tests.integration.test_observability import log_lines
@@ -12,14 +13,6 @@ from tests.integration.test_observability import log_lines
 pytestmark = pytest.mark.gpu
 GIB = 1 << 30
 ON_GPU = {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}
-
-
-class Grabs(torch.nn.Module):
-    """Holds x[0] GiB of scratch on its device for the length of one execution."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        grabbed = torch.ones([int(x[0, 0].item()) * (1 << 30)], dtype=torch.uint8, device=x.device)
-        return x + grabbed[0].float() - 1
 
 
 class Asserts(torch.nn.Module):
