@@ -2,6 +2,7 @@
 body, and in-process torch as the reference, with the same torch thread count as the server's."""
 
 import json
+import math
 import os
 import re
 import resource
@@ -217,7 +218,7 @@ def h2load(url: str, method: str, message: bytes, connections: int = 1, seconds:
         elapsed = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [line.split("\t") for line in (Path(scratch) / "log").read_text().splitlines()]
-    micros = sorted(int(row[2]) for row in rows)
+    micros = sorted(int(row[2]) for row in rows) or [math.nan]  # none finished: a slow call on a short run
     errors = sum(row[1] != "200" for row in rows) + int(re.search(r"(\d+) failed", output).group(1))
     rate = float(re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", output).group(1))
     load = Load(rate, micros[len(micros) // 2] / 1000, micros[int(len(micros) * 0.99)] / 1000, errors)
