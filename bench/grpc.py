@@ -2,21 +2,26 @@
 1, 8 and 64 clients, through this server's gRPC front-end and Triton's own gRPC endpoint, driven by h2load (C,
 HTTP/2) with one call in flight per connection. The server's CPU per request counts its whole process
 tree: the front-end process, the worker and the hop between them. Then the HTTP rows that the
-front-end must not slow: tiny over V2 binary with gRPC off and on, in the same run."""
+front-end must not slow: tiny over V2 binary with gRPC off and on, in the same run. Beside them, grpcio's
+floor (bench/grpc_floor.py): what a call costs the library the front-end is built on, with nothing else."""
 
+import contextlib
 import json
+import subprocess
+import sys
 import urllib.request
 
 import numpy as np
 import torch
 from tritonclient.grpc import service_pb2 as pb
 
-from bench.harness import Server, cpu_seconds, h2load, ratio, v2_binary_request
+from bench.harness import Server, cpu_seconds, free_port, h2load, pin_apart, ratio, v2_binary_request
 from bench.mlp import MLP, WIDTH
 from bench.tiny import Double
 from bench.triton import MISSING, both_servers, measure
 
 TITLE = "gRPC ModelInfer beside Triton's gRPC, and what the gRPC front-end costs HTTP"
+FLOOR = "grpcio alone (canned answer)"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 CONCURRENCIES = (1, 8, 64)
 
@@ -71,18 +76,37 @@ def run(seconds: float, smoke: bool) -> list[str]:
                 if answered < load.requests_per_s * max(1, round(seconds)) * 0.9:  # h2load counted calls that failed
                     unanswered.append(f"{model} at {connections}: {answered} inferences for h2load's "
                                       f"{load.requests_per_s * round(seconds):,.0f} calls")
+        with _grpcio_floor() as (url, pid):
+            for connections in CONCURRENCIES:
+                rows[FLOOR, "tiny", connections] = _grpc_measure(url, pid, _request("tiny", 16), connections, seconds)
         http = _http_cost(server, seconds)
     lines = [] if peer is not None else [MISSING, ""]
     lines += ["| server | model | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (who, model, connections), (load, cpu_us) in sorted(rows.items(), key=lambda item: (item[0][1], item[0][2], item[0][0] != "this server")):
-        peer_row = rows.get(("Triton (python backend)", model, connections)) if who == "this server" else None
+    order = {"this server": 0, FLOOR: 1}
+    for (who, model, connections), (load, cpu_us) in sorted(rows.items(), key=lambda item: (item[0][1], item[0][2], order.get(item[0][0], 2))):
+        peer_row = rows.get(("Triton (python backend)", model, connections)) if who in order else None
         versus = ratio(load.requests_per_s, peer_row[0].requests_per_s) if peer_row else "—"
         lines.append(f"| {who} | {model} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | "
                      f"{load.errors} | {cpu_us:,.0f} | {versus} |")
     if unanswered:
         lines += ["", "Calls the server did not count as answered: " + "; ".join(unanswered)]
     return lines + ["", *http]
+
+
+@contextlib.contextmanager
+def _grpcio_floor():
+    """(url, pid) of bench/grpc_floor.py's server, pinned where this server runs."""
+    port = free_port()
+    floor = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        if floor.stdout.readline().strip() != "ready":
+            raise RuntimeError("bench.grpc_floor did not start")
+        pin_apart(floor.pid)
+        yield f"http://127.0.0.1:{port}", floor.pid
+    finally:
+        floor.kill()
+        floor.wait()
 
 
 def _http_cost(with_grpc: Server, seconds: float) -> list[str]:
