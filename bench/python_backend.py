@@ -1,7 +1,7 @@
 """Scenario: Triton python-backend models. The bench's Triton row serves its models through Triton's
 python backend with `bench.triton.MODEL_PY`; here the same `model.py`, the same MLP and the same
 config (dynamic batching, one instance) are served through this server's python backend too, at 1, 8
-and 64 clients over V2 binary tensors. Then a two-step ensemble (python pre-processing feeding the
+and 64 clients over V2 binary tensors; beside them, this server's floor: a model.py that does nothing. Then a two-step ensemble (python pre-processing feeding the
 TorchScript MLP) against the same pipeline written as one SageMaker handler model, both through
 SageMaker invoke with the same JSON body."""
 
@@ -36,6 +36,19 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SCALED", scaled.astype(np.float32))]))
         return responses
 '''
+
+# The floor: a model.py that does the least a python model can (each request's input back as its output,
+# no torch), so its rows are what this server's HTTP, batcher and worker hop cost alone.
+ECHO_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+'''
+FLOOR = "this server, echo model.py (floor)"
 
 PIPELINE_HANDLER = '''
 import json
@@ -77,6 +90,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as running:
         root = Path(scratch)
         _python_model(root, "mlp_python", module, config)
+        _python_model(root, "echo_python", module, config, ECHO_PY)
         _pipeline(root, module, config)
         server = Server(root)
         running.callback(server.stop)
@@ -89,13 +103,17 @@ def run(seconds: float, smoke: bool) -> list[str]:
             wrk(f"{each.url}/v2/models/mlp_python/infer", body, headers, 8, 1 if smoke else 2)  # warm up
         rows = {(who, c): measure(s.url, s.process.pid, "/v2/models/mlp_python/infer", body, headers, c, seconds)
                 for c in CONCURRENCIES for who, s in servers.items()}
+        rows.update({(FLOOR, c): measure(server.url, server.process.pid, "/v2/models/echo_python/infer", body, headers, c, seconds)
+                     for c in CONCURRENCIES})
         pipeline = _pipeline_rows(server, values, seconds)
     lines = [] if len(servers) > 1 else [MISSING, ""]
-    lines += [f"MLP {WIDTH}→{WIDTH}→{WIDTH} in `bench.triton.MODEL_PY` (dynamic batching, one instance), V2 binary.", "",
+    lines += [f"MLP {WIDTH}→{WIDTH}→{WIDTH} in `bench.triton.MODEL_PY` (dynamic batching, one instance), V2 binary. The floor "
+              "rows serve `ECHO_PY` (each input back, no torch) in the same config: their ratio is to Triton's MLP.", "",
               "| server | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (who, connections), (load, cpu_us) in sorted(rows.items(), key=lambda r: (r[0][0] != "this server", r[0][1])):
-        peer = rows.get(("Triton (python backend)", connections)) if who == "this server" else None
+    order = {"this server": 0, FLOOR: 1}
+    for (who, connections), (load, cpu_us) in sorted(rows.items(), key=lambda r: (order.get(r[0][0], 2), r[0][1])):
+        peer = rows.get(("Triton (python backend)", connections)) if who in order else None
         lines.append(f"| {who} | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | "
                      f"{load.errors} | {cpu_us:,.0f} | {ratio(load.requests_per_s, peer[0].requests_per_s) if peer else '—'} |")
     return lines + ["", "Two-step pipeline (standardise each row in Python, then the MLP), SageMaker invoke, JSON:", "",
@@ -103,13 +121,13 @@ def run(seconds: float, smoke: bool) -> list[str]:
                     "| --- | --- | --- | --- | --- | --- | --- |", *pipeline]
 
 
-def _python_model(root: Path, name: str, module, config: dict) -> None:
+def _python_model(root: Path, name: str, module, config: dict, source: str = MODEL_PY) -> None:
     directory = root / name
     (directory / "1").mkdir(parents=True)
     message = json_format.ParseDict({**config, "name": name, "backend": "python",
                                      "instance_group": [{"kind": "KIND_CPU", "count": 1}]}, pb.ModelConfig())
     (directory / "config.pbtxt").write_text(text_format.MessageToString(message))
-    (directory / "1" / "model.py").write_text(MODEL_PY)
+    (directory / "1" / "model.py").write_text(source)
     module.save(str(directory / "1" / "model.pt"))
 
 
