@@ -1,7 +1,8 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
 over V2 binary, V2 JSON and SageMaker invoke at 64 connections, served by one process
 (SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
-beside Triton on the same cores. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
+beside Triton on the same cores, with the model process's own CPU per request: the one process every
+request passes through, whose cost bounds what any number of front-ends can serve. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
 with ten models loaded — the models are in the model process once, whatever the front-ends."""
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import CORES, Server, mib, pin_to, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import CORES, Server, cpu_seconds, mib, pin_to, ratio, save_model, tree, v2_binary_request, wrk
 from bench.mlp import MLP, WIDTH
 from bench.tiny import Double
 from bench.triton import MISSING, Triton, tritonserver
@@ -59,6 +60,7 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
                 with_triton: bool) -> list[str]:
     """`with_triton`: beside Triton too (a smoke run leaves it out: the tiny scenario runs it already)."""
     rates: dict[tuple, float] = {}
+    model_us: dict[tuple, float] = {}  # the model process's CPU µs per request, with front-ends
     with tempfile.TemporaryDirectory() as scratch:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
@@ -67,8 +69,12 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
             try:
                 pin_to(server.process.pid, cores)
                 for model, label, path, body, headers in routes:
+                    before = cpu_seconds(server.worker_pid())
                     load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
                     rates[model, label, count] = load.requests_per_s if not load.errors else 0.0
+                    served = load.requests_per_s * max(1, round(seconds))
+                    if count and served:
+                        model_us[model, label, count] = (cpu_seconds(server.worker_pid()) - before) / served * 1e6
             finally:
                 server.stop()
     peer = _triton(models, routes, cores, seconds) if with_triton else {}
@@ -83,6 +89,21 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
         lines.append(f"| {model} | {label} | " + " | ".join(f"{r:,.0f}" for r in row)
                      + f" | {f'{triton:,.0f}' if triton else '—'} | {ratio(max(row), row[0])} | "
                      + f"{ratio(max(row), triton) if triton else '—'} |")
+    return lines + ["", *_model_process(routes, [n for n in counts if n], model_us)]
+
+
+def _model_process(routes: list, counts: list[int], model_us: dict) -> list[str]:
+    """The model process's CPU per request at each front-end count, and the requests/s it could serve
+    at most, a whole core of its own doing nothing else: the ceiling front-ends cannot lift."""
+    head = " | ".join(f"{n} front-end{'s' * (n > 1)}" for n in counts)
+    lines = ["The model process's CPU µs per request (its hub and execution threads; front-ends apart), and the "
+             "requests/s one core of it serves at most at the cheapest of them.", "",
+             f"| model | protocol | {head} | ceiling, requests/s |", "| --- | --- | " + "--- | " * len(counts) + "--- |"]
+    for model, label, *_ in routes:
+        costs = [model_us.get((model, label, n)) for n in counts]
+        cells = " | ".join(f"{c:,.0f}" if c else "—" for c in costs)
+        known = [c for c in costs if c]
+        lines.append(f"| {model} | {label} | {cells} | {f'{1e6 / min(known):,.0f}' if known else '—'} |")
     return lines
 
 
