@@ -1,9 +1,9 @@
 """Scenario: Triton python-backend models. The bench's Triton row serves its models through Triton's
 python backend with `bench.triton.MODEL_PY`; here the same `model.py`, the same MLP and the same
 config (dynamic batching, one instance) are served through this server's python backend too, at 1, 8
-and 64 clients over V2 binary tensors; beside them, this server's floor: a model.py that does nothing. Then a two-step ensemble (python pre-processing feeding the
-TorchScript MLP) against the same pipeline written as one SageMaker handler model, both through
-SageMaker invoke with the same JSON body."""
+and 64 clients over V2 binary tensors; beside them, this server's floor: a model.py that does nothing.
+Then a two-step ensemble (python pre-processing feeding the TorchScript MLP) against the same pipeline
+written as one SageMaker handler model, both through SageMaker invoke with the same JSON body."""
 
 import contextlib
 import json
