@@ -12,11 +12,12 @@ filled with READY false. Either waits up to its
 max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import gevent
 import numpy as np
-from gevent.lock import Semaphore
+from gevent.event import Event
 
 from container.errors import InvalidRequest, QueueTimeout
 from container.models.recovery import Recover, execute
@@ -30,10 +31,47 @@ from container.tensors import datatype_of, numpy_dtype, zeros
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
 
+class Turn:
+    """One request of a sequence at a time, in the order the requests arrived. gevent's Semaphore wakes
+    its waiters in order, but a request arriving between a release and the first waiter's wake-up takes
+    it ahead of them: a sequence's END then ran before the request in front of it (a gRPC stream, under
+    load)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self):
+        self._queue: deque[Event] = deque()  # the holder's, then each waiter's, in arrival order
+
+    def locked(self) -> bool:
+        return bool(self._queue)
+
+    def acquire(self) -> None:
+        mine = Event()
+        self._queue.append(mine)
+        if len(self._queue) == 1:
+            return
+        try:
+            mine.wait()
+        except BaseException:  # its client went away while it waited: the turn passes over it
+            handed = self._queue[0] is mine
+            self._queue.remove(mine)
+            if handed:
+                self._pass_on()
+            raise
+
+    def release(self) -> None:
+        self._queue.popleft()
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        if self._queue:
+            self._queue[0].set()
+
+
 @dataclass(eq=False)
 class Sequence:
     state: dict[str, np.ndarray]  # state input name → its next value
-    turn: Semaphore = field(default_factory=Semaphore)  # one request of the sequence at a time
+    turn: Turn = field(default_factory=Turn)  # one request of the sequence at a time, in arrival order
     last_used: float = field(default_factory=time.monotonic)
     slot: int | None = None  # direct: its row in every batch, once it has one
 

@@ -17,6 +17,7 @@ from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import scheduler_for
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
+from container.scheduling.sequence import Turn
 from tests.builders import poll, take_turns
 
 
@@ -453,6 +454,44 @@ def test_direct_gives_each_instance_its_own_slots(backend):
     assert values(spawn(scheduler, sequence_job(backend, 5, 1, end=True))[0]) == [10.0]
     assert values(third) == [6.0]
     scheduler.close()
+
+
+def _taking(turn: Turn, order: list, name: str):
+    def take():
+        turn.acquire()
+        try:
+            order.append(name)
+        finally:
+            turn.release()
+    return gevent.spawn(take)
+
+
+def test_a_sequence_turn_goes_in_arrival_order_to_the_requests_still_waiting():
+    """A request that comes just as the turn is released (here the releasing greenlet, asking again at
+    once) goes behind those already waiting; gevent's Semaphore gave it the turn ahead of them. A
+    waiter whose client went away is passed over."""
+    turn, order = Turn(), []
+    turn.acquire()
+    waiting = [_taking(turn, order, name) for name in ("second", "gone", "third")]
+    gevent.sleep(0)  # all three wait
+    waiting[1].kill()
+    turn.release()
+    turn.acquire()
+    order.append("newcomer")
+    turn.release()
+    gevent.joinall(waiting, timeout=10)
+    assert order == ["second", "third", "newcomer"] and not turn.locked()
+
+
+def test_a_waiter_gone_just_as_its_turn_came_passes_the_turn_on():
+    turn, order = Turn(), []
+    turn.acquire()
+    gone, next_ = _taking(turn, order, "gone"), _taking(turn, order, "next")
+    gevent.sleep(0)
+    gevent.get_hub().loop.run_callback(gone.throw)  # its client leaves after the turn is handed to it, before it runs
+    turn.release()
+    gevent.joinall([gone, next_], timeout=10)
+    assert order == ["next"] and not turn.locked()
 
 
 def test_a_restart_waits_its_turn_and_keeps_the_slot(backend):
