@@ -208,3 +208,23 @@ def test_tfserving_predict_bodies_decode_or_are_client_errors(signature_, docume
 @given(body=st.binary(max_size=100) | st.text(alphabet='[]{}",:0123456789NaInfity-b64 ', max_size=60).map(str.encode))
 def test_tfserving_bodies_parse_or_are_client_errors(body):
     client_error_or(tfserving_json.parse, body)
+
+
+@pytest.mark.parametrize("classes", [0, 1, 7, 8192, 8193, 20_000])  # around the block classify makes text in
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("labels", [[], ["cat", "dog"]])
+def test_a_classification_is_each_class_written_alone_in_triton_order(classes, batched, labels):
+    """Top classes by value, ties by the higher index, as "<value>:<index>[:<label>]", however many
+    blocks of classes the answer is written in."""
+    rows = np.random.default_rng(classes).integers(-50, 50, (2 if batched else 1, classes)).astype(np.float32) / 4
+    count = max(classes - 3, 1)
+    answer = v2_codec.classify("y", rows if batched else rows[0], count, labels,
+                               signature(("x", "FP32", [-1]), max_batch_size=8 if batched else 0))
+
+    def written(row, index):
+        label = f":{labels[index]}" if index < len(labels) else ""
+        return f"{np.float32(row[index])}:{index}{label}".encode()
+
+    expected = [[written(row, i) for i in sorted(range(classes), key=lambda i: (row[i], i), reverse=True)[:count]]
+                for row in rows]
+    assert (answer if batched else answer[None]).tolist() == expected
