@@ -191,8 +191,8 @@ def classify(name: str, array: np.ndarray, count, labels: list[str], signature: 
     blocks = []
     for start in range(0, top.shape[1], _CLASSES_PER_CALL):
         columns = slice(start, start + _CLASSES_PER_CALL)
-        block = np.char.add(np.char.add(_narrow(values[:, columns].astype("S")), b":"),  # as str() writes each:
-                            _narrow(top[:, columns].astype("S")))  # float32 at its own precision
+        # each value as str() writes it: a float32 at its own precision
+        block = np.char.add(np.char.add(_narrow(values[:, columns].astype("S")), b":"), _narrow(top[:, columns].astype("S")))
         if named is not None:
             block = np.char.add(block, named[np.minimum(top[:, columns], len(labels))])
         blocks.append(block)
