@@ -301,9 +301,9 @@ def test_answers_are_compressed_only_when_asked(server):
 
 @pytest.mark.parametrize("coding, body, status, message", [
     ("gzip", b"not gzip at all", 400, "not valid gzip data"),
-    ("gzip", gzip.compress(b'{"inputs": []}')[:-12], 400, "ends before its compressed stream"),
+    ("gzip", gzip.compress(b'{"inputs": []}', mtime=0)[:-12], 400, "ends before its compressed stream"),
     ("br", b"{}", 415, "Content-Encoding 'br' is not supported"),
-    ("gzip", gzip.compress(b" " * (8 << 20)), 413, "inflates past"),
+    ("gzip", gzip.compress(b" " * (8 << 20), mtime=0), 413, "inflates past"),
 ])
 def test_bad_compressed_bodies_are_refused(server, coding, body, status, message):
     response = requests.post(f"{server.url}/v2/models/reshape/infer", data=body, headers={"Content-Encoding": coding})
