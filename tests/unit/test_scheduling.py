@@ -329,13 +329,15 @@ def test_a_request_past_its_queue_timeout_is_rejected_and_never_runs(backend):
 
 
 def test_delay_serves_expired_requests_after_the_others(backend):
-    policy = {"default_timeout_microseconds": 1000, "timeout_action": "DELAY"}
+    # An hour by default, so that however slow the machine only the request asking for 1 ms expires.
+    policy = {"default_timeout_microseconds": 3_600_000_000, "allow_timeout_override": True,
+              "timeout_action": "DELAY"}
     scheduler = scheduler_for("m", config(max_batch_size=1, dynamic_batching={"default_queue_policy": policy}))
     first = start_blocked(scheduler, backend)
-    expiring = job(backend, 1)
+    expiring = job(backend, 1, timeout=1000)
     late = spawn(scheduler, expiring)[0]
     poll(lambda: expiring.delayed, message="the 1 ms queue timeout did not pass")  # while the instance is held
-    on_time = spawn(scheduler, job(backend, 2, timeout=0))
+    on_time = spawn(scheduler, job(backend, 2))
     backend.release.set()
     [g.get(timeout=30) for g in [first, late, *on_time]]
     assert backend.batches[1:] == [[2.0], [1.0]]
