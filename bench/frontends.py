@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import CORES, Server, cpu_seconds, mib, pin_to, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import CORES, Server, cpu_seconds, mib, ratio, save_model, tree, v2_binary_request, wrk
 from bench.mlp import MLP, WIDTH
 from bench.tiny import Double
 from bench.triton import MISSING, Triton, tritonserver
@@ -65,9 +65,8 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
         for count in counts:
-            server = Server(Path(scratch), SERVE_HTTP_WORKERS=str(count))
+            server = Server(Path(scratch), cores, SERVE_HTTP_WORKERS=str(count))
             try:
-                pin_to(server.process.pid, cores)
                 for model, label, path, body, headers in routes:
                     before = cpu_seconds(server.worker_pid())
                     load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
@@ -110,9 +109,8 @@ def _model_process(routes: list, counts: list[int], model_us: dict) -> list[str]
 def _triton(models: dict, routes: list, cores: list[int], seconds: float) -> dict[tuple, float]:
     if not tritonserver():
         return {}
-    peer = Triton(models)
+    peer = Triton(models, cores)
     try:
-        pin_to(peer.process.pid, cores)
         return {(model, label): wrk(peer.url + path, body, headers, CONNECTIONS, seconds).requests_per_s
                 for model, label, path, body, headers in routes if path.startswith("/v2/")}
     finally:

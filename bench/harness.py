@@ -33,8 +33,13 @@ class Load:
     client_cpu: float = 0.0  # the share of one core wrk itself used: well below 1 means it was not the limit
 
 
+# The cores a server runs on beside the load generator: it starts on them, as a container given that
+# many CPUs would, so that what it sizes from its CPU quota (torch's threads, `auto` settings) fits.
+SERVER_CORES = CORES[: len(CORES) // 2] or CORES
+
+
 class Server:
-    def __init__(self, model_root: Path, **env):
+    def __init__(self, model_root: Path, cores=SERVER_CORES, **env):
         self.model_root = model_root
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,7 +51,7 @@ class Server:
                        **env}
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+                                        stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=starting_on(cores))
         wait_ready(self, Path(self.log.name))
 
     def pin(self) -> None:
@@ -142,12 +147,17 @@ def wait_ready(server, log: Path) -> None:
         time.sleep(0.2)
 
 
+def starting_on(cores):
+    """A `preexec_fn` that starts a process on `cores`."""
+    return lambda: os.sched_setaffinity(0, cores)
+
+
 def pin_apart(pid: int) -> None:
-    """The process `pid` and its descendants, every thread of each, on the first half of the cores;
-    this process (and the wrk it starts) on the rest. Nothing to do on one core."""
+    """The process `pid` and its descendants, every thread of each, on the first half of the cores
+    (SERVER_CORES); this process (and the wrk it starts) on the rest. Nothing to do on one core."""
     if len(CORES) < 2:
         return
-    pin_to(pid, CORES[: len(CORES) // 2])
+    pin_to(pid, SERVER_CORES)
     os.sched_setaffinity(0, CORES[len(CORES) // 2:])
 
 

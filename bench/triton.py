@@ -14,7 +14,19 @@ from pathlib import Path
 
 from google.protobuf import json_format, text_format
 
-from bench.harness import PROJECT, Server, cpu_seconds, free_port, pin_apart, ratio, save_model, wait_ready, wrk
+from bench.harness import (
+    PROJECT,
+    SERVER_CORES,
+    Server,
+    cpu_seconds,
+    free_port,
+    pin_apart,
+    ratio,
+    save_model,
+    starting_on,
+    wait_ready,
+    wrk,
+)
 from bench.plot import line_chart
 from container.models.triton_schema import model_config_pb2 as pb
 
@@ -136,7 +148,8 @@ class Triton:
     """tritonserver on free ports serving `models` ({name: (TorchScript module, config as a dict in
     the shape of config.json)}), each through the python backend, with dynamic batching where the config asks."""
 
-    def __init__(self, models: dict):
+    def __init__(self, models: dict, cores=SERVER_CORES):
+        """`cores`: where it starts (Server's)."""
         self._scratch = tempfile.TemporaryDirectory(prefix="bench-triton-")
         scratch, package = Path(self._scratch.name), _package()
         backends = scratch / "backends"
@@ -154,7 +167,8 @@ class Triton:
             self.process = subprocess.Popen(
                 [str(tritonserver()), f"--model-repository={scratch / 'models'}", f"--backend-directory={backends}",
                  f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}", "--log-verbose=0"],
-                env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=starting_on(cores))
         wait_ready(self, self.log)
 
     def _write_model(self, directory: Path, module, config: dict) -> None:

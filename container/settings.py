@@ -17,6 +17,12 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 MAX_HTTP_WORKERS = 64
 _AUTO_HTTP_WORKERS = 16  # `auto` on a larger machine: past it, the one model process is the limit
+# `auto` inline thresholds (scheduling/inline.py). With a second core, a thread runs the model while the
+# loop serves on. On one core they take turns either way, and the hand-off costs CPU: an MLP of ~600 µs
+# cost 7% more CPU a request on its thread than inline (8 and 64 clients), and a tiny model served beside
+# it waited as long (p50 2.2 ms) whichever way it ran.
+_AUTO_INLINE_BELOW_US = 300
+_AUTO_INLINE_BELOW_US_ONE_CORE = 1000
 
 
 class SettingsError(ValueError):
@@ -163,7 +169,7 @@ class Settings:
         "SERVE_GRPC_COMPRESSION", "none", "Compression of gRPC answers: `none`, `gzip` or `deflate`. Requests may come compressed either way; their size limit is `SAGEMAKER_MAX_PAYLOAD_IN_MB`, as over HTTP."
     )
     inline_below_us: int = _env(
-        "SERVE_INLINE_BELOW_US", "300", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, only a request that arrives alone); `0` never does."
+        "SERVE_INLINE_BELOW_US", "auto", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, only a request that arrives alone); `0` never does. `auto`: 300 where the CPU quota has two cores or more, 1000 on one core, where a thread overlaps nothing with the loop and only adds its hand-off."
     )
 
     @classmethod
@@ -221,7 +227,7 @@ class Settings:
             grpc_keepalive_timeout=_positive("SERVE_GRPC_KEEPALIVE_TIMEOUT", raw["grpc_keepalive_timeout"]),
             grpc_max_pending=_positive("SERVE_GRPC_MAX_PENDING", raw["grpc_max_pending"]),
             grpc_compression=_choice("SERVE_GRPC_COMPRESSION", raw["grpc_compression"], ("none", "gzip", "deflate")),
-            inline_below_us=_integer("SERVE_INLINE_BELOW_US", raw["inline_below_us"]),
+            inline_below_us=_inline_below(raw["inline_below_us"]),
         )
 
     @property
@@ -258,6 +264,12 @@ def _http_workers(text: str) -> int:
     if not 0 <= count <= MAX_HTTP_WORKERS:
         raise SettingsError(f"SERVE_HTTP_WORKERS={text!r}: expected auto, or 0 to {MAX_HTTP_WORKERS}")
     return count
+
+
+def _inline_below(text: str) -> int:
+    if text.lower() == "auto":
+        return _AUTO_INLINE_BELOW_US if resources.cpu_quota() > 1 else _AUTO_INLINE_BELOW_US_ONE_CORE
+    return _integer("SERVE_INLINE_BELOW_US", text)
 
 
 def _disk(directory: str) -> int:

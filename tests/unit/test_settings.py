@@ -132,6 +132,13 @@ def test_http_front_ends_default_to_one_per_core_and_none_on_one(monkeypatch, co
     assert Settings.from_env({"SERVE_HTTP_WORKERS": "0"}).http_workers == 0
 
 
+@pytest.mark.parametrize("cores, expected", [(1, 1000), (2, 300), (16, 300)])
+def test_the_loop_runs_longer_executions_itself_on_one_core(monkeypatch, cores, expected):
+    monkeypatch.setattr(resources, "cpu_quota", lambda: cores)
+    assert Settings.from_env({}).inline_below_us == expected
+    assert Settings.from_env({"SERVE_INLINE_BELOW_US": "0"}).inline_below_us == 0
+
+
 @pytest.mark.parametrize("text", ["-1", "65", "many", "1.5"])
 def test_http_front_ends_outside_0_to_64_stop_the_server(text):
     with pytest.raises(SettingsError, match="SERVE_HTTP_WORKERS"):
