@@ -124,10 +124,20 @@ def inference_counts(url: str, model: str) -> tuple[int, int]:
     return stats["inference_count"], stats["execution_count"]
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on, never handed out before in this process: the system may give a port
+    back twice running, before the server it was for has bound it (a server's HTTP and gRPC ports once
+    came out the same, and it refused to start)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_ready(server, log: Path) -> None:

@@ -19,7 +19,7 @@ from bench.harness import (
     v2_binary_request,
     wrk,
 )
-from bench.triton import MISSING, Triton, measure, tritonserver
+from bench.triton import MISSING, Triton, alternately, tritonserver
 
 TITLE = "MLP 1024→1024→1024, one row per request, V2 binary, with and without dynamic batching"
 MODELS = {"mlp_direct": {}, "mlp_batched": {"dynamic_batching": {}},
@@ -76,8 +76,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
 
 
 def _rows(servers: dict, body: bytes, headers: dict, seconds: float, smoke: bool) -> dict:
-    """who → (model, concurrency) → (wrk's load, mean batch, server CPU µs per request); each row of
-    every server is measured before the next row, all servers pinned apart from wrk, and every model
+    """who → (model, concurrency) → (wrk's load, mean batch, server CPU µs per request); the servers take
+    turns within each row (`alternately`), all servers pinned apart from wrk, and every model
     at one concurrency before the next, so the models compared with each other (batched with direct)
     are measured within a minute."""
     rows = {who: {} for who in servers}
@@ -88,10 +88,11 @@ def _rows(servers: dict, body: bytes, headers: dict, seconds: float, smoke: bool
             wrk(f"{server.url}/v2/models/{name}/infer", body, headers, 8, 1 if smoke else 2)  # warm up
     for connections in CONCURRENCIES:
         for name in MODELS:
+            before = {who: inference_counts(server.url, name) for who, server in servers.items()}
+            measured = alternately(servers, f"/v2/models/{name}/infer", body, headers, connections, seconds)
             for who, server in servers.items():
-                before = inference_counts(server.url, name)
-                load, cpu_us = measure(server.url, server.process.pid, f"/v2/models/{name}/infer", body, headers, connections, seconds)
-                inferences, executions = (after - start for after, start in zip(inference_counts(server.url, name), before, strict=True))
+                inferences, executions = (after - start for after, start in zip(inference_counts(server.url, name), before[who], strict=True))
+                load, cpu_us = measured[who]
                 rows[who][name, connections] = (load, inferences / max(executions, 1), cpu_us)
     return rows
 

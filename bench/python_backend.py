@@ -15,7 +15,7 @@ import torch
 from google.protobuf import json_format, text_format
 
 from bench.harness import Server, ratio, save_model, v2_binary_request, wrk
-from bench.triton import MISSING, MODEL_PY, Triton, measure, tritonserver
+from bench.triton import MISSING, MODEL_PY, Triton, alternately, measure, tritonserver
 from container.models.triton_schema import model_config_pb2 as pb
 
 TITLE = "Python-backend models, against Triton's python backend; an ensemble against one handler model"
@@ -101,8 +101,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
         for each in servers.values():
             each.pin()
             wrk(f"{each.url}/v2/models/mlp_python/infer", body, headers, 8, 1 if smoke else 2)  # warm up
-        rows = {(who, c): measure(s.url, s.process.pid, "/v2/models/mlp_python/infer", body, headers, c, seconds)
-                for c in CONCURRENCIES for who, s in servers.items()}
+        rows = {(who, c): row for c in CONCURRENCIES
+                for who, row in alternately(servers, "/v2/models/mlp_python/infer", body, headers, c, seconds).items()}
         rows.update({(FLOOR, c): measure(server.url, server.process.pid, "/v2/models/echo_python/infer", body, headers, c, seconds)
                      for c in CONCURRENCIES})
         pipeline = _pipeline_rows(server, values, seconds)

@@ -7,6 +7,7 @@ same pip command so the CPU wheel is kept; without it, scenarios leave the Trito
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from google.protobuf import json_format, text_format
 from bench.harness import (
     PROJECT,
     SERVER_CORES,
+    Load,
     Server,
     cpu_seconds,
     free_port,
@@ -70,19 +72,21 @@ def side_by_side(models: dict, routes: list, concurrencies, seconds: float, also
                  **server_env) -> list[str]:
     """One table: each route at each concurrency through this server and, for the V2 routes, through
     Triton serving the same `models` — requests/s, latency, the server's CPU per request (its whole
-    process tree), and the ratio of the two. Both servers run at once, pinned apart from wrk, and each
-    row of one is measured right after the same row of the other, so a noisy machine moves both alike;
-    every route at one concurrency is measured before the next, so the routes compared with each other
-    (TF Serving predict with V2 JSON, say) are measured within a minute. `also(server)` may add lines
-    measured on this server before it stops. `plot`: where to write requests/s against clients of the
-    routes Triton serves too, both servers side by side (bench/plot.py)."""
+    process tree), and the ratio of the two. Both servers run at once, pinned apart from wrk, and take
+    turns within each row (`alternately`), so a noisy machine moves both alike; every route at one
+    concurrency is measured before the next, so the routes compared with each other (TF Serving predict
+    with V2 JSON, say) are measured within a minute. `also(server)` may add lines measured on this
+    server before it stops. `plot`: where to write requests/s against clients of the routes Triton
+    serves too, both servers side by side (bench/plot.py)."""
     measured, peer_rows, extra = {}, {}, []
     with both_servers(models, **server_env) as (server, peer):
         for connections in concurrencies:
             for label, path, body, headers in routes:
-                if peer is not None and path.startswith("/v2/"):
-                    peer_rows[label, connections] = measure(peer.url, peer.process.pid, path, body, headers, connections, seconds)
-                measured[label, connections] = measure(server.url, server.process.pid, path, body, headers, connections, seconds)
+                both = {"peer": peer} if peer is not None and path.startswith("/v2/") else {}
+                rows = alternately({"server": server, **both}, path, body, headers, connections, seconds)
+                measured[label, connections] = rows["server"]
+                if both:
+                    peer_rows[label, connections] = rows["peer"]
         extra = also(server) if also else []
     if plot is not None:
         _plot(plot, measured, peer_rows, [label for label, path, *_ in routes if path.startswith("/v2/")], concurrencies)
@@ -132,6 +136,28 @@ def measure(url: str, pid: int, path: str, body: bytes, headers: dict, connectio
     load = wrk(url + path, body, headers, connections, seconds)
     used = cpu_seconds(pid) - before
     return load, used / max(load.requests_per_s * max(1, round(seconds)), 1) * 1e6
+
+
+def alternately(servers: dict, path: str, body: bytes, headers: dict, connections: int, seconds: float) -> dict:
+    """who → what `measure` gives, for each of `servers` ({who: server}) in turn: `seconds` each, in
+    slices of about two seconds, in the order A B, B A, A B …, so that a machine that slows down or
+    speeds up within the row (a shared VM's neighbours: 25% within a minute here) weighs on every
+    server alike. Requests/s and CPU per request are over all slices; p50 is their median, p99 the worst."""
+    slices = max(1, int(seconds // 2))
+    taken = {who: [] for who in servers}
+    for turn in range(slices):
+        for who, server in (list(servers.items()) if turn % 2 == 0 else reversed(servers.items())):
+            taken[who].append(measure(server.url, server.process.pid, path, body, headers, connections, seconds / slices))
+    return {who: combined(measured) for who, measured in taken.items()}
+
+
+def combined(measured: list) -> tuple:
+    """One (Load, CPU µs per request) from slices of equal length."""
+    loads = [load for load, _ in measured]
+    served = sum(load.requests_per_s for load in loads)
+    load = Load(served / len(loads), statistics.median(load.p50_ms for load in loads), max(load.p99_ms for load in loads),
+                sum(load.errors for load in loads), statistics.fmean(load.client_cpu for load in loads))
+    return load, sum(load.requests_per_s * cpu_us for load, cpu_us in measured) / max(served, 1)
 
 
 def tritonserver() -> Path | None:

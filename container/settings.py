@@ -18,9 +18,10 @@ _FALSE = {"0", "false", "no", "off"}
 MAX_HTTP_WORKERS = 64
 _AUTO_HTTP_WORKERS = 16  # `auto` on a larger machine: past it, the one model process is the limit
 # `auto` inline thresholds (scheduling/inline.py). With a second core, a thread runs the model while the
-# loop serves on. On one core they take turns either way, and the hand-off costs CPU: an MLP of ~600 µs
-# cost 7% more CPU a request on its thread than inline (8 and 64 clients), and a tiny model served beside
-# it waited as long (p50 2.2 ms) whichever way it ran.
+# loop serves on. On one core they take turns either way, in Linux's time slices of about a millisecond
+# (0.75 ms and up), and the hand-off only costs CPU: an MLP of ~600 µs cost 7% more CPU a request on its
+# thread than inline (8 and 64 clients), and a tiny model served beside it waited as long (p50 2.2 ms)
+# whichever way it ran.
 _AUTO_INLINE_BELOW_US = 300
 _AUTO_INLINE_BELOW_US_ONE_CORE = 1000
 

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness import free_port
 from tests.builders import wait_for
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -20,9 +20,9 @@ class Server:
     def __init__(self, model_root: Path, port: int | None = None, **env):
         """`port`: where it listens for HTTP (default: a free one)."""
         self.model_root = model_root
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.grpc_port = _free_port()
+        self.grpc_port = free_port()
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         environment = {
             **os.environ,
@@ -141,12 +141,6 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:  # a thread that ended meanwhile
         return ""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def servers_started():

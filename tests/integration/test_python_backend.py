@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from bench.harness import free_port
 from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "python_backend"
@@ -196,7 +197,7 @@ def server(start_server, tmp_path_factory, gate_dir):
               step("add_sub_ts", {"INPUT0": "TWICE", "INPUT1": "THRICE"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})])
     ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
              [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
-    metrics_port = __import__("tests.conftest", fromlist=["_free_port"])._free_port()
+    metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
                                                   "counted,decoupled,fan,negate,describes,pair", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
