@@ -158,28 +158,32 @@ def test_a_sequence_keeps_its_order_whichever_front_end_its_requests_arrive_on(s
 
 def test_a_dynamic_batch_forms_across_front_ends(server, pair):
     """A batcher waits for a client it answered within its queue delay, on a connection still open, to
-    form a batch. The model process knows each front-end's connections as clients of their own: two
-    clients on two front-ends, each sending its requests one after another and closing once done, meet
-    in a batch of 2 (the later request waits for the client expected back). A client whose identity
-    were lost on the way would never be expected back: each request would run alone."""
+    form a batch. The model process knows each front-end's connections as clients of their own: once A
+    (on one front-end) has had two answers, B's request (on the other) waits for A's next one, however
+    long the machine takes; so B is answered only in a batch of 2 with one of A's, which A sends until then. A
+    client whose identity were lost on the way would never be expected back: B would run alone."""
 
     def sizes() -> dict[int, int]:
         stats = server.request("GET", "/v2/models/pairs/stats").json()["model_stats"][0]
         return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
 
-    def requests_of(connection: Connection, index: int) -> list[list[float]]:
-        try:
-            return [connection.infer("pairs", {"inputs": [_fp32("x", [float(index), 0.0, float(step)], [1, 3])]})
-                    ["outputs"][0]["data"] for step in range(4)]
-        finally:
-            connection.close()  # nobody waits for a closed connection
+    def infer(connection: Connection, index: int, step: int) -> list[float]:
+        document = {"inputs": [_fp32("x", [float(index), 0.0, float(step)], [1, 3])]}
+        return connection.infer("pairs", document)["outputs"][0]["data"]
 
+    a, b = pair
     before = sizes()
-    with ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(requests_of, pair, (1, 2)))
-    assert answers == [[[2 * i + 1, 1.0, 2 * s + 1] for s in range(4)] for i in (1, 2)]
-    after = sizes()
-    assert after.get(2, 0) - before.get(2, 0) >= 1
+    # alone: nobody is expected back yet, and A is once its second answer shows it keeps its connection
+    assert [infer(a, 1, step) for step in (0, 1)] == [[3.0, 1.0, 1.0], [3.0, 1.0, 3.0]]
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(infer, b, 2, 0)
+        deadline, step = time.monotonic() + 60, 1
+        while not waiting.done():  # A's requests, alone until B's has arrived, then one with it
+            assert time.monotonic() < deadline, "B's request was never answered"
+            step += 1
+            assert infer(a, 1, step) == [3.0, 1.0, 2.0 * step + 1]
+        assert waiting.result() == [5.0, 1.0, 1.0]
+    assert sizes().get(2, 0) - before.get(2, 0) == 1
 
 
 def test_a_front_end_that_dies_is_replaced_and_no_model_is_lost(server):
