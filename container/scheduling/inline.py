@@ -11,10 +11,11 @@ On a thread the cost is CPU time, as the wall time there holds waits for the GIL
 with the loop busy on another core, that CPU time grows many times over (the GIL, and the objects
 both sides touch, move between the cores' caches at every hand-off): a model of 45 µs cost 350-530 µs
 on its thread, against 48 with both on one core. Judged by that alone, a small model sent to a thread
-once under load stayed there. So a model on its threads whose latest execution there cost under `_TRY_REACH` times the
-threshold tries the loop again; each try that fails at once makes the next wait twice as many
-executions on the threads, up to `_MOST_BETWEEN_TRIES`. A tiny model under load (64 connections, two
-front-ends on two cores) ran 35-75% of its requests on a thread before these two rules, 1-2% after."""
+once under load stayed there. So a model on its threads whose latest execution there cost under
+`_TRY_REACH` times the threshold tries the loop again; each try that fails at once makes the next wait
+twice as many executions on the threads, up to `_MOST_BETWEEN_TRIES`. A tiny model under load (64
+connections, two front-ends on two cores) ran 35-75% of its requests on a thread before these two
+rules, 1-2% after."""
 
 from collections import deque
 
