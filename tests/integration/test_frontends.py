@@ -160,8 +160,8 @@ def test_a_dynamic_batch_forms_across_front_ends(server, pair):
     """A batcher waits for a client it answered within its queue delay, on a connection still open, to
     form a batch. The model process knows each front-end's connections as clients of their own: once A
     (on one front-end) has had two answers, B's request (on the other) waits for A's next one, however
-    long the machine takes; so B is answered only in a batch of 2 with one of A's, which A sends until then. A
-    client whose identity were lost on the way would never be expected back: B would run alone."""
+    long the machine takes; so B is answered only in a batch of 2 with one of A's, which A sends until
+    then. A client whose identity were lost on the way would never be expected back: B would run alone."""
 
     def sizes() -> dict[int, int]:
         stats = server.request("GET", "/v2/models/pairs/stats").json()["model_stats"][0]

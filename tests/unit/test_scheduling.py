@@ -654,7 +654,11 @@ def test_a_model_at_the_threshold_tries_the_loop_ever_more_rarely():
 
 
 class HandOffBackend(TimedBackend):
-    """20 µs of work; on a thread its CPU time also holds the GIL's hand-offs with a busy loop (500 µs)."""
+    """20 µs of work; on a thread other than `hub` its CPU time grows beside a busy loop (500 µs)."""
+
+    def __init__(self, hub: int):
+        super().__init__(20_000)
+        self.hub = hub
 
     def execute(self, inputs, outputs, phases):
         result = super().execute(inputs, outputs, phases)
@@ -664,8 +668,7 @@ class HandOffBackend(TimedBackend):
 
 
 def test_a_fast_model_that_its_threads_make_look_slow_still_comes_to_the_loop():
-    backend = HandOffBackend(20_000)
-    backend.hub = threading.get_ident()
+    backend = HandOffBackend(threading.get_ident())
     scheduler = scheduler_for("m", config(), inline_below_ns=300_000)
     for value in range(INLINE_WINDOW + 3):
         values(gevent.spawn(scheduler.infer, job(backend, value)))
