@@ -137,6 +137,13 @@ def test_the_loop_runs_longer_executions_itself_on_one_core(monkeypatch, cores, 
     monkeypatch.setattr(resources, "cpu_quota", lambda: cores)
     assert Settings.from_env({}).inline_below_us == expected
     assert Settings.from_env({"SERVE_INLINE_BELOW_US": "0"}).inline_below_us == 0
+    assert Settings.from_env({"SERVE_INLINE_BELOW_US": "2500"}).inline_below_us == 2500
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "1.5", "300us"])
+def test_an_inline_threshold_that_is_not_auto_or_whole_microseconds_stops_the_server(text):
+    with pytest.raises(SettingsError, match="SERVE_INLINE_BELOW_US"):
+        Settings.from_env({"SERVE_INLINE_BELOW_US": text})
 
 
 @pytest.mark.parametrize("text", ["-1", "65", "many", "1.5"])
