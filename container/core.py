@@ -51,12 +51,14 @@ class ModelView:
     version_labels: Mapping[str, int]  # TF Serving's labels, from config.json's version_labels
     output_labels: Mapping[str, tuple[str, ...]]  # output → class labels
     placement: str  # why the model runs where it runs, when not where its config asks
+    decoupled: bool  # it answers a request with any number of responses (its transaction policy)
 
     @classmethod
     def of(cls, model: Model) -> "ModelView":
         return cls(model.name, model.url, tuple(sorted(model.versions)), model.config, model.signature,
                    MappingProxyType(dict(model.version_labels)),
-                   MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement)
+                   MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement,
+                   model.config is not None and model.config.model_transaction_policy.decoupled)
 
     @property
     def latest(self) -> int:

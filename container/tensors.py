@@ -31,10 +31,16 @@ _TABLE = {
 }
 _BY_NUMPY = {dtype: name for name, dtype in _TABLE.items() if name != "BF16"}
 DATATYPES = tuple(_TABLE)
+_LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in _TABLE.items()}
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
     return _TABLE[datatype]
+
+
+def little_endian(datatype: str) -> np.dtype:
+    """`datatype`'s numpy dtype in the byte order binary tensor data carries it in."""
+    return _LITTLE_ENDIAN[datatype]
 
 
 def from_config(enum_name: str) -> str:

@@ -31,8 +31,10 @@ def inflate(body: bytes, coding: str | None, limit: int) -> bytes:
 def negotiate(accept_encoding: str | None) -> str | None:
     """The coding to answer in: gzip or deflate, whichever `Accept-Encoding` weighs highest; None for
     none (identity)."""
+    if not accept_encoding:
+        return None
     best, best_q = None, 0.0
-    for item in (accept_encoding or "").split(","):
+    for item in accept_encoding.split(","):
         coding, *params = [part.strip() for part in item.split(";")]
         q = next((_weight(p[2:]) for p in params if p.lower().startswith("q=")), 1.0)
         coding = "gzip" if coding == "*" else coding.lower()

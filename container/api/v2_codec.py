@@ -10,7 +10,7 @@ from container import content
 from container.errors import InvalidInput, InvalidRequest
 from container.limits import MAX_DIMS, Limits, whole_number
 from container.models.signature import Signature, TensorSpec
-from container.tensors import DATATYPES, as_datatype, numpy_dtype, pack_strings, unpack_strings
+from container.tensors import DATATYPES, as_datatype, little_endian, numpy_dtype, pack_strings, unpack_strings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _CLASSES_PER_CALL = 1 << 13  # classes a classification turns into text per numpy call (one GIL hold: ~5 ms)
@@ -155,7 +155,7 @@ def from_binary(name: str, data, datatype: str, shape: list[int], model: str = "
     _check_size(name, len(data), datatype, shape, model)
     if datatype == "BF16":  # bfloat16 is the upper half of a float32
         return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(data, numpy_dtype(datatype).newbyteorder("<")).reshape(shape)
+    return np.frombuffer(data, little_endian(datatype)).reshape(shape)
 
 
 def _check_size(name: str, size: int, datatype: str, shape: list[int], model: str) -> None:
@@ -171,7 +171,7 @@ def to_binary(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BF16":  # round to nearest even, keep the upper half
         bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
-    return np.ascontiguousarray(array, numpy_dtype(datatype).newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(array, little_endian(datatype)).tobytes()
 
 
 def classify(name: str, array: np.ndarray, count, labels: list[str], signature: Signature) -> np.ndarray:
@@ -209,7 +209,7 @@ def _tensor_header(entry) -> tuple[str, list[int], str, dict]:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise InvalidRequest("each input must be an object with 'name', 'shape', 'datatype' and its data")
     name, shape, datatype = entry["name"], entry.get("shape"), entry.get("datatype")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):  # JSON's true is no dimension
         raise InvalidInput(f"input '{name}': 'shape' must be a list of non-negative whole numbers")
     if len(shape) > MAX_DIMS:
         raise InvalidInput(f"input '{name}': a shape of {len(shape)} dimensions; at most {MAX_DIMS}")

@@ -84,7 +84,7 @@ def infer(core: Core, shared_memory, name: str, version: str | None, parse, clie
     the binary data of its outputs sent as binary, in order. `decoupled`: the refusal a decoupled model's
     request gets, in the words of the transport's Triton endpoint."""
     with _lease(core, name, version, client) as lease:
-        if _is_decoupled(lease.view):
+        if lease.view.decoupled:
             raise InvalidRequest(decoupled)
         document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
         response = core.infer(lease, request)
@@ -97,7 +97,7 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
     with no answer); any other model's one answer is one final item."""
     with _lease(core, name, version) as lease:
         document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
-        if not _is_decoupled(lease.view):
+        if not lease.view.decoupled:
             response = core.infer(lease, request)
             yield *_answer(document, request, response.model_version, response.outputs, requested, lease, shared_memory), True, None
             return
@@ -118,10 +118,6 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
 
 def _lease(core: Core, name: str, version: str | None, client: Client | None = None):
     return core.lease(name, _version(version), not_found=lambda _, *v: _unknown(core, name, *v), client=client)
-
-
-def _is_decoupled(view: ModelView) -> bool:
-    return view.config is not None and view.config.model_transaction_policy.decoupled
 
 
 def _decode(core: Core, shared_memory, lease, parse, heavy: bool) -> tuple[dict, InferRequest, list]:
@@ -226,6 +222,8 @@ def _request_parameters(document: dict) -> dict:
     parameters = document.get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidRequest("'parameters' must be an object")
+    if not parameters:  # most requests: nothing to check
+        return parameters
     for key, types in SCHEDULING_PARAMETERS.items():
         value = parameters.get(key)
         if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):

@@ -73,8 +73,10 @@ class TorchScriptModel:
         args = [tensors] if self._order is None else [tensors[n] for n in self._order]
         converted = time.perf_counter_ns()
         try:
-            with torch.inference_mode():
-                result = self.module(*args)
+            # The guard torch.inference_mode() enters, without its Python wrapper, and forward() without
+            # nn.Module's hook dispatch (a loaded TorchScript module has no hooks): ~7 µs of a 20 µs call.
+            with torch._C._InferenceMode(True):
+                result = self.module.forward(*args)
         except Exception as exc:
             if device_error(exc, self.device, "") is not None:
                 raise
@@ -217,15 +219,15 @@ def _to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndar
         array = np.empty(len(value), dtype=object)
         array[:] = [v.encode() for v in value]
         return _shape_strings(array, spec.shape, batch)
-    if not isinstance(value, torch.Tensor):
+    if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):  # the metaclass's check is slow
         raise ModelError(f"model '{model}' output '{spec.name}' is {type(value).__name__}, not a tensor")
-    value = value.detach()
-    if value.device.type != "cpu":
+    if value.requires_grad:  # a parameter returned as it is; what inference mode computes never requires grad
+        value = value.detach()
+    if not value.is_cpu:
         value = value.cpu()
     if value.dtype == torch.bfloat16:
         value = value.float()
-    array = value.numpy()
-    return array
+    return value.numpy()
 
 
 def _reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool, model: str) -> np.ndarray:

@@ -30,7 +30,7 @@ from container.models.config import (
 )
 from container.models.signature import Signature
 from container.models.triton_schema import model_config_pb2 as pb
-from container.tensors import from_config, numpy_dtype, unpack_strings, zeros
+from container.tensors import from_config, little_endian, numpy_dtype, unpack_strings, zeros
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 SAGEMAKER_WEIGHTS = (".pt", ".pth")  # SageMaker's PyTorch toolkit loads the one such file at the top
@@ -234,7 +234,7 @@ def _from_file(what: str, data: bytes, datatype: str, shape: tuple[int, ...]) ->
             raise InvalidModel(str(exc)) from None
     if datatype == "BF16":
         raise InvalidModel(f"{what}: a BF16 state cannot start from a data file; use zero_data")
-    dtype = numpy_dtype(datatype).newbyteorder("<")
+    dtype = little_endian(datatype)
     if len(data) != count * dtype.itemsize:
         raise InvalidModel(f"{what}: the data file holds {len(data)} bytes; {datatype}{list(shape)} takes "
                            f"{count * dtype.itemsize}")
