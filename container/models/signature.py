@@ -80,10 +80,10 @@ class Signature:
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Names, datatypes, shapes and batch size, with a message that says what to send instead."""
-        missing = [s.name for s in self.inputs if s.name not in inputs]
-        if missing:
-            raise InvalidInput(f"missing input(s) {missing}; the model takes {self._names(self.inputs)}")
-        if len(inputs) != len(self.inputs):
+        if len(inputs) != len(self.inputs) or not all(s.name in inputs for s in self.inputs):
+            missing = [s.name for s in self.inputs if s.name not in inputs]
+            if missing:
+                raise InvalidInput(f"missing input(s) {missing}; the model takes {self._names(self.inputs)}")
             extra = sorted(set(inputs) - {s.name for s in self.inputs})
             raise InvalidInput(f"unexpected input(s) {extra}; the model takes {self._names(self.inputs)}")
         batch = None
@@ -139,7 +139,12 @@ def _reshape(tensor) -> tuple[int, ...]:
 
 
 def _shape_matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
-    return len(shape) == len(expected) and all(e == -1 or e == s for s, e in zip(shape, expected, strict=True))
+    if len(shape) != len(expected):
+        return False
+    for size, wanted in zip(shape, expected, strict=True):  # a loop, not all(): on every request's path
+        if wanted != -1 and wanted != size:
+            return False
+    return True
 
 
 def _wire_type(datatype: str) -> str:

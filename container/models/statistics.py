@@ -58,7 +58,7 @@ class Statistics:
     def record_execution(self, batch_size: int, phases: Phases) -> None:
         """One model execution, however many requests it carried."""
         self.execution_count += 1
-        by_batch = self.batches.setdefault(batch_size, BatchStatistics())
+        by_batch = self.batches.get(batch_size) or self.batches.setdefault(batch_size, BatchStatistics())
         by_batch.compute_input.add(phases.input_ns)
         by_batch.compute_infer.add(phases.infer_ns)
         by_batch.compute_output.add(phases.output_ns)

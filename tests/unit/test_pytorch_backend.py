@@ -37,6 +37,17 @@ class Weighted(torch.nn.Module):
         return x * self.w
 
 
+class OwnWeights(torch.nn.Module):
+    """Returns a parameter as it is: the one output that requires grad in inference mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w
+
+
 class Lines(torch.nn.Module):
     def forward(self, text: List[str]) -> List[str]:
         return [t + "!" for t in text]
@@ -87,6 +98,24 @@ def test_datatypes_round_trip(tmp_path, datatype, array):
 def test_read_only_inputs_are_accepted(tmp_path):
     array = np.frombuffer(np.array([[1, 2]], np.float32).tobytes(), np.float32).reshape(1, 2)
     assert run(backend(tmp_path, Echo(), "FP32"), {"x": array})["y"].tolist() == [[1, 2]]
+
+
+def test_a_parameter_returned_as_it_is_comes_back_as_its_values(tmp_path):
+    assert run(backend(tmp_path, OwnWeights(), "FP32"), {"x": np.zeros((1, 2), np.float32)})["y"].tolist() == [[3, 4]]
+
+
+def test_a_model_runs_in_inference_mode_and_leaves_the_thread_outside_it(tmp_path):
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+    model = backend(tmp_path, Probe(), "FP32")
+    inner = model.module.forward
+    model.module.forward = lambda *args: seen.append(torch.is_inference_mode_enabled()) or inner(*args)
+    assert run(model, {"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[1, 1]]
+    assert seen == [True] and not torch.is_inference_mode_enabled()
 
 
 def test_strings_keep_the_configured_shape(tmp_path):
