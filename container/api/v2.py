@@ -2,12 +2,12 @@
 and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
 from container import content
-from container.api import compression, offload, v2_codec, v2_dataplane
+from container.api import v2_codec, v2_dataplane
 from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
+from container.api.v2_infer import infer_routes, parser
 from container.core import Core
-from container.limits import whole_number
 from container.models.config import config_document
 
 
@@ -45,17 +45,10 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
     def statistics(request: Request) -> Response:
         return _json(v2_dataplane.statistics(core, request.params.get("name"), request.params.get("version")))
 
-    def infer(request: Request) -> Response:
-        body = request.body
-        coding = request.header("content-encoding")
-        if coding:
-            body = offload.run(offload.heavy(len(body)), compression.inflate, body, coding, max_body)
-        answer, headers = serve_infer(core, shared_memory, request, body)
-        coding = compression.negotiate(request.header("accept-encoding"))
-        if coding:
-            answer = offload.run(offload.heavy(len(answer)), compression.deflate, answer, coding)
-            headers["Content-Encoding"] = coding
-        return Response(answer, headers=headers)
+    def infer(request: Request, body: bytes, heavy: bool) -> tuple[dict, list[bytes]]:
+        name, header_length = request.params["name"], request.header(v2_codec.HEADER_LENGTH)
+        return v2_dataplane.infer(core, shared_memory, name, request.params.get("version"),
+                                  parser(name, body, header_length, heavy), request.client, heavy)
 
     return [
         Route("GET", "/", alive, "health", _ALIVE),
@@ -71,25 +64,8 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
         Route("GET", "/v2/models/{name}/versions/{version}/config", model_config, "model-config", _CONFIG),
         Route("GET", "/v2/models/{name}/stats", statistics, "statistics", _STATS),
         Route("GET", "/v2/models/{name}/versions/{version}/stats", statistics, "statistics", _STATS),
-        Route("POST", "/v2/models/{name}/infer", infer, "inference", _INFER),
-        Route("POST", "/v2/models/{name}/versions/{version}/infer", infer, "inference", _INFER),
+        *infer_routes(infer, max_body),
     ]
-
-
-def serve_infer(core: Core, shared_memory, request: Request, body: bytes) -> tuple[bytes, dict[str, str]]:
-    """`POST /v2/models/{name}[/versions/{version}]/infer`: the response body and headers."""
-    name = request.params["name"]
-    heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
-    header_length = request.header(v2_codec.HEADER_LENGTH)
-
-    def parse(signature):
-        if header_length is not None and whole_number(header_length) == 0:
-            return v2_codec.raw_request(signature, len(body), name), memoryview(body)
-        return offload.run(heavy, v2_codec.split, body, header_length)
-
-    answer, chunks = v2_dataplane.infer(core, shared_memory, name, request.params.get("version"), parse, request.client, heavy)
-    size = sum(map(len, chunks)) + sum(e["data"].nbytes for e in answer["outputs"] if "data" in e)
-    return offload.run(heavy or offload.heavy(size), v2_codec.response_body, answer, chunks)
 
 
 def _json(value) -> Response:
@@ -97,16 +73,6 @@ def _json(value) -> Response:
 
 
 # The OpenAPI operations of the routes above (api/openapi.py)
-_TENSOR = object_schema({
-    "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                                            "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES"]},
-    "data": {}, "parameters": {"type": "object"},
-}, ["name", "shape", "datatype"])
-_INFER_DOCUMENT = object_schema({
-    "id": {"type": "string"}, "parameters": {"type": "object"}, "inputs": {"type": "array", "items": _TENSOR},
-    "outputs": {"type": "array", "items": object_schema({"name": {"type": "string"}, "parameters": {"type": "object"}}, ["name"])},
-}, ["inputs"])
 _ANY_OBJECT = json_content({"type": "object"})
 _LIVE = operation("liveness: 503 after a sticky GPU error, while the worker restarts", V2,
                   json_content(object_schema({"live": {"const": True}}, ["live"])), errors=(503,))
@@ -122,7 +88,3 @@ _METADATA = operation("model metadata", V2, _ANY_OBJECT)
 _MODEL_READY = operation("model readiness", V2, EMPTY, errors=(400, 404, 503))
 _CONFIG = operation("the model's Triton config", V2, _ANY_OBJECT)
 _STATS = operation("the model's statistics", V2, _ANY_OBJECT)
-_INFER = operation("inference; JSON, or JSON followed by binary tensor data", V2, json_content(_INFER_DOCUMENT),
-                   json_content(_INFER_DOCUMENT),
-                   [{"name": "Inference-Header-Content-Length", "in": "header", "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
-                   errors=(400, 404, 413, 507))

@@ -1,5 +1,7 @@
 """An HTTP front-end process: the master's listeners served on gevent (http_transport.Connections), each
-request handed whole to the model process over the channel (`ChannelDispatcher`).
+request handed whole to the model process over the channel (`ChannelDispatcher`), except V2 inference:
+its HTTP, JSON and answer are made here, through the same route and pipeline one process uses, and only
+the inference crosses, so that the one model process does the least per request.
 
 - A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
@@ -24,13 +26,15 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from werkzeug.exceptions import HTTPException
 
+from container.api import offload, v2_codec
 from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
 from container.api.tfserving_json import MOUNT
+from container.api.v2_infer import infer_routes, is_raw
 from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
-from container.errors import ServeError, Unavailable
+from container.errors import InvalidRequest, ServeError, Unavailable
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -53,10 +57,12 @@ class FrontEndConnection(Client):
 
 
 class ChannelDispatcher:
-    """What the connections see as their dispatcher: `serve` crosses the channel; refusals render here."""
+    """What the connections see as their dispatcher: `serve` crosses the channel, or serves V2 inference
+here (the `local` pipeline, with the inference over the channel); refusals render here."""
 
     def __init__(self, settings: Settings, channel_path: str):
-        self.local = Dispatcher(Routes([], [MOUNT]), settings.max_payload_bytes)
+        self.local = Dispatcher(Routes(infer_routes(self._infer, settings.max_payload_bytes), [MOUNT]),
+                                settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
         self.too_large, self.refuse = self.local.too_large, self.local.refuse
         self.channel = HubChannelClient(channel_path, on_connect=self._learn_probes)
@@ -68,6 +74,8 @@ class ChannelDispatcher:
         self.channel.start()
 
     def serve(self, request: Request) -> Response:
+        if self._serves_here(request):
+            return self.local.serve(request)
         client = request.client
         try:
             status, headers, body = self.channel.call(
@@ -76,6 +84,28 @@ class ChannelDispatcher:
         except Unavailable as exc:  # the model process is away, or stuck past a probe's deadline
             return self.refuse(request, exc)
         return Response(body, status=status, headers=headers)
+
+    def _serves_here(self, request: Request) -> bool:
+        try:
+            self.local.routes.match(request.method, request.path)
+        except (HTTPException, ServeError):  # a miss, in werkzeug's words or a mount's (TF Serving's)
+            return False
+        return True
+
+    def _infer(self, request: Request, body: bytes, heavy: bool) -> tuple[dict, list]:
+        """The inference of a V2 request whose HTTP is served here: its JSON parsed here, or, when it does
+        not parse (a raw binary request needs the model's signature; a malformed one is refused after the
+        model's own checks, as in one process), its whole body parsed by the model process."""
+        header_length = request.header(v2_codec.HEADER_LENGTH)
+        document, data = None, body
+        if not is_raw(header_length):
+            try:
+                document, data = offload.run(heavy, v2_codec.split, body, header_length)
+            except InvalidRequest:
+                pass
+        client = request.client
+        return self.channel.call("v2_infer", os.getpid(), client.number, client.requests, request.params["name"],
+                                 request.params.get("version"), header_length, document, large(data), heavy)
 
     def new_client(self) -> FrontEndConnection:
         self._connections += 1

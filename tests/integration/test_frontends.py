@@ -3,6 +3,7 @@ process holds (statistics, shared memory regions, sequences, batches) is one acr
 front-end is replaced and loses no model; a dead or stuck model process makes the front-ends answer 503
 with Retry-After, and `/ping` unhealthy within SageMaker's 2 s, until it is back."""
 
+import gzip
 import json
 import os
 import signal
@@ -276,49 +277,78 @@ def test_sigterm_to_the_master_drains_every_front_end_before_the_model_process(s
 
 
 def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp_path_factory):
-    """The same requests, answered by the model process and refused by a front-end itself (a body past
-    the limit, a malformed request), give the same answers and the same access-log lines with front-ends
-    as without."""
+    """The same requests, answered by the model process, by a front-end with the model process's
+    inference (V2: JSON, binary, raw binary, compressed, and each kind of refusal in its order), and
+    refused by a front-end itself (a body past the limit, a malformed request), give the same answers and
+    the same access-log lines with front-ends as without."""
     root = tmp_path_factory.mktemp("logged")
     fp32_model(root, "double", Scale())
     document = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
-    raw = [
-        b"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-1\r\nContent-Length: %d\r\n\r\n%s"
-        % (len(document), document),
-        b"GET /v2/models/nobody/ready HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-2\r\n\r\n",
-        b"POST /invocations HTTP/1.1\r\nHost: x\r\nX-Amzn-SageMaker-Target-Model: double\r\nX-Request-Id: given-3\r\n"
-        b"Content-Length: 99999999\r\n\r\n",
-        b"GET /v1/models/nobody/metadata/extra HTTP/1.1\r\nHost: x\r\nX-Request-Id: given-4\r\n\r\n",
-        b"BREW /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+    values = np.array([[1, 2, 3, 4]], np.float32).tobytes()
+    binary = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}],' \
+             b'"parameters":{"binary_data_output":true}}'
+    requests = [
+        ("POST", "/v2/models/double/infer", {}, document),
+        ("GET", "/v2/models/nobody/ready", {}, None),
+        ("POST", "/invocations", {"X-Amzn-SageMaker-Target-Model": "double", "Content-Length": "99999999"}, None),
+        ("GET", "/v1/models/nobody/metadata/extra", {}, None),
+        ("POST", "/v2/models/double/infer", {"Inference-Header-Content-Length": str(len(binary))}, binary + values),
+        ("POST", "/v2/models/double/versions/1/infer", {"Inference-Header-Content-Length": "0"}, values),
+        ("POST", "/v2/models/double/infer", {"Content-Encoding": "gzip", "Accept-Encoding": "gzip"}, gzip.compress(document, mtime=0)),
+        ("POST", "/v2/models/nobody/infer", {}, b"{not json"),  # the model's absence first, as in one process
+        ("POST", "/v2/models/double/infer", {}, b"{not json"),
+        ("POST", "/v2/models/double/versions/7/infer", {}, document),
+        ("POST", "/v2/models/double/infer", {}, document.replace(b'"x"', b'"z"')),
+        ("POST", "/v2/models/double/infer", {"Inference-Header-Content-Length": "999"}, document),
+        ("GET", "/v2/models/double/infer", {}, None),
     ]
+    raw = [_raw(method, path, {"X-Request-Id": f"given-{i}", **headers}, body)
+           for i, (method, path, headers, body) in enumerate(requests, 1)] + [b"BREW /ping HTTP/1.1\r\nHost: x\r\n\r\n"]
     seen = {workers: _answers_and_log_lines(start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=workers,
-                                                        SERVE_LOG_LEVEL="info"), raw) for workers in ("2", "0")}
+                                                        SERVE_LOG_LEVEL="info"), raw, len(requests)) for workers in ("2", "0")}
     assert seen["2"] == seen["0"]
+    answers = seen["0"][0]
+    assert [int(status.split()[1]) for status, _, _ in answers] == [200, 404, 413, 400, 200, 200, 200, 404, 400, 404, 400, 400,
+                                                                   405, 400]
+    assert gzip.decompress(answers[6][2]) == answers[0][2]
 
 
-def _answers_and_log_lines(server, raw: list[bytes]) -> tuple[list, list]:
+def _raw(method: str, path: str, headers: dict, body: bytes | None) -> bytes:
+    if body is not None:
+        headers = {**headers, "Content-Length": str(len(body))}
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + (body or b"")
+
+
+def _answers_and_log_lines(server, raw: list[bytes], logged: int) -> tuple[list, list]:
     wait_for(lambda: server.request("GET", "/v2/models/double/ready").status_code == 200, 60, "the model did not load")
     answers = []
     for request in raw:
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(request)
-            answers.append(_whole_answer(sock))
-    wait_for(lambda: len(_access_lines(server, "given-")) == 4, 10, "the access log lines did not come")
+            answers.append(_whole_answer(sock, request))
+    wait_for(lambda: len(_access_lines(server, "given-")) == logged, 10, "the access log lines did not come")
     return answers, _access_lines(server, "given-")
 
 
-def _whole_answer(sock) -> tuple[str, dict, bytes]:
-    """The status line, the headers that do not vary by run, and the body of one answer."""
+def _whole_answer(sock, request: bytes) -> tuple[str, dict, bytes]:
+    """The status line, the headers that do not vary by run, and the body of one answer to `request`."""
     data = b""
     while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
+        data += _received(sock, request)
     head, body = data.split(b"\r\n\r\n", 1)
     status, *lines = head.decode("latin-1").split("\r\n")
     headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
     while len(body) < int(headers.get("content-length", 0)):
-        body += sock.recv(65536)
+        body += _received(sock, request)
     varying = {"date", "x-request-id"} if not headers.get("x-request-id", "").startswith("given-") else {"date"}
     return status, {k: v for k, v in headers.items() if k not in varying}, body
+
+
+def _received(sock, request: bytes) -> bytes:
+    chunk = sock.recv(65536)
+    assert chunk, f"the server closed the connection before it answered {request[:200]!r}"
+    return chunk
 
 
 def _access_lines(server, prefix: str) -> list[dict]:
