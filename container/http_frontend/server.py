@@ -58,7 +58,7 @@ class FrontEndConnection(Client):
 
 class ChannelDispatcher:
     """What the connections see as their dispatcher: `serve` crosses the channel, or serves V2 inference
-here (the `local` pipeline, with the inference over the channel); refusals render here."""
+    here (the `local` pipeline, with the inference over the channel); refusals render here."""
 
     def __init__(self, settings: Settings, channel_path: str):
         self.local = Dispatcher(Routes(infer_routes(self._infer, settings.max_payload_bytes), [MOUNT]),
