@@ -10,7 +10,7 @@ from typing import Callable
 
 from container.api import v2_dataplane
 from container.api.pipeline import Dispatcher, Request
-from container.api.v2_infer import parser
+from container.api.v2_infer import answer_body, parser
 from container.channel.blobs import large
 from container.core import Core
 from container.inference import Client
@@ -51,10 +51,10 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
     def v2_infer(front_end: int, number: int, requests: int, name: str, version: str | None, header_length: str | None,
                  document: dict | None, data, heavy: bool) -> list:
-        """A V2 inference: `document` is the request's JSON, which the front-end parsed, and `data` the binary
-        part after it; or None and the whole body, when the front-end could not parse it (a raw binary
-        request, or a malformed one): parsed here once the model is leased, so errors come in the order
-        one process gives them."""
+        """A V2 inference, answered with the response's body and headers: `document` is the request's JSON,
+        which the front-end parsed, and `data` the binary part after it; or None and the whole body, when
+        the front-end could not parse it (a raw binary request, or a malformed one): parsed here once the
+        model is leased, so errors come in the order one process gives them."""
         def parsed(_signature):
             return document, memoryview(data)
 
@@ -62,7 +62,8 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
                                                            header_length, heavy)
         answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, parse,
                                             clients.get(front_end, number, requests), heavy)
-        return [answer, [large(chunk) for chunk in chunks]]
+        body, headers = answer_body(answer, chunks, heavy)
+        return [large(body), headers]
 
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""

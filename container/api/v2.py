@@ -6,7 +6,7 @@ from container.api import v2_codec, v2_dataplane
 from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.api.v2_infer import infer_routes, parser
+from container.api.v2_infer import answer_body, infer_routes, parser
 from container.core import Core
 from container.models.config import config_document
 
@@ -45,10 +45,11 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
     def statistics(request: Request) -> Response:
         return _json(v2_dataplane.statistics(core, request.params.get("name"), request.params.get("version")))
 
-    def infer(request: Request, body: bytes, heavy: bool) -> tuple[dict, list[bytes]]:
+    def infer(request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         name, header_length = request.params["name"], request.header(v2_codec.HEADER_LENGTH)
-        return v2_dataplane.infer(core, shared_memory, name, request.params.get("version"),
-                                  parser(name, body, header_length, heavy), request.client, heavy)
+        answer, chunks = v2_dataplane.infer(core, shared_memory, name, request.params.get("version"),
+                                            parser(name, body, header_length, heavy), request.client, heavy)
+        return answer_body(answer, chunks, heavy)
 
     return [
         Route("GET", "/", alive, "health", _ALIVE),

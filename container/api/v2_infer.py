@@ -1,7 +1,9 @@
-"""V2's inference route over HTTP, wherever the model runs: the body inflated, the answer's body made
-and compressed here; the inference itself is `run(request, body, heavy)` → (answer document, binary
-chunks). In one process `run` is v2_dataplane's; an HTTP front-end's crosses the channel, so that the
-model process is spared the HTTP pipeline, the JSON and the response body (http_frontend/server.py)."""
+"""V2's inference route over HTTP, wherever the model runs: the body inflated and the answer compressed
+here; the inference itself is `run(request, body, heavy)` → (the answer's body, its headers). In one
+process `run` is v2_dataplane's; an HTTP front-end's crosses the channel, so that the model process is
+spared the HTTP pipeline and the request's JSON (http_frontend/server.py). The answer's body is made
+where the inference ran (`answer_body`): a large one on a thread there, and across the channel as one
+piece of shared memory, never as a million values for the channel to pack on the event loop."""
 
 from typing import Callable
 
@@ -11,7 +13,7 @@ from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.limits import whole_number
 
-Run = Callable[[Request, bytes, bool], tuple[dict, list]]
+Run = Callable[[Request, bytes, bool], tuple[bytes, dict[str, str]]]
 
 
 def infer_routes(run: Run, max_body: int) -> list[Route]:
@@ -23,9 +25,7 @@ def infer_routes(run: Run, max_body: int) -> list[Route]:
         if coding:
             body = offload.run(offload.heavy(len(body)), compression.inflate, body, coding, max_body)
         heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
-        answer, chunks = run(request, body, heavy)
-        size = sum(map(len, chunks)) + sum(e["data"].nbytes for e in answer["outputs"] if "data" in e)
-        answer, headers = offload.run(heavy or offload.heavy(size), v2_codec.response_body, answer, chunks)
+        answer, headers = run(request, body, heavy)
         coding = compression.negotiate(request.header("accept-encoding"))
         if coding:
             answer = offload.run(offload.heavy(len(answer)), compression.deflate, answer, coding)
@@ -34,6 +34,12 @@ def infer_routes(run: Run, max_body: int) -> list[Route]:
 
     return [Route("POST", "/v2/models/{name}/infer", infer, "inference", _INFER),
             Route("POST", "/v2/models/{name}/versions/{version}/infer", infer, "inference", _INFER)]
+
+
+def answer_body(answer: dict, chunks: list, heavy: bool) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of v2_dataplane's answer; made on a thread when the request or the answer is large."""
+    size = sum(map(len, chunks)) + sum(e["data"].nbytes for e in answer["outputs"] if "data" in e)
+    return offload.run(heavy or offload.heavy(size), v2_codec.response_body, answer, chunks)
 
 
 def is_raw(header_length: str | None) -> bool:

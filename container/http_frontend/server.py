@@ -92,7 +92,7 @@ class ChannelDispatcher:
             return False
         return True
 
-    def _infer(self, request: Request, body: bytes, heavy: bool) -> tuple[dict, list]:
+    def _infer(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         """The inference of a V2 request whose HTTP is served here: its JSON parsed here, or, when it does
         not parse (a raw binary request needs the model's signature; a malformed one is refused after the
         model's own checks, as in one process), its whole body parsed by the model process."""
