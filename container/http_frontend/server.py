@@ -1,7 +1,8 @@
 """An HTTP front-end process: the master's listeners served on gevent (http_transport.Connections), each
 request handed whole to the model process over the channel (`ChannelDispatcher`), except V2 inference:
-its HTTP, JSON and answer are made here, through the same route and pipeline one process uses, and only
-the inference crosses, so that the one model process does the least per request.
+its HTTP and the request's JSON are handled here, through the same route and pipeline one process uses,
+and only the inference crosses (its answer's body comes back made), so that the one model process does
+the least per request.
 
 - A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
