@@ -1,12 +1,15 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
 over V2 binary, V2 JSON and SageMaker invoke at 64 connections, served by one process
 (SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
-beside Triton on the same cores, with the model process's own CPU per request: the one process every
-request passes through, whose cost bounds what any number of front-ends can serve. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
+beside Triton on the same cores, with where each request's CPU went: the model process (the one process
+every request passes through, whose cost bounds what any number of front-ends can serve) and how busy it
+was, the front-ends together, and wrk. On 16 cores wrk takes one and 16 front-ends share the other 15,
+as the default would on a 16-vCPU instance. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
 with ten models loaded — the models are in the model process once, whatever the front-ends."""
 
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ CONNECTIONS = 64
 
 def run(seconds: float, smoke: bool) -> list[str]:
     server_cores = CORES[:-1] if len(CORES) > 2 else CORES  # wrk gets a core of its own where there are three
-    counts = [n for n in COUNTS if n <= len(server_cores)][: 2 if smoke else None]
+    counts = [n for n in COUNTS if n <= len(CORES)][: 2 if smoke else None]
     models = _models()
     where = (f"The server (every process) and Triton on cores {server_cores[0]}–{server_cores[-1]}, wrk on core {CORES[-1]}."
              if server_cores != CORES else
@@ -60,7 +63,7 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
                 with_triton: bool) -> list[str]:
     """`with_triton`: beside Triton too (a smoke run leaves it out: the tiny scenario runs it already)."""
     rates: dict[tuple, float] = {}
-    model_us: dict[tuple, float] = {}  # the model process's CPU µs per request, with front-ends
+    spent: dict[tuple, tuple] = {}  # with front-ends: CPU µs per request in the model process and in the front-ends, the model process's busy share, wrk's
     with tempfile.TemporaryDirectory() as scratch:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
@@ -68,12 +71,16 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
             server = Server(Path(scratch), cores, SERVE_HTTP_WORKERS=str(count))
             try:
                 for model, label, path, body, headers in routes:
-                    before = cpu_seconds(server.worker_pid())
+                    before = cpu_seconds(server.worker_pid()), _front_ends_cpu(server), time.perf_counter()
                     load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
                     rates[model, label, count] = load.requests_per_s if not load.errors else 0.0
+                    elapsed = time.perf_counter() - before[2]
                     served = load.requests_per_s * max(1, round(seconds))
                     if count and served:
-                        model_us[model, label, count] = (cpu_seconds(server.worker_pid()) - before) / served * 1e6
+                        in_model = cpu_seconds(server.worker_pid()) - before[0]
+                        in_front_ends = _front_ends_cpu(server) - before[1]
+                        spent[model, label, count] = (in_model / served * 1e6, in_front_ends / served * 1e6,
+                                                      in_model / elapsed, load.client_cpu)
             finally:
                 server.stop()
     peer = _triton(models, routes, cores, seconds) if with_triton else {}
@@ -88,22 +95,28 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
         lines.append(f"| {model} | {label} | " + " | ".join(f"{r:,.0f}" for r in row)
                      + f" | {f'{triton:,.0f}' if triton else '—'} | {ratio(max(row), row[0])} | "
                      + f"{ratio(max(row), triton) if triton else '—'} |")
-    return lines + ["", *_model_process(routes, [n for n in counts if n], model_us)]
+    return lines + ["", *_model_process(routes, [n for n in counts if n], spent)]
 
 
-def _model_process(routes: list, counts: list[int], model_us: dict) -> list[str]:
-    """The model process's CPU per request at each front-end count, and the requests/s it could serve
-    at most, a whole core of its own doing nothing else: the ceiling front-ends cannot lift."""
+def _model_process(routes: list, counts: list[int], spent: dict) -> list[str]:
+    """Where each request's CPU went with front-ends: µs in the model process / µs in all the
+    front-ends together, the model process's busy share of one core, and wrk's; then the requests/s the
+    model process serves at most, a whole core of its own doing nothing else, at the cheapest of them:
+    the ceiling front-ends cannot lift."""
     head = " | ".join(f"{n} front-end{'s' * (n > 1)}" for n in counts)
-    lines = ["The model process's CPU µs per request (its hub and execution threads; front-ends apart), and the "
-             "requests/s one core of it serves at most at the cheapest of them.", "",
+    lines = ["CPU µs per request in the model process / in the front-ends together, then the model process's busy "
+             "share of one core and wrk's, and the requests/s one core of the model process serves at most.", "",
              f"| model | protocol | {head} | ceiling, requests/s |", "| --- | --- | " + "--- | " * len(counts) + "--- |"]
     for model, label, *_ in routes:
-        costs = [model_us.get((model, label, n)) for n in counts]
-        cells = " | ".join(f"{c:,.0f}" if c else "—" for c in costs)
-        known = [c for c in costs if c]
-        lines.append(f"| {model} | {label} | {cells} | {f'{1e6 / min(known):,.0f}' if known else '—'} |")
+        cells = [spent.get((model, label, n)) for n in counts]
+        text = " | ".join(f"{c[0]:,.0f} / {c[1]:,.0f} µs, {c[2]:.0%} / {c[3]:.0%}" if c else "—" for c in cells)
+        known = [c[0] for c in cells if c]
+        lines.append(f"| {model} | {label} | {text} | {f'{1e6 / min(known):,.0f}' if known else '—'} |")
     return lines
+
+
+def _front_ends_cpu(server: Server) -> float:
+    return sum(cpu_seconds(pid) for pid in server.http_front_end_pids())
 
 
 def _triton(models: dict, routes: list, cores: list[int], seconds: float) -> dict[tuple, float]:
