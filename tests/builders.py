@@ -56,10 +56,12 @@ class Sized(torch.nn.Module):
 
 
 class Allocates(torch.nn.Module):
-    """Asks the allocator for x[0] TiB of scratch: torch's own out-of-memory error on any machine."""
+    """Asks the allocator for x[0] PiB of scratch: torch's own out-of-memory error on any machine at 1024
+    (1 EiB is past any address space, so it fails where the kernel overcommits too: 64 TiB did not, on a
+    128 GiB machine with overcommit on)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        grabbed = torch.empty([int(x[0, 0].item()) * (1 << 40)], dtype=torch.uint8)
+        grabbed = torch.empty([int(x[0, 0].item()) * (1 << 50)], dtype=torch.uint8)
         return x + grabbed.numel() * 0
 
 

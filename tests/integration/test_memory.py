@@ -157,15 +157,15 @@ def test_out_of_memory_evicts_only_what_the_allocation_needs_then_retries_once(s
 
 
 def test_a_real_allocation_failure_is_507_and_the_model_serves_on(start_server, tmp_path_factory):
-    """The model asks the CPU allocator for 64 TiB: torch's own out-of-memory error, on any machine."""
+    """The model asks the CPU allocator for 1 EiB: torch's own out-of-memory error, on any machine."""
     root = tmp_path_factory.mktemp("alloc")
     fp32_model(root, "greedy", Allocates(), dims=(1,))
     sized_model(root, "bystander", 8)
     server = start_server(root)
     assert server.load("bystander").status_code == 200 and server.load("greedy").status_code == 200
-    answer = server.invoke("greedy", [[64.0]])
+    answer = server.invoke("greedy", [[1024.0]])
     assert answer.status_code == 507 and "cpu ran out of memory running model 'greedy'" in answer.json()["error"]
-    assert server.loaded() == ["bystander", "greedy"]  # no eviction could give 64 TiB: nothing is evicted
+    assert server.loaded() == ["bystander", "greedy"]  # no eviction could give 1 EiB: nothing is evicted
     assert server.invoke("greedy", [[0.0]]).json() == [[0.0]] and invoke_ok(server, "bystander")
 
 

@@ -206,8 +206,8 @@ def test_charged_takes_the_larger_of_counted_and_grown_per_device_plus_the_peak(
 def test_a_real_allocation_failure_is_a_507_naming_the_device_and_the_size(tmp_path):
     model = backend(tmp_path, Allocates(), "FP32")
     with pytest.raises(DeviceOutOfMemory) as caught:
-        run(model, {"x": np.full((1, 2), 64, np.float32)})
-    assert caught.value.status == 507 and caught.value.device == "cpu" and caught.value.requested == 64 << 40
+        run(model, {"x": np.full((1, 2), 1024, np.float32)})
+    assert caught.value.status == 507 and caught.value.device == "cpu" and caught.value.requested == 1 << 60
     assert run(model, {"x": np.zeros((1, 2), np.float32)})["y"].tolist() == [[0, 0]]
 
 
