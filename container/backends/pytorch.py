@@ -3,7 +3,6 @@ binds them."""
 
 import itertools
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -11,7 +10,15 @@ import numpy as np
 import torch
 
 from container.backends import footprint
-from container.backends.torch_runtime import device_error, device_scope, guarded, last_line, load_torchscript, module_bytes
+from container.backends.torch_runtime import (
+    ThreadLocal,
+    device_error,
+    device_scope,
+    guarded,
+    last_line,
+    load_torchscript,
+    module_bytes,
+)
 from container.errors import InvalidInput, InvalidModel, ModelError
 from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
@@ -126,7 +133,7 @@ class Replicas:
         self.copies = copies
         self._placement = placement
         self._dealt = itertools.count()
-        self._local = threading.local()
+        self._local = ThreadLocal()
 
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         copy = getattr(self._local, "copy", None)

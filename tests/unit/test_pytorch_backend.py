@@ -2,6 +2,9 @@
 
 import ctypes
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import weakref
 from pathlib import Path
@@ -242,6 +245,29 @@ def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
     model = backend(tmp_path, Faults(), "FP32")
     with pytest.raises(DeviceFault, match="illegal memory access"):
         run(model, {"x": np.full((1, 2), -1, np.float32)})
+
+
+GREENLETS_SCOPE = """
+from gevent import monkey; monkey.patch_all()
+import gevent, torch
+from container.backends import torch_runtime
+applied = []
+set_count = torch.set_num_threads
+torch.set_num_threads = lambda n: (applied.append(n), set_count(n))
+torch_runtime.configure_threads(3)
+applied.clear()
+gevent.joinall([gevent.spawn(torch_runtime.device_scope, "cpu") for _ in range(5)])
+print(applied)
+"""
+
+
+def test_the_thread_count_is_applied_once_per_os_thread_where_gevent_makes_locals_per_greenlet():
+    """The model process is monkey-patched, so threading.local there is one per greenlet, and each
+    request's greenlet is new. OpenMP keeps the count per OS thread: the hub's thread applies it once,
+    not for every request (a greenlet-local cost each request ~18 µs)."""
+    ran = subprocess.run([sys.executable, "-c", textwrap.dedent(GREENLETS_SCOPE)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert ran.stdout.split() == ["[2]"]
 
 
 def test_every_execution_thread_runs_the_model_with_the_servers_thread_count(tmp_path):
