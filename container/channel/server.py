@@ -10,8 +10,9 @@ import os
 import struct
 from typing import Callable
 
+import gevent
 from gevent import socket  # the hub's own, whether or not the process is monkey-patched
-from gevent.pool import Group
+from gevent.event import Event
 from gevent.server import StreamServer
 
 from container.channel import blob_prefix, wire
@@ -31,7 +32,11 @@ class ChannelServer:
         self.path, self.operations, self.max_frame = path, operations, max_frame
         self.on_disconnect = on_disconnect
         self.blobs = Blobs(blob_prefix(path))
-        self.calls = Group()
+        # Calls under way, counted rather than kept in a gevent Group: a raw greenlet per call costs ~7 µs
+        # less on the model process's one core, and drain() needs only to know when none is left.
+        self._under_way = 0
+        self._none_under_way = Event()
+        self._none_under_way.set()
         self.draining = False
         if os.path.lexists(path):
             os.unlink(path)  # a socket the last model process left
@@ -47,14 +52,16 @@ class ChannelServer:
     def drain(self, timeout: float) -> None:
         self.draining = True
         self._server.close()
-        self.calls.join(timeout)
+        self._none_under_way.wait(timeout)
 
     def _serve(self, sock, _address) -> None:
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
         frames, outbox = FrameReader(sock, self.max_frame), Outbox(sock)
         try:
             while (frame := frames.next()) is not None:
-                self.calls.spawn(self._answer, outbox, frame)
+                self._under_way += 1
+                self._none_under_way.clear()
+                gevent.spawn_raw(self._answer, outbox, frame)
         except OSError:
             return
         finally:
@@ -62,6 +69,14 @@ class ChannelServer:
             self.on_disconnect(pid)
 
     def _answer(self, outbox: Outbox, frame: bytes) -> None:
+        try:
+            self._respond(outbox, frame)
+        finally:
+            self._under_way -= 1
+            if not self._under_way:
+                self._none_under_way.set()
+
+    def _respond(self, outbox: Outbox, frame: bytes) -> None:
         call_id = None
         try:
             call_id, op, args = wire.unpack(frame, self.blobs)

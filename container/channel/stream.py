@@ -52,7 +52,7 @@ class Outbox:
         """Queue `frame`; a peer that went away is learned from the reading side."""
         self._pending.append(frame)
         if self._writer is None:
-            self._writer = gevent.spawn(self._write)
+            self._writer = gevent.spawn_raw(self._write)
 
     def _write(self) -> None:
         try:
