@@ -32,7 +32,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
     where = (f"The server (every process) and Triton on cores {server_cores[0]}–{server_cores[-1]}, wrk on core {CORES[-1]}."
              if server_cores != CORES else
              f"Only {len(CORES)} cores here: the server, Triton and wrk share them, so these figures understate every "
-             f"server alike; the 16-core run waits for the GPU machine.")
+             f"server alike; scaling needs more cores (BENCHMARKS.md has a 16-core run).")
     lines = [where, "", *_throughput(models, _routes(), counts, server_cores, seconds, with_triton=not smoke)]
     return lines + ["", *_memory((1,) if smoke else (1, 4, 16))]
 
