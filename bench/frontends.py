@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import CORES, Server, cpu_seconds, mib, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import CORES, Server, cpu_seconds, executions, mib, ratio, save_model, tree, v2_binary_request, wrk
 from bench.mlp import MLP, WIDTH
 from bench.tiny import Double
 from bench.triton import MISSING, Triton, tritonserver
@@ -63,7 +63,7 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
                 with_triton: bool) -> list[str]:
     """`with_triton`: beside Triton too (a smoke run leaves it out: the tiny scenario runs it already)."""
     rates: dict[tuple, float] = {}
-    spent: dict[tuple, tuple] = {}  # with front-ends: CPU µs per request in the model process and in the front-ends, the model process's busy share, wrk's
+    spent: dict[tuple, tuple] = {}  # with front-ends: _measure's account of where the CPU went
     with tempfile.TemporaryDirectory() as scratch:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
@@ -71,16 +71,9 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
             server = Server(Path(scratch), cores, SERVE_HTTP_WORKERS=str(count))
             try:
                 for model, label, path, body, headers in routes:
-                    before = cpu_seconds(server.worker_pid()), _front_ends_cpu(server), time.perf_counter()
-                    load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
-                    rates[model, label, count] = load.requests_per_s if not load.errors else 0.0
-                    elapsed = time.perf_counter() - before[2]
-                    served = load.requests_per_s * max(1, round(seconds))
-                    if count and served:
-                        in_model = cpu_seconds(server.worker_pid()) - before[0]
-                        in_front_ends = _front_ends_cpu(server) - before[1]
-                        spent[model, label, count] = (in_model / served * 1e6, in_front_ends / served * 1e6,
-                                                      in_model / elapsed, load.client_cpu)
+                    rates[model, label, count], account = _measure(server, model, path, body, headers, seconds)
+                    if count and account:
+                        spent[model, label, count] = account
             finally:
                 server.stop()
     peer = _triton(models, routes, cores, seconds) if with_triton else {}
@@ -100,19 +93,39 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
 
 def _model_process(routes: list, counts: list[int], spent: dict) -> list[str]:
     """Where each request's CPU went with front-ends: µs in the model process / µs in all the
-    front-ends together, the model process's busy share of one core, and wrk's; then the requests/s the
+    front-ends together, the model process's busy share of one core, wrk's, and where the executions ran
+    (the inline judge, scheduling/inline.py); then the requests/s the
     model process serves at most, a whole core of its own doing nothing else, at the cheapest of them:
     the ceiling front-ends cannot lift."""
     head = " | ".join(f"{n} front-end{'s' * (n > 1)}" for n in counts)
     lines = ["CPU µs per request in the model process / in the front-ends together, then the model process's busy "
-             "share of one core and wrk's, and the requests/s one core of the model process serves at most.", "",
+             "share of one core and wrk's, the share of the model's executions its event loop ran itself, and the "
+             "requests/s one core of the model process serves at most.", "",
              f"| model | protocol | {head} | ceiling, requests/s |", "| --- | --- | " + "--- | " * len(counts) + "--- |"]
     for model, label, *_ in routes:
         cells = [spent.get((model, label, n)) for n in counts]
-        text = " | ".join(f"{c[0]:,.0f} / {c[1]:,.0f} µs, {c[2]:.0%} / {c[3]:.0%}" if c else "—" for c in cells)
+        text = " | ".join(f"{c[0]:,.0f} / {c[1]:,.0f} µs, {c[2]:.0%} / {c[3]:.0%}, loop {c[4]:.0%}" if c else "—" for c in cells)
         known = [c[0] for c in cells if c]
         lines.append(f"| {model} | {label} | {text} | {f'{1e6 / min(known):,.0f}' if known else '—'} |")
     return lines
+
+
+def _measure(server: Server, model: str, path: str, body: bytes, headers: dict, seconds: float) -> tuple[float, tuple | None]:
+    """One cell: requests/s (0 when any request failed), and where the CPU went: µs per request in the
+    model process and in the front-ends together, the model process's busy share of a core, wrk's, and
+    the share of the model's executions the event loop ran itself (None when nothing was served)."""
+    pid = server.worker_pid()
+    runs_before = executions(server.url, model)  # read outside the CPU counted: a scrape costs the model process
+    before, front_ends_before, started = cpu_seconds(pid), _front_ends_cpu(server), time.perf_counter()
+    load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
+    elapsed = time.perf_counter() - started
+    in_model, in_front_ends = cpu_seconds(pid) - before, _front_ends_cpu(server) - front_ends_before
+    runs, on_loop = (after - earlier for after, earlier in zip(executions(server.url, model), runs_before, strict=True))
+    served = load.requests_per_s * max(1, round(seconds))
+    if not served:
+        return 0.0, None
+    return (load.requests_per_s if not load.errors else 0.0,
+            (in_model / served * 1e6, in_front_ends / served * 1e6, in_model / elapsed, load.client_cpu, on_loop / max(runs, 1)))
 
 
 def _front_ends_cpu(server: Server) -> float:

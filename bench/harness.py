@@ -124,6 +124,19 @@ def inference_counts(url: str, model: str) -> tuple[int, int]:
     return stats["inference_count"], stats["execution_count"]
 
 
+def executions(url: str, model: str) -> tuple[int, int]:
+    """The model's executions so far, and how many of them its event loop ran itself (this server's
+    /metrics: `serve_inference_exec_on_loop`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    counts = {"nv_inference_exec_count": 0, "serve_inference_exec_on_loop": 0}
+    for family in text_string_to_metric_families(text):
+        if family.name in counts:
+            counts[family.name] = int(sum(s.value for s in family.samples if s.labels.get("model") == model))
+    return counts["nv_inference_exec_count"], counts["serve_inference_exec_on_loop"]
+
+
 _handed_out: set[int] = set()
 
 

@@ -43,6 +43,7 @@ class ServerCollector:
     def collect(self):
         yield from self._memory()
         yield from self._lifecycle()
+        yield self._on_loop()
 
     def triton_counters(self) -> str:
         """The per-version counters in the text format, written here because prometheus-client renames
@@ -139,6 +140,14 @@ class ServerCollector:
                                   value=counters.recoveries)
         yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.core.ready()))
         yield from self._downloads()
+
+    def _on_loop(self):
+        """Where executions ran, for tuning SERVE_INLINE_BELOW_US: those the event loop ran itself."""
+        on_loop = CounterMetricFamily("serve_inference_exec_on_loop", "Model executions run on the event loop rather "
+                                      "than an instance thread (SERVE_INLINE_BELOW_US)", labels=["model", "version"])
+        for model, version, statistics in self.core.stats():
+            on_loop.add_metric([model.name, str(version)], statistics.loop_execution_count)
+        return on_loop
 
     def _downloads(self):
         downloads = self.core.download_cache()

@@ -42,6 +42,7 @@ class Statistics:
     compute_output: Duration = field(default_factory=Duration)
     inference_count: int = 0  # batch items inferred
     execution_count: int = 0  # model executions
+    loop_execution_count: int = 0  # those run on the event loop, not on an instance thread (scheduling/inline.py)
     last_inference_ms: int = 0  # wall clock, milliseconds since the epoch
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
 
@@ -55,9 +56,10 @@ class Statistics:
         self.inference_count += items
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def record_execution(self, batch_size: int, phases: Phases) -> None:
-        """One model execution, however many requests it carried."""
+    def record_execution(self, batch_size: int, phases: Phases, on_loop: bool = False) -> None:
+        """One model execution, however many requests it carried; `on_loop`: it ran on the event loop."""
         self.execution_count += 1
+        self.loop_execution_count += on_loop
         by_batch = self.batches.get(batch_size) or self.batches.setdefault(batch_size, BatchStatistics())
         by_batch.compute_input.add(phases.input_ns)
         by_batch.compute_infer.add(phases.infer_ns)

@@ -38,7 +38,7 @@ class DirectScheduler(Scheduler):
         execute = on_thread if inline else self._apply
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
         self._judge.record(job.items, phases, inline)
-        job.statistics.record_execution(job.items, phases)
+        job.statistics.record_execution(job.items, phases, inline)
         if isinstance(outputs, Exception):
             raise outputs
         return outputs, phases

@@ -84,7 +84,7 @@ class DynamicBatcher(Scheduler):
             raise outcome
         phases, (outputs,) = outcome
         self._judge.record(job.items, phases, inline)
-        job.statistics.record_execution(job.items, phases)
+        job.statistics.record_execution(job.items, phases, inline)
         if isinstance(outputs, Exception):
             raise outputs
         return outputs, phases

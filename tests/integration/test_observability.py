@@ -9,6 +9,7 @@ import pytest
 import requests
 import torch
 
+from container.scheduling.inline import INLINE_WINDOW
 from tests.builders import Scale, fp32_model, handler_model, sized_model, wait_for
 
 
@@ -55,6 +56,20 @@ def test_inference_metrics_follow_successes_and_failures(server):
         assert delta(before, after, f"nv_inference_{phase}_duration_us_total", **model) > 0
     assert after[("serve_queue_depth", (("model", "double"),))] == 0
     assert after[("nv_cpu_memory_total_bytes", ())] > 0
+
+
+def test_the_executions_the_event_loop_ran_are_counted_apart(start_server, tmp_path):
+    """With a threshold no execution of this model reaches, the judge sends its first INLINE_WINDOW
+    executions to its thread and every later one to the loop: the counter says where each ran."""
+    fp32_model(tmp_path, "double")
+    server = start_server(tmp_path, SERVE_INLINE_BELOW_US="2000000")
+    assert server.load("double").status_code == 200
+    for _ in range(INLINE_WINDOW + 4):
+        assert server.invoke("double", [[1, 2, 3, 4]]).status_code == 200
+    after = scrape(server)
+    model = (("model", "double"), ("version", "1"))
+    assert after[("nv_inference_exec_count_total", model)] == INLINE_WINDOW + 4
+    assert after[("serve_inference_exec_on_loop_total", model)] == 4
 
 
 def test_cache_metrics_follow_loads_evictions_hits_misses_and_507s(server):
