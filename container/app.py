@@ -9,7 +9,6 @@ from importlib.metadata import version as package_version
 import psutil
 import torch
 from flask import Flask
-from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from container import channel, frontends, resources
@@ -55,12 +54,11 @@ def create_app(settings: Settings) -> Flask:
                         downloads=downloads, s3_roots=settings.s3_roots)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     core = Core(registry, schedulers, settings.allow_model_files)
-    started = Event()  # set once the models named at start have loaded
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
                                  max_regions=settings.max_shm_regions)
     table = [
         *sagemaker_routes(core, settings),
-        *v2_routes(core, shared_memory, started, settings.max_payload_bytes),
+        *v2_routes(core, shared_memory, settings.max_payload_bytes),
         *repository_routes(core),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
@@ -73,8 +71,8 @@ def create_app(settings: Settings) -> Flask:
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
-    app.extensions.update(registry=registry, core=core, started=started, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
-                          channel={**channel_operations(core, shared_memory, started), **http_operations(dispatcher, clients, core, shared_memory)},
+    app.extensions.update(registry=registry, core=core, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
+                          channel={**channel_operations(core, shared_memory), **http_operations(dispatcher, clients, core, shared_memory)},
                           front_end_gone=clients.close_all)
     return app
 
@@ -99,11 +97,11 @@ def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache
 
 def load_startup_models(app: Flask, settings: Settings) -> None:
     """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
+    core = app.extensions["core"]
     try:
-        core = app.extensions["core"]
         core.load_all(startup_models(settings, core))
     finally:
-        app.extensions["started"].set()
+        core.started.set()
 
 
 def startup_models(settings: Settings, core: Core) -> list[tuple[str, str]]:

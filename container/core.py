@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import gevent
+from gevent.event import Event
 
 from container import ensembles
 from container.backends.ensemble import Ensemble, Step
@@ -142,6 +143,7 @@ class Core:
         self.counters = registry.counters
         self._downloads = registry.downloads
         self._dependents: dict[str, list[str]] = {}  # ensemble → the composing models its load loaded
+        self.started = Event()  # set once the models named at start have loaded, or failed to
 
     # -- requests ----------------------------------------------------------------------------------
 

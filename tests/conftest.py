@@ -52,6 +52,11 @@ class Server:
         except requests.RequestException:  # the server is still booting
             return False
 
+    def ready(self) -> bool:
+        """Whether the models named at start have loaded: in multi-model mode `/ping` says only that the
+        model process is alive, as SageMaker's contract has it."""
+        return self.request("GET", "/v2/health/ready").status_code == 200
+
     def request(self, method: str, path: str, **kwargs) -> requests.Response:
         kwargs.setdefault("timeout", 60)
         return requests.request(method, self.url + path, **kwargs)

@@ -18,7 +18,7 @@ from container.errors import InvalidInput
 from container.inference import InferRequest, TransformRequest
 
 
-def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict[str, Callable]:
+def channel_operations(core: Core, shared_memory: SharedMemory) -> dict[str, Callable]:
     def infer(name: str, version: str, document: dict, binary) -> list:
         """`binary`: bytes, or a large request's data mapped from shared memory."""
         heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
@@ -49,7 +49,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
 
     return {
         "live": core.check_health,
-        "ready": lambda: v2_dataplane.check_ready(core, started),
+        "ready": lambda: v2_dataplane.check_ready(core),
         "server_metadata": v2_dataplane.server_metadata,
         "model_ready": lambda name, version: v2_dataplane.check_model_ready(core, name, version),
         "model_metadata": lambda name, version: v2_dataplane.model_metadata(core, name, version),
@@ -65,7 +65,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, started) -> dict
         "shm_register_system": shared_memory.register_system,
         "shm_register_cuda": shared_memory.register_cuda,
         "shm_unregister": shared_memory.unregister,
-        **modelmesh_operations(core, started),
+        **modelmesh_operations(core),
     }
 
 

@@ -10,14 +10,14 @@ from container.core import Core, State
 from container.limits import check_name
 
 
-def modelmesh_operations(core: Core, started) -> dict[str, Callable]:
+def modelmesh_operations(core: Core) -> dict[str, Callable]:
     def status() -> dict:
         """The runtime as ModelMesh asks at its start, every loaded model unloaded first: ModelMesh
         starts from nothing, and a model it does not know of would hold memory it counts as free."""
         for view in core.ready():
             core.unload(view.name)
         budget, _ = core.memory()["cpu"]
-        return {"ready": started.is_set(), "capacity": budget, "load_concurrency": core.load_concurrency,
+        return {"ready": core.started.is_set(), "capacity": budget, "load_concurrency": core.load_concurrency,
                 "default_model_size": budget // 16, "version": package_version("container")}
 
     def load(model_id: str, path: str) -> int:

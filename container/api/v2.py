@@ -11,8 +11,7 @@ from container.core import Core
 from container.models.config import config_document
 
 
-def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
-    """`started` is set once the models named at start have loaded: the server is ready then."""
+def v2_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
     server_metadata = content.encode_json(v2_dataplane.server_metadata())
 
     def live(request: Request) -> Response:
@@ -21,7 +20,7 @@ def v2_routes(core: Core, shared_memory, started, max_body: int) -> list[Route]:
         return _json({"live": True})
 
     def ready(request: Request) -> Response:
-        v2_dataplane.check_ready(core, started)
+        v2_dataplane.check_ready(core)
         return _json({"ready": True})
 
     def alive(request: Request) -> Response:

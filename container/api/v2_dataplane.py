@@ -31,16 +31,14 @@ def server_metadata() -> dict:
     return {"name": "container", "version": package_version("container"), "extensions": EXTENSIONS}
 
 
-def check_ready(core: Core, started) -> None:
-    """`started` is set once the models named at start have loaded: the server is ready then."""
+def check_ready(core: Core) -> None:
+    """The server is ready once the models named at start have loaded."""
     core.check_health()
-    if not started.is_set():
+    if not core.started.is_set():
         raise Unavailable("the models named at start are still loading")
 
 
 def check_model_ready(core: Core, name: str, version: str | None) -> None:
-    if core.state(name) is State.LOADING:
-        raise Unavailable(f"model '{name}' is still loading")
     model(core, name, version)
 
 
@@ -211,8 +209,14 @@ def _version(text: str | None) -> int | None:
     return number
 
 
-def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound:
-    """Triton's words for a model, or a version of it, that cannot serve."""
+def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound | Unavailable:
+    """Triton's words for a model, or a version of it, that cannot serve; but a 503 to retry while it, or
+    any model named at start, still loads (at start, or after the model process restarted): Triton loads
+    the latter before it listens."""
+    if not core.started.is_set():
+        return Unavailable("the models named at start are still loading")
+    if core.state(name) is State.LOADING:
+        return Unavailable(f"model '{name}' is still loading")
     if version is not None:
         return ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
     return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")

@@ -50,6 +50,9 @@ def test_ping_and_other_models_answer_during_a_slow_load(server, gates):
         duplicate = server.load("slowload")
         assert duplicate.status_code == 409 and "still loading" in duplicate.json()["error"]
         assert server.request("GET", "/models/slowload").status_code == 404
+        assert server.invoke("slowload", [[1.0]]).status_code == 404  # SageMaker's contract: not loaded is 404
+        retry = server.request("POST", "/v2/models/slowload/infer", json={"inputs": []})  # V2: soon, so 503
+        assert retry.status_code == 503 and retry.json()["error"] == "model 'slowload' is still loading"
         assert not loading.done()
         gates["load"].release()
         assert loading.result().status_code == 200

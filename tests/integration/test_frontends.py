@@ -40,7 +40,7 @@ def server(start_server, tmp_path_factory):
     _models(root)
     server = start_server(root, SERVE_LOAD_MODELS="double,accumulate,pairs", SERVE_ALLOW_CLIENT_SHM="true",
                           SERVE_HTTP_WORKERS="2")
-    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the models did not load")
+    wait_for(server.ready, 60, "the models did not load")
     wait_for(lambda: len(server.http_pids()) == 2, 30, "the front-ends did not start")
     return server
 
@@ -206,7 +206,7 @@ def own_server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("own")
     fp32_model(root, "double", Scale())
     server = start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS="2")
-    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the model did not load")
+    wait_for(server.ready, 60, "the model did not load")
     return server
 
 
@@ -223,7 +223,7 @@ def test_while_the_model_process_is_away_every_front_end_answers_503_with_retry_
     assert answer.headers["Retry-After"] and "model process" in answer.json()["error"]
     answer = server.request("POST", "/v2/models/double/infer", json={"inputs": [_fp32("x", X, [1, 4])]})
     assert answer.status_code in (200, 503)  # 200 only once gunicorn's new worker has loaded the model again
-    wait_for(lambda: server.request("GET", "/ping").status_code == 200, 60, "the model process did not come back")
+    wait_for(server.ready, 60, "the model process did not come back")
     assert server.worker_pid() != worker
 
     def every_front_end_serves() -> bool:

@@ -24,7 +24,7 @@ def calls(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("mnt_models")
     fp32_model(root, "mlp")  # the repository storageUri names: one directory, named like the InferenceService
     server = start_server(root, **env)
-    wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the model did not load")
+    wait_for(server.ready, 60, "the model did not load")
     wait_for(server.grpc_ready, 60, "gRPC did not serve")
     result = subprocess.run([sys.executable, str(Path(__file__).with_name("kserve_calls.py")), server.url, server.grpc_url, "mlp"],
                             capture_output=True, text=True, timeout=120)

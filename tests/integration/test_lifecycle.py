@@ -6,7 +6,10 @@ import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.builders import (
     Gate,
@@ -32,6 +35,49 @@ def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory
     wait_for(lambda: server.request("GET", "/ping").status_code == 200, message="model never became ready")
     answer = server.request("POST", "/invocations", json=[[1.0, 2.0]])
     assert answer.status_code == 200 and answer.json() == [[2.0, 4.0]]
+
+
+def test_while_the_models_named_at_start_load_every_v2_miss_is_a_503_to_retry(start_server, tmp_path_factory):
+    """Triton listens only once the models named at start have loaded. Here a client may come sooner (at
+    start, or while a restarted model process loads them again): the loading model, and one not reached yet,
+    answer 503 with Retry-After over HTTP and UNAVAILABLE over gRPC, never a 404 that says give up."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "load")
+    root = tmp_path_factory.mktemp("models")
+    handler_model(root, "slow", gated_load(gate), Scale())
+    fp32_model(root, "later")
+    server = start_server(root, SERVE_LOAD_MODELS="slow,later")
+    gate.wait_entered()
+    for name in ("slow", "later", "nobody"):
+        for method, path in (("POST", f"/v2/models/{name}/infer"), ("GET", f"/v2/models/{name}"),
+                             ("GET", f"/v2/models/{name}/ready")):
+            answer = server.request(method, path, json={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                                                     "data": [1, 2, 3, 4]}]})
+            assert answer.status_code == 503 and answer.headers["Retry-After"], (path, answer.text)
+            assert "still loading" in answer.json()["error"]
+    with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+        wait_for(lambda: _grpc_live(client), message="the gRPC front-end did not start")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("later", [_fp32_input([[1, 2, 3, 4]])])
+        assert refused.value.status() == "StatusCode.UNAVAILABLE" and "still loading" in refused.value.message()
+        gate.release()
+        wait_for(server.ready, message="the models named at start did not load")
+        assert client.infer("later", [_fp32_input([[1, 2, 3, 4]])]).as_numpy("y").tolist() == [[2, 4, 6, 8]]
+    answer = server.request("POST", "/v2/models/nobody/infer", json={"inputs": []})
+    assert answer.status_code == 404 and "unknown model" in answer.json()["error"]
+
+
+def _grpc_live(client) -> bool:
+    try:
+        return client.is_server_live()
+    except InferenceServerException:  # its port is not open yet
+        return False
+
+
+def _fp32_input(rows) -> triton_grpc.InferInput:
+    array = np.array(rows, np.float32)
+    tensor = triton_grpc.InferInput("x", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return tensor
 
 
 def test_a_filled_opt_ml_model_serves_single_model_with_no_variable(start_server, tmp_path_factory):

@@ -156,7 +156,7 @@ def test_every_line_the_server_writes_is_json(start_server, tmp_path):
     handler_model(root, "handler", None, Scale())
     server = start_server(root, SERVE_LOAD_MODELS="*", SERVE_LOG_LEVEL="debug")
     # /ping is liveness in multi-model mode; V2 readiness waits for the models named at start
-    wait_for(lambda: requests.get(server.url + "/v2/health/ready").status_code == 200, message="the models did not load")
+    wait_for(server.ready, message="the models did not load")
     for name in ("double", "handler", "nobody"):
         server.invoke(name, [[1, 2, 3, 4]])
     server.request("POST", "/models/double/invoke", data="{", headers={"Content-Type": "application/json"})

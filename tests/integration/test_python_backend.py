@@ -123,7 +123,7 @@ def triton_examples(start_server, tmp_path_factory):
         shutil.copy(EXAMPLES / model, root / name / "1" / "model.py")
     server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*", SERVE_GRPC_PORT=str(TRITON_GRPC_PORT),
                           SERVE_METRICS_PORT=str(TRITON_METRICS_PORT))
-    wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the examples did not load")
+    wait_for(server.ready, 60, "the examples did not load")
     return server
 
 
@@ -203,7 +203,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates}
     server.finalized = gate_dir / "pair.finalized"
-    wait_for(lambda: server.request("GET", "/v2/health/ready").status_code == 200, 60, "the models did not load")
+    wait_for(server.ready, 60, "the models did not load")
     return server
 
 

@@ -9,14 +9,17 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from container.api.pipeline import Dispatcher, Request, Response, request_path
 from container.api.routing import Mount, Route, Routes
 from container.api.tfserving_json import MOUNT
-from container.app import create_app
+from container.app import create_app, load_startup_models
 from container.errors import InvalidRequest, ModelNotFound
 from container.settings import Settings
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    return create_app(Settings.from_env({"SERVE_MODEL_ROOT": str(tmp_path_factory.mktemp("models"))}))
+    settings = Settings.from_env({"SERVE_MODEL_ROOT": str(tmp_path_factory.mktemp("models"))})
+    app = create_app(settings)
+    load_startup_models(app, settings)  # none: the server is ready at once
+    return app
 
 
 def concrete(template: str) -> tuple[str, dict[str, str]]:
