@@ -14,7 +14,7 @@ from container.errors import DeviceOutOfMemory, InvalidRequest, QueueTimeout, Un
 from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
-from container.scheduling import scheduler_for
+from container.scheduling import dynamic, scheduler_for
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
 from container.scheduling.sequence import Turn
@@ -224,9 +224,12 @@ class Gated(HeldBackend):
         return super().execute(inputs, outputs, phases)
 
 
-def test_a_freed_instance_takes_the_requests_the_loop_has_received_before_it_cuts_a_batch():
+def test_a_freed_instance_takes_the_requests_the_loop_has_received_before_it_cuts_a_batch(monkeypatch):
     """A client answered by one batch sends its next request at once; the loop has it before the next
-    batch is cut, so it runs with the request queued meanwhile, not in a batch of its own."""
+    batch is cut, so it runs with the request queued meanwhile, not in a batch of its own. The wait for
+    the loop is bounded by wall time (the next test): unbounded here, so that a loaded machine that
+    preempts this process for 2 ms cannot cut the batch early."""
+    monkeypatch.setattr(dynamic, "GATHER_LIMIT", None)
     backend = Gated()
     scheduler = scheduler_for("m", config(dynamic_batching={}))
 
