@@ -46,13 +46,14 @@ def _expected(name: str) -> list[list[float]]:
 ACTIONS = {
     "invocations": (40, {200, 507}),
     "sagemaker_invoke": (15, {200, 404, 507}),
-    "v2_infer": (15, {200, 404, 507}),
+    "v2_infer": (15, {200, 404, 503, 507}),  # 503: only for a model still loading, to retry (LOADING_503)
     "tfserving_predict": (10, {200, 404, 507}),
     "sagemaker_load": (6, {200, 409, 507}),
     "sagemaker_unload": (5, {200, 404}),
     "v2_load": (5, {200, 409, 507}),
     "v2_unload": (4, {200, 404}),
 }
+LOADING_503 = b"is still loading"  # V2's answer for a model another client is loading; any other 503 is unexpected
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Client:
         tally.statuses[(action, status)] += 1
         if status == 0:
             tally.lost += 1
-        elif status not in ACTIONS[action][1]:
+        elif status not in ACTIONS[action][1] or (status == 503 and LOADING_503 not in body):
             tally.unexpected[(action, status, body[:120])] += 1
         if status == 200 and answer is not None:
             tally.latencies.append(elapsed)
