@@ -28,10 +28,12 @@ def test_numeric_tensors_keep_dtype_shape_and_values(dtype):
     assert back["scalar"] == 1.5
 
 
-def test_a_non_contiguous_or_empty_tensor_crosses_whole():
+def test_a_non_contiguous_empty_or_zero_dimensional_tensor_crosses_whole():
     array = np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2]
     np.testing.assert_array_equal(round_trip([array])[0], array)
     assert round_trip([np.empty((0, 5), np.float32)])[0].shape == (0, 5)
+    zero_d = round_trip([np.array(7, np.int16)])[0]
+    assert zero_d.shape == () and zero_d.dtype == np.int16 and zero_d == 7
 
 
 def test_bytes_tensors_cross_as_bytes():
