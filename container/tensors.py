@@ -57,6 +57,9 @@ def datatype_of(array: np.ndarray) -> str:
 
 def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     """Decoded request data (lists, scalars or an array) → an array of `datatype`, refusing lossy casts."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.dtype == _TABLE.get(datatype) \
+            and value.ndim <= MAX_DIMS:
+        return value  # nothing to cast: a front-end's typed JSON data, an NPY body of the model's type
     try:  # strings stay Python objects: numpy would turn a number among them into its digits
         array = np.asarray(value, dtype=object if datatype == "BYTES" and not isinstance(value, np.ndarray) else None)
     except ValueError as exc:  # ragged nesting, or deeper than numpy's 64 dimensions

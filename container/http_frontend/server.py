@@ -101,7 +101,7 @@ class ChannelDispatcher:
         document, data = None, body
         if not is_raw(header_length):
             try:
-                document, data = offload.run(heavy, v2_codec.split, body, header_length)
+                document, data = offload.run(heavy, _parse, body, header_length)
             except InvalidRequest:
                 pass
         client = request.client
@@ -144,6 +144,12 @@ class ChannelDispatcher:
             self.probes = Routes([Route(method, template, None, "health", {}) for method, template in routes])
             self.ready.set()
             return
+
+
+def _parse(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+    """A V2 request's document, its JSON data already typed, and the binary data after it."""
+    document, data = v2_codec.split(body, header_length)
+    return v2_codec.typed_data(document), data
 
 
 def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_timeout: float, fds: list[int]) -> None:

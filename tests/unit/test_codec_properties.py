@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from container import content
 from container.api import invoke_codec, tfserving, tfserving_json, v2_codec
 from container.api.shared_memory import SharedMemory
+from container.channel import wire
 from container.errors import ServeError
 from container.limits import Limits
 from container.models.signature import Signature
@@ -81,6 +82,33 @@ def test_v2_requests_decode_or_are_client_errors(signature_, entries, binary, he
         return v2_codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
 
     client_error_or(decode)
+
+
+WELL_FORMED = st.builds(
+    lambda datatype, values: [{"name": "x", "shape": [len(values)], "datatype": datatype, "data": values}],
+    st.sampled_from([d for d in DATATYPES if d != "BYTES"]),
+    st.lists(st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats(allow_nan=False), max_size=6))
+
+
+@PROPERTIES
+@given(signature_=SIGNATURES | st.builds(lambda t: signature(("x", t, [-1])), st.sampled_from(DATATYPES)),
+       entries=st.lists(TENSOR_ENTRIES, max_size=3) | WELL_FORMED, binary=st.binary(max_size=16))
+def test_v2_json_data_a_front_end_typed_decodes_as_the_model_process_decodes_it(signature_, entries, binary):
+    """An HTTP front-end types the JSON data it can (v2_codec.typed_data) and sends the document over the
+    channel: the model process then decodes the same tensors, or refuses with the same error."""
+    header = json.dumps({"inputs": entries}).encode()
+
+    def outcome(front_end: bool):
+        try:
+            document, data = v2_codec.split(header + binary, str(len(header)))
+            if front_end:
+                document = wire.unpack(wire.pack(v2_codec.typed_data(document))[wire.LENGTH.size:])
+            inputs = v2_codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
+        except ServeError as exc:
+            return type(exc), str(exc)
+        return {name: (array.dtype.str, array.shape, array.tobytes()) for name, array in inputs.items()}
+
+    assert outcome(front_end=True) == outcome(front_end=False)
 
 
 @PROPERTIES
