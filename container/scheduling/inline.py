@@ -3,11 +3,14 @@ more than a small model's whole execution, but the loop (every other request, /p
 inline execution. A model qualifies while each of its latest executions cost less than the threshold
 per item, times the request's items; a request estimated past it goes to a thread.
 
-On the loop, an execution's cost is the wall time the loop waited. A model leaves the loop after two
-executions in a row over the threshold: one alone may be another process taking the core (the
-front-ends share the cores).
+An execution's cost is the CPU time of the thread that ran it (a GPU's execution: its wall time,
+`Phases.cost_ns`). On the loop, the wall time the loop waited also holds the moments the system ran
+another process: with the front-ends and the load generator on the same cores, a tiny model judged by
+it left the loop for its thread, where each request cost twice as much (on two cores, 60% of its
+executions on the loop with one front-end, in the run BENCHMARKS.md shows). A model leaves the loop
+after two executions in a row over the threshold.
 
-On a thread the cost is CPU time, as the wall time there holds waits for the GIL the loop keeps. But
+On a thread, the wall time also holds waits for the GIL the loop keeps. But
 with the loop busy on another core, that CPU time grows many times over (the GIL, and the objects
 both sides touch, move between the cores' caches at every hand-off): a model of 45 µs cost 350-530 µs
 on its thread, against 48 with both on one core. Judged by that alone, a small model sent to a thread
@@ -49,15 +52,15 @@ class InlineJudge:
     def record(self, items: int, phases: Phases, inline: bool) -> None:
         items = max(items, 1)
         if not inline:
-            self._thread.append(phases.cpu_ns / items)
+            self._thread.append(phases.cost_ns / items)
             self._off_loop += 1
             return
-        waited = phases.input_ns + phases.infer_ns + phases.output_ns
-        if waited < self.below_ns:
-            self._loop.append(waited / items)
+        cost = phases.cost_ns or phases.input_ns + phases.infer_ns + phases.output_ns
+        if cost < self.below_ns:
+            self._loop.append(cost / items)
             self._over = False
             return
-        if self._loop and not self._over:  # once may be the system's doing: another process took the core
+        if self._loop and not self._over:  # once may be chance (a page fault, a garbage collection)
             self._over = True
             return
         # Back to the threads; a try that failed at once makes the next one wait twice as long.
