@@ -24,8 +24,8 @@ MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
 _NUMERIC = "biuf"
-_DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype for dtype in map(np.dtype, ("|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4",
-                                                                                 "<u8", "<i8", "<f2", "<f4", "<f8"))}
+_DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype  # the numeric dtypes, by their names in a head
+           for dtype in map(np.dtype, ["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"])}
 
 
 def pack(message, blobs: Blobs | None = None) -> bytes:
@@ -92,9 +92,12 @@ def _shape(shape: tuple[int, ...]) -> bytes:
 
 def _tensor(code: int, data: bytes):
     # struct and a dtype table rather than numpy for the head: a small tensor's unpacking cost 10 µs, 3 of it here
-    name, ndim = _HEAD.unpack_from(data)
+    try:
+        name, ndim = _HEAD.unpack_from(data)
+        shape = struct.unpack_from(f"<{ndim}q", data, _HEAD.size)
+    except struct.error:
+        raise ValueError("a channel tensor's head is cut short") from None
     start = _HEAD.size + 8 * ndim
-    shape = struct.unpack_from(f"<{ndim}q", data, _HEAD.size)
     if code == _STRINGS:
         return unpack_strings("", data[start:], math.prod(shape)).reshape(shape)
     if code != _ARRAY:

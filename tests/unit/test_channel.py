@@ -56,11 +56,14 @@ def test_what_is_not_data_does_not_cross():
         wire.pack([np.array([1 + 2j])])
 
 
-def test_a_forged_frame_makes_no_object_array():
+def test_a_forged_frame_makes_no_object_array_and_a_cut_one_is_refused():
     head = wire._HEAD.pack(b"|O", 1) + np.asarray([2], "<i8").tobytes()
     forged = msgpack.packb(msgpack.ExtType(1, head + b"\0" * 16))
     with pytest.raises(ValueError, match="object"):
         wire.unpack(forged)
+    cut = msgpack.packb(msgpack.ExtType(1, wire._HEAD.pack(b"<f4", 3) + np.asarray([2], "<i8").tobytes()))
+    with pytest.raises(ValueError, match="cut short"):
+        wire.unpack(cut)
 
 
 @pytest.mark.parametrize("cls", [errors.InvalidInput, errors.ModelNotFound, errors.Unavailable, errors.InsufficientMemory,
