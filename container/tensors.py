@@ -90,7 +90,7 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     if target.kind == "f" and kind in "fiu":
         with np.errstate(over="ignore"):
             narrowed = array.astype(target, copy=False)
-        if (np.isinf(narrowed) & ~np.isinf(array)).any():
+        if np.isinf(narrowed).any() and (np.isinf(narrowed) & ~np.isinf(array)).any():  # the precise test, rarely
             raise InvalidInput(f"input '{name}' is {datatype}: values outside its range (largest {np.finfo(target).max})")
         return narrowed
     return array.astype(target, copy=False)

@@ -46,10 +46,16 @@ def test_as_datatype(value, datatype, expected):
         assert array.tolist() == [b"a", b"b"]
 
 
+def test_an_infinity_sent_as_such_is_kept_and_only_an_overflow_refused():
+    assert as_datatype("t", np.array([np.inf, -1.0]), "FP32").tolist() == [np.inf, -1.0]
+    with pytest.raises(InvalidInput, match="outside its range"):
+        as_datatype("t", np.array([np.inf, 1e300]), "FP32")
+
+
 @pytest.mark.parametrize("value, datatype, message", [
     ([1.5], "INT32", "floating-point"), ([300], "UINT8", "outside"), ([-1], "UINT32", "outside"),
     (["x"], "FP32", "send numbers"), ([1], "BYTES", "send strings"), ([2], "BOOL", "true/false"),
-    ([[1], [1, 2]], "FP32", "input 't'"),
+    ([[1], [1, 2]], "FP32", "input 't'"), ([1.0, 1e300], "FP32", "outside its range"), ([70000], "FP16", "outside its range"),
 ])
 def test_as_datatype_refuses_lossy_casts(value, datatype, message):
     with pytest.raises(InvalidInput, match=message):
