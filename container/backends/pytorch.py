@@ -94,8 +94,6 @@ class TorchScriptModel:
         wanted = outputs or self._output_names
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
-        if self.device != "cpu":  # the thread waited for the device: its CPU time says nothing of the cost
-            phases.cost_ns = phases.input_ns + phases.infer_ns + phases.output_ns
         return {n: produced[n] for n in wanted}
 
     def _name_outputs(self, result, batch: int | None) -> dict[str, np.ndarray]:

@@ -22,10 +22,7 @@ class Phases:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
-    # What the execution cost, for the inline judge: the executing thread's CPU time, which neither waits
-    # for the GIL nor the system running another process stretch; for a GPU's execution its wall time,
-    # as the device's time is no thread's CPU time (the backend sets it then).
-    cost_ns: int = 0
+    cpu_ns: int = 0  # CPU time of the executing thread: unlike the others, not stretched by waits for the GIL
 
 
 @dataclass

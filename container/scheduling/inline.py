@@ -3,15 +3,12 @@ more than a small model's whole execution, but the loop (every other request, /p
 inline execution. A model qualifies while each of its latest executions cost less than the threshold
 per item, times the request's items; a request estimated past it goes to a thread.
 
-On the loop, an execution's cost is the lesser of two: the CPU time of the loop's thread over the
-execution (`Phases.cost_ns`; for a GPU's, the backend gives its wall time), which the system running
-another process does not stretch (the front-ends and the load generator share the cores); and the wall
-time of the model's own part, which leaves out the server's wrappers that the CPU time holds (on this
-VM, 10% of a tiny model's cost: judged by the CPU time alone, it left the loop more often). A model
-leaves the loop after two executions in a row over the threshold.
+On the loop, an execution's cost is the wall time the loop waited. A model leaves the loop after two
+executions in a row over the threshold: one alone may be another process taking the core (the
+front-ends share the cores).
 
-On a thread the cost is the thread's CPU time alone, as the wall time there holds waits for the GIL
-the loop keeps. But with the loop busy on another core, that CPU time grows many times over (the GIL, and the objects
+On a thread the cost is CPU time, as the wall time there holds waits for the GIL the loop keeps. But
+with the loop busy on another core, that CPU time grows many times over (the GIL, and the objects
 both sides touch, move between the cores' caches at every hand-off): a model of 45 µs cost 350-530 µs
 on its thread, against 48 with both on one core. Judged by that alone, a small model sent to a thread
 once under load stayed there. So a model on its threads whose latest execution there cost under
@@ -52,16 +49,15 @@ class InlineJudge:
     def record(self, items: int, phases: Phases, inline: bool) -> None:
         items = max(items, 1)
         if not inline:
-            self._thread.append(phases.cost_ns / items)
+            self._thread.append(phases.cpu_ns / items)
             self._off_loop += 1
             return
-        waited = phases.input_ns + phases.infer_ns + phases.output_ns  # the model's own part, wall time
-        cost = min(phases.cost_ns or waited, waited)
-        if cost < self.below_ns:
-            self._loop.append(cost / items)
+        waited = phases.input_ns + phases.infer_ns + phases.output_ns
+        if waited < self.below_ns:
+            self._loop.append(waited / items)
             self._over = False
             return
-        if self._loop and not self._over:  # once may be chance (a page fault, a garbage collection)
+        if self._loop and not self._over:  # once may be the system's doing: another process took the core
             self._over = True
             return
         # Back to the threads; a try that failed at once makes the next one wait twice as long.

@@ -69,7 +69,7 @@ def on_thread(execute, args: tuple, submitted: int):
     phases counts as inference."""
     started, cpu = time.perf_counter_ns(), time.thread_time_ns()
     phases, result = execute(*args)
-    phases.cost_ns = phases.cost_ns or time.thread_time_ns() - cpu
+    phases.cpu_ns = phases.cpu_ns or time.thread_time_ns() - cpu
     phases.queue_ns = started - submitted
     if not phases.infer_ns:
         phases.infer_ns = time.perf_counter_ns() - started
