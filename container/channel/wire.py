@@ -16,7 +16,7 @@ import numpy as np
 from container import errors
 from container.channel.blobs import Blobs, Large
 from container.errors import ServeError
-from container.tensors import pack_strings, unpack_strings
+from container.tensors import DATATYPES, little_endian, pack_strings, unpack_strings
 
 LENGTH = struct.Struct("<I")
 ANSWER, ERROR, ITEM = 0, 1, 2  # what a frame from the model process carries
@@ -24,8 +24,8 @@ MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
 _NUMERIC = "biuf"
-_DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype  # the numeric dtypes, by their names in a head
-           for dtype in map(np.dtype, ["|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"])}
+_DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype  # the tensor datatypes' numeric dtypes, by their names in a head
+           for dtype in map(little_endian, DATATYPES) if dtype.kind in _NUMERIC}
 
 
 def pack(message, blobs: Blobs | None = None) -> bytes:
