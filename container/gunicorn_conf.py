@@ -9,6 +9,7 @@ from container.channel.blobs import Blobs
 from container.settings import Settings
 
 resources.raise_open_file_limit()  # first: the connection cap follows from it, and the worker inherits it
+resources.keep_freed_heap()  # here and in every process the server starts
 _settings = Settings.from_env(os.environ)
 
 bind = f"0.0.0.0:{_settings.port}"

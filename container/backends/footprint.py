@@ -38,8 +38,8 @@ def execution_peak(device: str, peak: dict[str, int]):
     """Raises `peak` to the most memory the block held above what the process held when it began: the
     host's resident high-water mark (reset for the block) and, on a GPU, torch's peak allocation."""
     with _turn:
+        host = _resident()  # the heap trimmed first: blocks it kept from earlier requests would hide the peak
         resettable = reset_host_peak()
-        host = _process.memory_info().rss
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
             gpu = torch.cuda.memory_allocated(device)
