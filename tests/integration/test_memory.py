@@ -231,5 +231,5 @@ def test_large_requests_reuse_the_heap_in_every_process_they_cross(start_server,
     for _ in range(requests // 2):
         round_trip(http_client, triton_http)
         round_trip(grpc_client, triton_grpc)
-    faults = [(after - start) / requests for start, after in zip(before, map(minor_faults, processes))]
+    faults = [(after - start) / requests for start, after in zip(before, map(minor_faults, processes), strict=True)]
     assert sum(faults) < 2 * values.nbytes / PAGE, f"page faults a request: {faults} (the model process, gRPC, HTTP)"
