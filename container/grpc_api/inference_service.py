@@ -110,10 +110,8 @@ class InferenceService:
                     continue
                 if answer is None and not marked:  # a final flag alone: the client did not ask to see it
                     continue
-                response = messages.infer_response(answer or _empty(request, document), chunks)
-                if marked:
-                    response.parameters["triton_final_response"].bool_param = final
-                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+                answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks,
+                                                           final if marked else None, stream=True))
         except ServeError as exc:
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
         except Exception:
@@ -122,7 +120,7 @@ class InferenceService:
         finally:
             slots.release()
 
-    async def _infer(self, request) -> pb.ModelInferResponse:
+    async def _infer(self, request) -> bytes:
         document, binary = messages.infer_document(request)
         answer, chunks = await self.channel.call("infer", request.model_name, request.model_version, document, large(binary))
         return messages.infer_response(answer, chunks)

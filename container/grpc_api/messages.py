@@ -74,14 +74,39 @@ def _typed_contents(tensor) -> object:
     return list(values) if tensor.datatype == "BYTES" else np.array(values)
 
 
-def infer_response(answer: dict, chunks: list[bytes]) -> pb.ModelInferResponse:
+def infer_response(answer: dict, chunks: list, final: bool | None = None, stream: bool = False) -> bytes:
+    """A ModelInferResponse, serialized, its outputs' raw contents (bytes, or memoryviews of shared
+    memory) appended as protobuf's wire format lays out a repeated bytes field: each copied once, where
+    building the message copied it three times (4.3 against 0.7 ms for 4 MiB). `final`: the stream's
+    `triton_final_response` parameter; `stream`: wrapped as a ModelStreamInferResponse's answer."""
     response = pb.ModelInferResponse(model_name=answer["model_name"], model_version=answer["model_version"],
                                      id=answer.get("id", ""))
     for entry in answer["outputs"]:
         output = response.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
         set_parameters(output.parameters, {k: v for k, v in entry.get("parameters", {}).items() if k not in _TRANSPORT})
-    response.raw_output_contents.extend(chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in chunks)
-    return response
+    if final is not None:
+        response.parameters["triton_final_response"].bool_param = final
+    parts = [response.SerializeToString()]
+    for chunk in chunks:
+        parts += [_field_head(_RAW_OUTPUT_CONTENTS, len(chunk)), chunk]
+    if stream:
+        parts.insert(0, _field_head(_STREAM_INFER_RESPONSE, sum(map(len, parts))))
+    return b"".join(parts)
+
+
+_RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_STREAM_INFER_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
+
+
+def _field_head(number: int, length: int) -> bytes:
+    """A length-delimited field's tag and length, as varints."""
+    head = bytearray()
+    for value in ((number << 3) | 2, length):
+        while value > 0x7F:
+            head.append(value & 0x7F | 0x80)
+            value >>= 7
+        head.append(value)
+    return bytes(head)
 
 
 def from_document(document: dict, message):

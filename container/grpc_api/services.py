@@ -1,6 +1,7 @@
 """grpcio handlers for a protobuf service, made from its descriptor. Each request is parsed here: a
 message that does not parse reaches the RPC as `Malformed`, and the client gets INVALID_ARGUMENT with
-what was wrong (grpcio's own parsing would answer INTERNAL, a server fault)."""
+what was wrong (grpcio's own parsing would answer INTERNAL, a server fault). An RPC answers with its
+response message, or with the message already serialized."""
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -16,7 +17,7 @@ def generic_handler(service, servicer) -> grpc.GenericRpcHandler:
     """`service`: a ServiceDescriptor; `servicer`: an object with a method per RPC, named as the RPC."""
     handlers = {}
     for method in service.methods:
-        request, response = GetMessageClass(method.input_type), GetMessageClass(method.output_type)
+        request = GetMessageClass(method.input_type)
         if method.client_streaming and method.server_streaming:
             kind = grpc.stream_stream_rpc_method_handler
         elif not method.client_streaming and not method.server_streaming:
@@ -24,8 +25,13 @@ def generic_handler(service, servicer) -> grpc.GenericRpcHandler:
         else:
             raise TypeError(f"{method.full_name}: only unary and bidirectional RPCs are served")
         handlers[method.name] = kind(getattr(servicer, method.name), request_deserializer=_parser(request),
-                                     response_serializer=response.SerializeToString)
+                                     response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _serialize(message) -> bytes:
+    """A response message, or one an RPC serialized itself (messages.infer_response) as it is."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _parser(message_class):
