@@ -51,9 +51,10 @@ class CudaRuntime:
         self._call("cudaMemcpy", buffer, address, size, _DEVICE_TO_HOST)
         return buffer.raw
 
-    def write(self, address: int, data: bytes, device: int) -> None:
+    def write(self, address: int, data: bytes | memoryview, device: int) -> None:
         self._call("cudaSetDevice", device)
-        self._call("cudaMemcpy", address, data, len(data), _HOST_TO_DEVICE)
+        source = data if isinstance(data, bytes) else bytes(data)  # ctypes passes bytes as a pointer, not a view
+        self._call("cudaMemcpy", address, source, len(source), _HOST_TO_DEVICE)
 
     def _call(self, function: str, *args) -> None:
         code = getattr(self._lib, function)(*args)

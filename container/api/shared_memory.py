@@ -45,7 +45,7 @@ class SystemRegion:
             raise self._truncated()
         return data
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: bytes | memoryview) -> None:
         os.pwrite(self.fd, data, self._checked(offset, len(data)))
 
     def close(self) -> None:
@@ -78,7 +78,7 @@ class CudaRegion:
     def read(self, offset: int, byte_size: int) -> bytes:
         return self.runtime.read(self.address + offset, byte_size, self.device_id)
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: bytes | memoryview) -> None:
         self.runtime.write(self.address + offset, data, self.device_id)
 
     def close(self) -> None:
@@ -159,7 +159,7 @@ class SharedMemory:
     def read(self, name: str, offset: int, byte_size: int) -> bytes:
         return self._region(name, offset, byte_size).read(offset, byte_size)
 
-    def write(self, name: str, offset: int, byte_size: int, data: bytes) -> None:
+    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview) -> None:
         if len(data) > byte_size:
             raise InvalidRequest(f"the output needs {len(data)} bytes; shared memory region '{name}' offers {byte_size}")
         self._region(name, offset, byte_size).write(offset, data)

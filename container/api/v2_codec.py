@@ -181,13 +181,15 @@ def _check_size(name: str, size: int, datatype: str, shape: list[int], model: st
                            f"got {size} (the data of {datatype}{shape})")
 
 
-def to_binary(array: np.ndarray, datatype: str) -> bytes:
+def to_binary(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """The tensor's binary data; a numeric tensor already in its wire layout as a view of its own memory,
+    not a copy (the answer's body or shared memory copies it once, promptly)."""
     if datatype == "BYTES":
         return pack_strings(array)
     if datatype == "BF16":  # round to nearest even, keep the upper half
         bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
-    return np.ascontiguousarray(array, little_endian(datatype)).tobytes()
+    return memoryview(np.ascontiguousarray(array, little_endian(datatype)).reshape(-1)).cast("B")
 
 
 def classify(name: str, array: np.ndarray, count, labels: list[str], signature: Signature) -> np.ndarray:
