@@ -161,7 +161,7 @@ def response_body(document: dict, chunks: list[bytes]) -> tuple[bytes, dict[str,
     header = content.encode_json(document)
     if not chunks:
         return header, {"Content-Type": content.JSON}
-    return header + b"".join(chunks), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    return b"".join([header, *chunks]), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
 
 
 def from_binary(name: str, data, datatype: str, shape: list[int], model: str = "") -> np.ndarray:
