@@ -1,6 +1,6 @@
 """Large binary values beside a channel frame: the sender writes each once into a file of its own under
-/dev/shm (memory, not disk) and only the file's name crosses the socket; the receiver maps the file and
-removes its name. A 6 MiB request then costs one copy on the way in instead of four (msgpack, the
+/dev/shm (memory, not disk) and only the file's name crosses the socket; the receiver maps the file
+(copy-on-write) and removes its name. A 6 MiB request then costs one copy on the way in instead of four (msgpack, the
 socket both ways, msgpack again).
 
 Names are `<prefix>-<pid>-<n>`, the prefix the channel's (`container-<master pid>`), so the receiver
@@ -53,7 +53,9 @@ class Blobs:
         return name
 
     def take(self, name: str, size: int) -> memoryview:
-        """The data behind `name`, mapped read-only; the name is gone once this returns."""
+        """The data behind `name`, mapped copy-on-write: an array over it is writable, so torch takes a
+        large input as it is rather than copying it (as it must read-only memory), and a write stays in
+        this process. The name is gone once this returns."""
         if not self._shape.fullmatch(name):
             raise ValueError(f"{name!r} is not a name this channel gives its data")
         path = self.directory / name
@@ -63,7 +65,7 @@ class Blobs:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size != size:
                 raise ValueError(f"{name!r} is not the {size} bytes this channel wrote")
-            return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+            return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
         finally:
             os.close(fd)
 

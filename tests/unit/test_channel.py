@@ -94,8 +94,19 @@ def test_large_data_crosses_in_shared_memory_and_leaves_nothing(blobs, tmp_path)
     frame = wire.pack([1, "infer", [blobs_module.large(data), blobs_module.large(b"small")]], blobs)
     assert len(frame) < 200 and len(list(tmp_path.iterdir())) == 1  # the name crossed, not the data
     _, _, (back, small) = wire.unpack(frame[4:], blobs)
-    assert isinstance(back, memoryview) and back.readonly and bytes(back) == data and small == b"small"
+    assert isinstance(back, memoryview) and bytes(back) == data and small == b"small"
     assert list(tmp_path.iterdir()) == []  # the receiver removed the name as it mapped the data
+
+
+def test_what_the_receiver_writes_stays_its_own(blobs, tmp_path):
+    """The mapping is copy-on-write: an array over it is writable (torch takes it without a copy), and a
+    write never reaches the data another process mapped."""
+    name = blobs.put(b"\0" * blobs_module.THRESHOLD)
+    with (tmp_path / name).open("rb") as other:  # another process's view of the same data
+        array = np.frombuffer(blobs.take(name, blobs_module.THRESHOLD), np.uint8)
+        assert array.flags.writeable
+        array[:4] = 7
+        assert other.read(4) == b"\0" * 4 and array[:5].tolist() == [7, 7, 7, 7, 0]
 
 
 def test_without_blobs_large_data_stays_in_the_frame():
