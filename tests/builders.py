@@ -191,6 +191,17 @@ def defined(source: str, name: str):
     return namespace[name]
 
 
+def descriptors(pid: int) -> list[str]:
+    """What a live process's descriptors point at; one it closes while they are read is left out."""
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:  # closed meanwhile
+            pass
+    return targets
+
+
 def wait_for(predicate, timeout: float = 30, message: str = "condition not met"):
     """Poll with a deadline (the one sanctioned wait in tests)."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import free_port
-from tests.builders import wait_for
+from tests.builders import descriptors, wait_for
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -105,14 +105,7 @@ class Server:
     def channel_peers(self) -> int:
         """Front-end processes connected to the model process's channel now (its Unix sockets in the
         connected state; the listener is not one)."""
-        inodes = set()
-        for fd in Path(f"/proc/{self.worker_pid()}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except FileNotFoundError:  # closed meanwhile
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+        inodes = {target[8:-1] for target in descriptors(self.worker_pid()) if target.startswith("socket:[")}
         lines = Path("/proc/net/unix").read_text().splitlines()[1:]
         return sum(1 for line in lines if len(fields := line.split()) > 7 and fields[6] in inodes and fields[5] == "03"
                    and fields[7].endswith("models.sock"))

@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException, shared_memory
 
-from tests.builders import Scale, fp32_model, handler_model, sized_model, tensor, triton_model, wait_for
+from tests.builders import Scale, descriptors, fp32_model, handler_model, sized_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 from tests.integration.test_v2 import DATATYPES, save_models
 
@@ -448,7 +448,7 @@ def test_a_dead_front_end_is_replaced_and_loses_no_model(server, client, web):
 def test_the_front_end_holds_no_descriptor_of_the_masters(server):
     """Not the HTTP listener above all: an orphaned front-end would keep the port from a new server."""
     def sockets(pid: int) -> set[str]:
-        return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("socket:")}
+        return {target for target in descriptors(pid) if target.startswith("socket:")}
 
     assert sockets(server.process.pid) and not sockets(server.process.pid) & sockets(server.grpc_pid())
 

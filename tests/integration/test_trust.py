@@ -20,7 +20,18 @@ import requests
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import Gate, Scale, archive, fp32_model, gated_load, handler_model, tensor, triton_model, wait_for
+from tests.builders import (
+    Gate,
+    Scale,
+    archive,
+    descriptors,
+    fp32_model,
+    gated_load,
+    handler_model,
+    tensor,
+    triton_model,
+    wait_for,
+)
 from tests.integration.test_observability import log_lines
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
@@ -74,13 +85,7 @@ class Watched:
 
     def descriptors(self) -> list[str]:
         """What the worker's descriptors point at, for a failure's message."""
-        targets = []
-        for fd in os.listdir(f"/proc/{self.pid}/fd"):
-            try:
-                targets.append(os.readlink(f"/proc/{self.pid}/fd/{fd}"))
-            except FileNotFoundError:  # closed meanwhile
-                pass
-        return sorted(targets)
+        return sorted(descriptors(self.pid))
 
     def no_client_connected(self) -> bool:
         """No TCP connection to the server's port is established (its own listener aside)."""
