@@ -1,7 +1,7 @@
 """Large binary values beside a channel frame: the sender writes each once into a file of its own under
 /dev/shm (memory, not disk) and only the file's name crosses the socket; the receiver maps the file
-(copy-on-write) and removes its name. A 6 MiB request then costs one copy on the way in instead of four (msgpack, the
-socket both ways, msgpack again).
+(copy-on-write) and removes its name. A 6 MiB request then costs one copy on the way in instead of four
+(msgpack, the socket both ways, msgpack again).
 
 Names are `<prefix>-<pid>-<n>`, the prefix the channel's (`container-<master pid>`), so the receiver
 takes only what a process of this server wrote: a name of another shape, a link, a file of another
