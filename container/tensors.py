@@ -90,7 +90,8 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
     if target.kind == "f" and kind in "fiu":
         with np.errstate(over="ignore"):
             narrowed = array.astype(target, copy=False)
-        if np.isinf(narrowed).any() and (np.isinf(narrowed) & ~np.isinf(array)).any():  # the precise test, rarely
+        infinite = np.isinf(narrowed)
+        if infinite.any() and (infinite & ~np.isinf(array)).any():  # the precise test only where an infinity is
             raise InvalidInput(f"input '{name}' is {datatype}: values outside its range (largest {np.finfo(target).max})")
         return narrowed
     return array.astype(target, copy=False)
