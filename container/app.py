@@ -15,6 +15,7 @@ from container import channel, frontends, resources
 from container.api import tfserving, tfserving_json
 from container.api.channel_operations import channel_operations
 from container.api.http_channel import FrontEndClients, http_operations
+from container.api.log_and_trace import log_and_trace_routes
 from container.api.metrics import metrics_routes
 from container.api.openapi import openapi_routes
 from container.api.pipeline import Dispatcher
@@ -60,6 +61,7 @@ def create_app(settings: Settings) -> Flask:
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, settings.max_payload_bytes),
         *repository_routes(core),
+        *log_and_trace_routes(core, settings.log_level),
         *shared_memory_routes(shared_memory),
         *tfserving.tfserving_routes(core),
         *(metrics := metrics_routes(core, gpus, idle.uss)),
@@ -72,7 +74,7 @@ def create_app(settings: Settings) -> Flask:
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
     app.extensions.update(registry=registry, core=core, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
-                          channel={**channel_operations(core, shared_memory), **http_operations(dispatcher, clients, core, shared_memory)},
+                          channel={**channel_operations(core, shared_memory, settings.log_level), **http_operations(dispatcher, clients, core, shared_memory)},
                           front_end_gone=clients.close_all)
     return app
 

@@ -1,6 +1,7 @@
 """What front-end processes may ask the model process over the channel (channel/server.py): V2's
 operations on its documents (v2_dataplane.py), the shared memory regions (which live here, so a region
-registered through one front-end serves every front-end), and ModelMesh's runtime API (modelmesh.py);
+registered through one front-end serves every front-end), the log and trace settings (log_and_trace.py),
+and ModelMesh's runtime API (modelmesh.py);
 and what python models' worker processes ask: their BLS calls (`bls_infer`, tensors in and out). Arguments
 and answers are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from container import content
 from container.api import offload, v2_dataplane
+from container.api.log_and_trace import log_settings, trace_settings
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.channel.blobs import large
@@ -18,7 +20,7 @@ from container.errors import InvalidInput
 from container.inference import InferRequest, TransformRequest
 
 
-def channel_operations(core: Core, shared_memory: SharedMemory) -> dict[str, Callable]:
+def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) -> dict[str, Callable]:
     def infer(name: str, version: str, document: dict, binary) -> list:
         """`binary`: bytes, or a large request's data mapped from shared memory."""
         heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
@@ -61,6 +63,8 @@ def channel_operations(core: Core, shared_memory: SharedMemory) -> dict[str, Cal
         "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
         "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),
         "unload": lambda name, parameters: v2_dataplane.unload(core, name, parameters),
+        "log_settings": lambda update: log_settings(log_level, update),
+        "trace_settings": lambda name, update: trace_settings(core, name, update),
         "shm_status": shared_memory.status,
         "shm_register_system": shared_memory.register_system,
         "shm_register_cuda": shared_memory.register_cuda,

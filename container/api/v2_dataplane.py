@@ -20,7 +20,7 @@ from container.models.statistics import Duration, Statistics
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
     "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-    "statistics",
+    "statistics", "logging",
 ]
 SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
                          "priority": (int,), "timeout": (int,)}

@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from container.channel.blobs import large
 from container.channel.client import ChannelClient
-from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable, Unsupported
+from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable
 from container.grpc_api import messages
 from container.grpc_api.services import Malformed
 from container.grpc_api.status import answered, check_restricted, code_of
@@ -18,13 +18,12 @@ from container.settings import Settings
 
 log = logging.getLogger(__name__)
 _STREAM_IN_FLIGHT = 64  # requests of one stream under way at once; the stream reads no more meanwhile
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _FINAL = "triton_enable_empty_final_response"  # a stream's request asks its answer be marked final
 
 
 class InferenceService:
     def __init__(self, channel: ChannelClient, settings: Settings):
-        self.channel, self.restrictions, self.log_level = channel, settings.restricted_api, settings.log_level
+        self.channel, self.restrictions = channel, settings.restricted_api
 
     # -- health and metadata ------------------------------------------------------------------------
 
@@ -180,33 +179,24 @@ class InferenceService:
 
     @answered("metadata")
     async def TraceSetting(self, request, context):
-        """This server has no request tracing: its settings say so, and a change is refused."""
-        if any(value.value for value in request.settings.values()):
-            raise Unsupported("request tracing is not available in this server; use its request log and /metrics")
+        update = {key: _trace_value(key, list(setting.value)) for key, setting in request.settings.items()}
         response = pb.TraceSettingResponse()
-        for key, values in {"trace_level": ["OFF"], "trace_rate": ["0"], "trace_count": ["0"],
-                            "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"]}.items():
-            response.settings[key].value.extend(values)
+        for key, value in (await self.channel.call("trace_settings", request.model_name, update)).items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
 
     @answered("metadata")
     async def LogSettings(self, request, context):
-        """The log as the server writes it (SERVE_LOG_LEVEL, JSON lines on stderr); a change is refused:
-        a client may not make the server's log louder."""
-        level = _LOG_LEVELS.index(self.log_level) if self.log_level in _LOG_LEVELS else 1
-        settings = {"log_file": "", "log_info": level <= 1, "log_warning": level <= 2, "log_error": level <= 3,
-                    "log_verbose_level": 1 if level == 0 else 0, "log_format": "json"}
+        update = {key: messages.parameter_value(setting) for key, setting in request.settings.items()}
         response = pb.LogSettingsResponse()
-        for key, value in settings.items():
+        for key, value in (await self.channel.call("log_settings", update)).items():
+            setting = response.settings[key]
             if isinstance(value, bool):
-                response.settings[key].bool_param = value
+                setting.bool_param = value
             elif isinstance(value, int):
-                response.settings[key].uint32_param = value
+                setting.uint32_param = value
             else:
-                response.settings[key].string_param = value
-        for key, value in request.settings.items():
-            if key not in settings or value != response.settings[key]:
-                raise Unsupported(f"log setting '{key}' is fixed at start (SERVE_LOG_LEVEL); it cannot be changed here")
+                setting.string_param = value
         return response
 
     async def _regions(self, kind: str, name: str, response):
@@ -222,6 +212,14 @@ class InferenceService:
         except (Unavailable, ModelNotFound):
             return False
         return True
+
+
+def _trace_value(key: str, values: list[str]):
+    """A TraceSetting value as Triton's HTTP writes it (log_and_trace.py): the levels a list, any other
+    setting one string; an empty list clears the setting."""
+    if not values:
+        return None
+    return values if key == "trace_level" or len(values) > 1 else values[0]
 
 
 def _one_repository(name: str) -> None:

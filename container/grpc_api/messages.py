@@ -19,10 +19,15 @@ def parameters_of(parameters) -> dict:
     """A map of InferParameter (or of a repository's ModelRepositoryParameter) as plain values."""
     values = {}
     for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
-        if choice is not None:
-            values[key] = getattr(parameter, choice)
+        if (value := parameter_value(parameter)) is not None:
+            values[key] = value
     return values
+
+
+def parameter_value(parameter):
+    """The value a parameter's `parameter_choice` holds (None: none)."""
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
 
 
 def set_parameters(target, values: dict) -> None:

@@ -417,12 +417,32 @@ def test_system_shared_memory_registered_over_grpc_serves_both_protocols(server,
     assert web.get_system_shared_memory_status() == []
 
 
-def test_log_and_trace_settings_say_what_the_server_has(client):
-    log = client.get_log_settings(as_json=True)["settings"]
-    assert log["log_warning"]["bool_param"] and not log.get("log_info", {}).get("bool_param", False)  # SERVE_LOG_LEVEL=warning
-    assert _grpc_error(client.update_log_settings, {"log_info": True}).status() == "StatusCode.UNIMPLEMENTED"
-    assert client.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]
-    assert _grpc_error(client.update_trace_settings, settings={"trace_level": ["TIMESTAMPS"]}).status() == "StatusCode.UNIMPLEMENTED"
+def test_log_and_trace_settings_say_what_the_server_has(client, web):
+    """What HTTP answers (test_triton_fidelity.py), in protobuf: the same settings, the same refusals."""
+    log = client.get_log_settings()
+    assert {key: getattr(value, value.WhichOneof("parameter_choice")) for key, value in log.settings.items()} == \
+        web.get_log_settings()
+    assert client.update_log_settings({"log_warning": True, "log_verbose_level": 0}) == log  # restated: nothing changes
+    error = _grpc_error(client.update_log_settings, {"log_info": True})  # SERVE_LOG_LEVEL=warning
+    assert error.status() == "StatusCode.UNIMPLEMENTED" and "log setting 'log_info' cannot be changed" in error.message()
+    trace = client.get_trace_settings()
+    assert {key: list(value.value) for key, value in trace.settings.items()} == \
+        {key: value if isinstance(value, list) else [value] for key, value in web.get_trace_settings().items()}
+    assert client.get_trace_settings(model_name="addsub") == trace
+    assert client.update_trace_settings("addsub", {"trace_level": None, "trace_rate": "0"}) == trace  # cleared, restated
+    error = _grpc_error(client.update_trace_settings, settings={"trace_level": ["TIMESTAMPS"]})
+    assert error.status() == "StatusCode.UNIMPLEMENTED" and "this server traces no requests" in error.message()
+    assert _grpc_error(client.update_trace_settings, settings={"rate": "1"}).status() == "StatusCode.INVALID_ARGUMENT"
+    assert _grpc_error(client.get_trace_settings, model_name="nobody").status() == "StatusCode.NOT_FOUND"
+
+
+def test_a_log_setting_of_the_wrong_type_is_refused(server):
+    wrong = pb.LogSettingsRequest(settings={"log_info": pb.LogSettingsRequest.SettingValue(uint32_param=1)})
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as raised:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).LogSettings(wrong, timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == "log setting 'log_info' takes a boolean, or null"
 
 
 def test_a_repository_name_other_than_the_one_is_refused(server):

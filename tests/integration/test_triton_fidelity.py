@@ -337,6 +337,44 @@ def test_unknown_models_in_tritons_words(server, path, message):
     assert response.status_code == 404 and response.json()["error"] == message
 
 
+WARNING_LOG = {"log_file": "", "log_info": False, "log_warning": True, "log_error": True, "log_verbose_level": 0,
+               "log_format": "json"}  # SERVE_LOG_LEVEL=warning
+NO_TRACING = {"trace_level": ["OFF"], "trace_rate": "0", "trace_count": "0", "log_frequency": "0", "trace_file": "",
+              "trace_mode": "triton"}
+
+
+def test_log_and_trace_settings_say_what_the_server_has(client):
+    assert client.get_log_settings() == WARNING_LOG
+    assert client.update_log_settings({"log_warning": True, "log_info": None}) == WARNING_LOG  # restated, or cleared
+    assert client.get_trace_settings() == NO_TRACING
+    assert client.get_trace_settings(model_name="addsub") == NO_TRACING
+    assert client.update_trace_settings("addsub", {"trace_level": None, "trace_rate": "0"}) == NO_TRACING
+    assert "logging" in client.get_server_metadata()["extensions"]
+    with pytest.raises(InferenceServerException, match="log setting 'log_info' cannot be changed"):
+        client.update_log_settings({"log_info": True})
+
+
+@pytest.mark.parametrize("path, settings, status, message", [
+    ("/v2/logging", {"log_verbose_level": 1}, 501,
+     "log setting 'log_verbose_level' cannot be changed: the log is fixed at start (SERVE_LOG_LEVEL)"),
+    ("/v2/logging", {"log_info": "yes"}, 400, "log setting 'log_info' takes a boolean, or null"),
+    ("/v2/trace/setting", {"trace_level": "OFF"}, 400, "trace setting 'trace_level' takes a list of strings, or null"),
+    ("/v2/logging", {"log_infos": True}, 400,
+     "unknown log setting 'log_infos'; the settings are log_file, log_info, log_warning, log_error, log_verbose_level, "
+     "log_format"),
+    ("/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]}, 501, "trace setting 'trace_level' cannot be changed: this "
+     "server traces no requests; its request log and /metrics say what each request did"),
+    ("/v2/models/addsub/trace/setting", {"trace_file": "/tmp/trace.json"}, 501,
+     "trace setting 'trace_file' cannot be changed: this server traces no requests; its request log and /metrics say "
+     "what each request did"),
+    ("/v2/models/nobody/trace/setting", {}, 404, "Request for unknown model: 'nobody' is not found"),
+    ("/v2/trace/setting", [], 400, "the request body must be a JSON object"),
+])
+def test_a_log_or_trace_setting_that_would_change_is_refused(server, path, settings, status, message):
+    response = requests.post(server.url + path, json=settings)
+    assert (response.status_code, response.json()) == (status, {"error": message})
+
+
 def test_a_gpu_instance_group_loads_and_says_where_it_runs(client, server):
     outputs = infer(client, "on_gpu", {"INPUT0": np.ones((1, 4), np.int32), "INPUT1": np.ones((1, 4), np.int32)})
     assert outputs["OUTPUT__0"].tolist() == [[2, 2, 2, 2]]

@@ -83,7 +83,7 @@ def test_health_and_server_metadata(client):
     assert sorted(metadata["extensions"]) == sorted([
         "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
         "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-        "statistics"])
+        "statistics", "logging"])
 
 
 def test_model_metadata_and_config(client):
