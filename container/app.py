@@ -23,6 +23,7 @@ from container.api.routing import Routes
 from container.api.sagemaker import SINGLE_MODEL_NAME, sagemaker_routes
 from container.api.shared_memory import SharedMemory, shared_memory_routes
 from container.api.v2 import v2_routes
+from container.api.v2_generate import generate_routes
 from container.api.v2_repository import repository_routes
 from container.backends import WorkerOptions, load_backends
 from container.backends.gpus import Gpus
@@ -60,6 +61,7 @@ def create_app(settings: Settings) -> Flask:
     table = [
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, settings.max_payload_bytes),
+        *generate_routes(core, shared_memory),
         *repository_routes(core),
         *log_and_trace_routes(core, settings.log_level),
         *shared_memory_routes(shared_memory),

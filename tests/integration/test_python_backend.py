@@ -367,6 +367,27 @@ def test_execute_sees_the_requests_id_and_parameters(server):
     assert request_id == "req-7" and json.loads(parameters) == {"tag": "blue", "priority": 0}
 
 
+def test_generate_hands_a_python_model_its_id_and_parameters(server):
+    answer = server.request("POST", "/v2/models/describes/generate", json={
+        "id": "req-8", "x": [1, 2, 3, 4], "tag": "green", "parameters": {"temperature": 0.5, "stream": False}})
+    assert answer.status_code == 200, answer.text
+    about = answer.json()
+    request_id, parameters = about.pop("about")
+    assert about == {"id": "req-8", "model_name": "describes", "model_version": "1"}
+    assert request_id == "req-8" and json.loads(parameters) == {"tag": "green", "temperature": 0.5, "stream": False}
+
+
+@pytest.mark.parametrize("x, status, answer", [
+    ([1, 5, 5, 5], 200, {"model_name": "decoupled", "model_version": "1", "y": [0, 0, 0, 0], "count": 0}),
+    ([3, 1, 1, 1], 400, {"error": "model 'decoupled' sent 3 responses to the request; /generate answers with exactly one"}),
+    ([0, 1, 1, 1], 400, {"error": "model 'decoupled' sent 0 responses to the request; /generate answers with exactly one"}),
+    ([2, -1, 1, 1], 500, {"error": "x[1] is negative"}),
+])
+def test_generate_takes_a_decoupled_models_one_response(server, x, status, answer):
+    reply = server.request("POST", "/v2/models/decoupled/generate", json={"x": x})
+    assert (reply.status_code, reply.json()) == (status, answer)
+
+
 def test_a_bls_error_is_returned_as_triton_returns_it(server):
     body = {"inputs": [{"name": "model", "datatype": "BYTES", "shape": [1], "data": ["nope"]},
                        {"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}

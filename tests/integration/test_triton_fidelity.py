@@ -337,6 +337,40 @@ def test_unknown_models_in_tritons_words(server, path, message):
     assert response.status_code == 404 and response.json()["error"] == message
 
 
+def test_generate_answers_a_flat_object_as_triton_does(server):
+    """The generate extension, as TensorRT-LLM's quick start calls it: keys that name inputs are inputs."""
+    answer = requests.post(server.url + "/v2/models/upper/generate",
+                           json={"id": "42", "TEXT": "client input", "parameters": {"temperature": 0}})
+    assert (answer.status_code, answer.json()) == \
+        (200, {"id": "42", "model_name": "upper", "model_version": "1", "OUT": "CLIENT INPUT"})
+    answer = requests.post(server.url + "/v2/models/addsub/versions/1/generate",
+                           json={"INPUT0": [5, 6, 7, 8], "INPUT1": [1, 1, 1, 1]})
+    assert answer.json() == {"model_name": "addsub", "model_version": "1", "OUTPUT__0": [6, 7, 8, 9],
+                             "OUTPUT__1": [4, 5, 6, 7]}
+    assert requests.post(server.url + "/v2/models/upper/generate", json={"TEXT": ["a", "b"]}).json()["OUT"] == ["A", "B"]
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v2/models/addsub/generate", {"INPUT0": [1, 2, 3], "INPUT1": [1, 2, 3, 4]}, 400,
+     "input 'INPUT0': 3 value(s) do not fill its shape [-1, 4]"),
+    ("/v2/models/addsub/generate", {"INPUT0": [[1, 2, 3, 4]], "INPUT1": [1, 2, 3, 4]}, 400,
+     "input 'INPUT0' takes a value or a flat list of values"),
+    ("/v2/models/upper/generate", {"TEXT": "a", "options": {"beam": 2}}, 400,
+     "'options' is not an input of model 'upper', so it is a parameter, which takes a string, number or boolean"),
+    ("/v2/models/upper/generate", {"TEXT": "a", "id": 7}, 400, "'id' must be a string"),
+    ("/v2/models/upper/generate", {"TEXT": "a", "parameters": ["x"]}, 400, "'parameters' must be an object"),
+    ("/v2/models/upper/generate", ["a"], 400, "the request body must be a JSON object"),
+    ("/v2/models/upper/generate", {"text_input": "a"}, 400, "the request names none of model 'upper''s inputs: TEXT"),
+    ("/v2/models/addsub/generate", {"INPUT0": [1, 2, 3, 4]}, 400,
+     "missing input(s) ['INPUT1']; the model takes 'INPUT0' INT32[-1, 4], 'INPUT1' INT32[-1, 4]"),
+    ("/v2/models/nobody/generate", {"TEXT": "a"}, 404, "Request for unknown model: 'nobody' is not found"),
+    ("/v2/models/upper/versions/3/generate", {"TEXT": "a"}, 404, "Request for unknown model: 'upper' version 3 is not found"),
+])
+def test_generate_requests_that_cannot_be_served_say_why(server, path, body, status, message):
+    answer = requests.post(server.url + path, json=body)
+    assert (answer.status_code, answer.json()) == (status, {"error": message})
+
+
 WARNING_LOG = {"log_file": "", "log_info": False, "log_warning": True, "log_error": True, "log_verbose_level": 0,
                "log_format": "json"}  # SERVE_LOG_LEVEL=warning
 NO_TRACING = {"trace_level": ["OFF"], "trace_rate": "0", "trace_count": "0", "log_frequency": "0", "trace_file": "",
