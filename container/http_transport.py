@@ -274,7 +274,8 @@ class Connection:
 
     def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
         body = response.body
-        lines = [f"HTTP/1.1 {status_line(response.status)}\r\nDate: {_date()}\r\nContent-Length: {len(body)}\r\n"]
+        length = "Transfer-Encoding: chunked" if response.stream is not None else f"Content-Length: {len(body)}"
+        lines = [f"HTTP/1.1 {status_line(response.status)}\r\nDate: {_date()}\r\n{length}\r\n"]
         for name, value in response.headers.items():
             if "\r" in value or "\n" in value:  # a handler's header must not split the response
                 value = " ".join(value.splitlines())
@@ -284,6 +285,9 @@ class Connection:
         try:
             if head_only:
                 self._write(head)
+            elif response.stream is not None:
+                self._write(head)
+                self._write_chunks(response.stream)
             elif len(body) <= _INLINE_BODY:
                 self._write(b"".join((head, body)))
             else:
@@ -291,6 +295,19 @@ class Connection:
                 self._write(body)
         except OSError:
             pass  # the client left; the loop ends at its next read
+
+    def _write_chunks(self, stream) -> None:
+        """Each piece as one chunk as soon as it is made, then the end; a client that leaves ends the
+        stream (its generator is closed)."""
+        try:
+            for piece in stream:
+                if piece:
+                    self._write(b"".join((b"%x\r\n" % len(piece), piece, b"\r\n")))
+            self._write(b"0\r\n\r\n")
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
     def _write(self, data) -> None:
         """One send, which takes a small response whole; gevent's sendall costs ~5 µs more per call."""

@@ -14,6 +14,7 @@ from container.api import offload, v2_dataplane
 from container.api.log_and_trace import log_settings, trace_settings
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
+from container.api.v2_generate import generate_events
 from container.channel.blobs import large
 from container.core import Core
 from container.errors import InvalidInput
@@ -59,6 +60,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) 
         "statistics": lambda name, version: v2_dataplane.statistics(core, name, version),
         "infer": infer,
         "infer_stream": infer_stream,
+        "generate_stream": lambda name, version, body: generate_events(core, shared_memory, name, version, body),
         "bls_infer": bls_infer,
         "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
         "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),

@@ -5,6 +5,7 @@ it has parsed itself; any other WSGI server (Flask's test client, say) reaches i
 import itertools
 import os
 import time
+from typing import Iterator
 from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
 import orjson
@@ -48,11 +49,14 @@ class Request:
 
 
 class Response:
-    __slots__ = ("body", "status", "headers")
+    """`stream`: the body's pieces as they are made, for an answer sent while it is being made
+    (server-sent events); `body` is then empty."""
+
+    __slots__ = ("body", "status", "headers", "stream")
 
     def __init__(self, body: bytes = b"", content_type: str | None = None, status: int = 200,
-                 headers: dict[str, str] | None = None):
-        self.body, self.status = body, status
+                 headers: dict[str, str] | None = None, stream: Iterator[bytes] | None = None):
+        self.body, self.status, self.stream = body, status, stream
         self.headers = headers if headers is not None else {}
         if content_type is not None:
             self.headers["Content-Type"] = content_type
@@ -123,9 +127,12 @@ class Dispatcher:
         request = Request(environ["REQUEST_METHOD"], path, environ.get("QUERY_STRING", ""), headers, body.whole(),
                           body.oversize)
         response = self.serve(request)
-        response.headers["Content-Length"] = str(len(response.body))
+        if response.stream is None:
+            response.headers["Content-Length"] = str(len(response.body))
         start_response(status_line(response.status), list(response.headers.items()))
-        return [b"" if request.method == "HEAD" else response.body]
+        if request.method == "HEAD":
+            return [b""]
+        return response.stream if response.stream is not None else [response.body]
 
 
 class Body:

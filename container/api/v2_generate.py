@@ -1,16 +1,19 @@
-"""Triton's generate extension, `POST /v2/models/{name}[/versions/{v}]/generate`: a flat JSON object in,
-one out, for text models (`{"text_input": "…", "max_tokens": 20}` → `{"text_output": "…"}`).
+"""Triton's generate extension: `POST /v2/models/{name}[/versions/{v}]/generate` answers one flat JSON
+object for one (`{"text_input": "…", "max_tokens": 20}` → `{"text_output": "…"}`), and `…/generate_stream`
+sends each of a model's responses as it comes, as server-sent events (`data: {…}`): a decoupled model's
+tokens as it makes them.
 
 A request key that names one of the model's inputs is that input, a value or a flat list of them,
 shaped by the model's dims: fixed dimensions take their share of the values, the innermost variable
 one takes the rest, any other variable one is 1. Any other key, and every key of `parameters`, is a
-request parameter (a string, number or boolean); `id` is the request's id. The answer holds `id`,
+request parameter (a string, number or boolean); `id` is the request's id. An answer holds `id`,
 `model_name`, `model_version` and each output under its name: a lone value as itself, more as a flat
-list. A decoupled model must send exactly one response. (Triton's `generate_stream`, which streams a
-decoupled model's responses as server-sent events, is not served: the HTTP transport sends whole
-answers.)"""
+list. `/generate` takes exactly one response. A request refused before the model's first response is an
+error answer as any other; an error after it is an event `{"error": "…"}` in a stream that began 200."""
 
+import logging
 import math
+from typing import Callable, Iterator
 
 from container import content
 from container.api import v2_dataplane
@@ -18,37 +21,75 @@ from container.api.openapi import V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.core import Core
-from container.errors import InvalidRequest, ModelError
+from container.errors import InvalidRequest, ModelError, ServeError
 from container.models.signature import Signature
 
+log = logging.getLogger(__name__)
+EVENT_STREAM = "text/event-stream; charset=utf-8"
 _RESERVED = ("id", "parameters")
 _SCALARS = (str, int, float, bool)
+# (name, version, request) → the model's responses as generate documents, or {"error": …}
+Events = Callable[[str, str | None, dict], Iterator[dict]]
 
 
 def generate_routes(core: Core, shared_memory) -> list[Route]:
     def generate(request: Request) -> Response:
-        body = content.parse_object(request.body)
-        answer = generate_answer(core, shared_memory, request.params["name"], request.params.get("version"), body)
-        return Response(content.encode_json(answer), content.JSON)
+        documents = list(generate_events(core, shared_memory, request.params["name"], request.params.get("version"),
+                                         content.parse_object(request.body)))
+        if errors := [d["error"] for d in documents if "error" in d]:
+            raise ModelError(errors[0])
+        if len(documents) != 1:
+            raise InvalidRequest(f"model '{request.params['name']}' sent {len(documents)} responses to the request; "
+                                 "/generate answers with exactly one (generate_stream sends each)")
+        return Response(content.encode_json(documents[0]), content.JSON)
 
     return [
         Route("POST", "/v2/models/{name}/generate", generate, "inference", _GENERATE),
         Route("POST", "/v2/models/{name}/versions/{version}/generate", generate, "inference", _GENERATE),
+        *stream_routes(lambda name, version, body: generate_events(core, shared_memory, name, version, body)),
     ]
 
 
-def generate_answer(core: Core, shared_memory, name: str, version: str | None, body: dict) -> dict:
-    answers = []
+def stream_routes(events: Events) -> list[Route]:
+    """`…/generate_stream`, its events from `events`: the model process's own, or (an HTTP front-end) over
+    the channel."""
+
+    def generate_stream(request: Request) -> Response:
+        items = events(request.params["name"], request.params.get("version"), content.parse_object(request.body))
+        first = next(items, None)  # a request refused before the first response is an error answer
+        return Response(content_type=EVENT_STREAM, stream=_server_sent(first, items))
+
+    return [Route("POST", "/v2/models/{name}/generate_stream", generate_stream, "inference", _GENERATE_STREAM),
+            Route("POST", "/v2/models/{name}/versions/{version}/generate_stream", generate_stream, "inference",
+                  _GENERATE_STREAM)]
+
+
+def generate_events(core: Core, shared_memory, name: str, version: str | None, body: dict) -> Iterator[dict]:
     for answer, _, _, error in v2_dataplane.infer_stream(core, shared_memory, name, version,
                                                           lambda signature: (infer_document(signature, name, body), b"")):
         if error is not None:
-            raise ModelError(error)
-        if answer is not None:
-            answers.append(answer)
-    if len(answers) != 1:
-        raise InvalidRequest(f"model '{name}' sent {len(answers)} responses to the request; /generate answers "
-                             "with exactly one")
-    return generate_document(answers[0])
+            yield {"error": error}
+        elif answer is not None:  # None: a decoupled model's final flag alone
+            yield generate_document(answer)
+
+
+def _server_sent(first: dict | None, items: Iterator[dict]) -> Iterator[bytes]:
+    try:
+        if first is not None:
+            yield _event(first)
+        for item in items:
+            yield _event(item)
+    except ServeError as exc:
+        yield _event({"error": str(exc)})
+    except Exception:
+        log.exception("generate_stream failed after its first response")
+        yield _event({"error": "internal error; see the server's log"})
+    finally:
+        items.close()  # a client that left: the model's responses are no longer waited for
+
+
+def _event(document: dict) -> bytes:
+    return b"".join((b"data: ", content.encode_json(document), b"\n\n"))
 
 
 def infer_document(signature: Signature | None, name: str, body: dict) -> dict:
@@ -105,9 +146,11 @@ def generate_document(answer: dict) -> dict:
     return document
 
 
-# The OpenAPI operation of the routes above (api/openapi.py)
+# The OpenAPI operations of the routes above (api/openapi.py)
+_REQUEST = json_content(object_schema({"id": {"type": "string"}, "text_input": {"type": "string"},
+                                       "parameters": {"type": "object"}}))
 _GENERATE = operation("one inference as a flat JSON object: keys that name inputs are inputs, any other a parameter",
-                      V2, json_content({"type": "object"}),
-                      json_content(object_schema({"id": {"type": "string"}, "text_input": {"type": "string"},
-                                                  "parameters": {"type": "object"}})),
-                      errors=(400, 404, 413, 503, 507))
+                      V2, json_content({"type": "object"}), _REQUEST, errors=(400, 404, 413, 503, 507))
+_GENERATE_STREAM = operation("generate, each of the model's responses sent as it comes (server-sent events)", V2,
+                             {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, _REQUEST,
+                             errors=(400, 404, 413, 503, 507))

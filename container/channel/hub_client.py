@@ -8,6 +8,7 @@ import logging
 from typing import Callable
 
 import gevent
+import gevent.queue
 from gevent import socket
 from gevent.event import AsyncResult
 
@@ -55,6 +56,22 @@ class HubChannelClient:
             wire.raise_error(*result)
         return result
 
+    def stream(self, op: str, *args):
+        """The items `op(*args)` streams, each as the model process sends it; its error raised here."""
+        outbox = self._outbox
+        if outbox is None:
+            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        call_id = next(self._ids)
+        self._pending[call_id] = items = gevent.queue.Queue()
+        try:
+            outbox.send(wire.pack([call_id, op, list(args)], self.blobs))
+            while (frame := items.get())[0] == wire.ITEM:
+                yield frame[1]
+        finally:
+            self._pending.pop(call_id, None)
+        if frame[0] == wire.ERROR:
+            wire.raise_error(*frame[1])
+
     def _keep_connected(self) -> None:
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,14 +91,19 @@ class HubChannelClient:
             finally:
                 self._outbox = None
                 sock.close()
-                for answer in self._pending.values():
-                    answer.set(_LOST)
+                for waiting in self._pending.values():
+                    if isinstance(waiting, gevent.queue.Queue):  # a stream
+                        waiting.put((wire.ERROR, _LOST[1]))
+                    else:
+                        waiting.set(_LOST)
             log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
 
     def _read_answers(self, sock) -> None:
         frames = FrameReader(sock, wire.MAX_FRAME)
         while (frame := frames.next()) is not None:
-            call_id, failed, result = wire.unpack(frame, self.blobs)
-            answer = self._pending.get(call_id)
-            if answer is not None and not answer.ready():
-                answer.set((failed, result))
+            call_id, kind, result = wire.unpack(frame, self.blobs)
+            waiting = self._pending.get(call_id)
+            if isinstance(waiting, gevent.queue.Queue):
+                waiting.put((kind, result))
+            elif waiting is not None and not waiting.ready():
+                waiting.set((kind == wire.ERROR, result))

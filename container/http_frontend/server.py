@@ -2,7 +2,7 @@
 request handed whole to the model process over the channel (`ChannelDispatcher`), except V2 inference:
 its HTTP and the request's JSON are handled here, through the same route and pipeline one process uses,
 and only the inference crosses (its answer's body comes back made), so that the one model process does
-the least per request.
+the least per request; and `generate_stream`, whose events cross as the model makes them.
 
 - A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
@@ -32,6 +32,7 @@ from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
 from container.api.tfserving_json import MOUNT
+from container.api.v2_generate import stream_routes
 from container.api.v2_infer import infer_routes, is_raw
 from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
@@ -62,7 +63,8 @@ class ChannelDispatcher:
     here (the `local` pipeline, with the inference over the channel); refusals render here."""
 
     def __init__(self, settings: Settings, channel_path: str):
-        self.local = Dispatcher(Routes(infer_routes(self._infer, settings.max_payload_bytes), [MOUNT]),
+        self.local = Dispatcher(Routes([*infer_routes(self._infer, settings.max_payload_bytes),
+                                        *stream_routes(self._generate_events)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
         self.too_large, self.refuse = self.local.too_large, self.local.refuse
@@ -107,6 +109,9 @@ class ChannelDispatcher:
         client = request.client
         return self.channel.call("v2_infer", os.getpid(), client.number, client.requests, request.params["name"],
                                  request.params.get("version"), header_length, document, large(data), heavy)
+
+    def _generate_events(self, name: str, version: str | None, body: dict):
+        return self.channel.stream("generate_stream", name, version, body)
 
     def new_client(self) -> FrontEndConnection:
         self._connections += 1

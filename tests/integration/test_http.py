@@ -60,6 +60,21 @@ class Client:
         body, self.buffer = self.buffer[:length], self.buffer[length:]
         return int(status_line.split()[1]), headers, body
 
+    def chunked_body(self) -> list[bytes]:
+        """The chunks of a chunked body, up to its last (empty) one."""
+        chunks = []
+        while True:
+            while b"\r\n" not in self.buffer:
+                self._read()
+            size, self.buffer = self.buffer.split(b"\r\n", 1)
+            length = int(size, 16)
+            while len(self.buffer) < length + 2:
+                self._read()
+            chunk, self.buffer = self.buffer[:length], self.buffer[length + 2:]
+            if not length:
+                return chunks
+            chunks.append(chunk)
+
     def closed(self) -> bool:
         """The server closed the connection (after any bytes still unread)."""
         while True:
@@ -108,6 +123,16 @@ def test_a_chunked_body_is_read_whole(client):
     status, _, body = client.response()
     assert status == 200 and json.loads(body) == DOUBLED
     client.send(get("/ping"))  # and the connection goes on
+    assert client.response()[0] == 200
+
+
+def test_a_streamed_answer_is_chunked_and_the_connection_goes_on(client):
+    client.send(post("/v2/models/double/generate_stream", b'{"x": [1, 2, 3, 4], "id": "s"}'))
+    status, headers, body = client.response(head_only=True)
+    assert (status, headers["transfer-encoding"], headers["content-type"]) == (200, "chunked", "text/event-stream; charset=utf-8")
+    assert "content-length" not in headers
+    assert client.chunked_body() == [b'data: {"id":"s","model_name":"double","model_version":"1","y":[2.0,4.0,6.0,8.0]}\n\n']
+    client.send(get("/ping"))
     assert client.response()[0] == 200
 
 

@@ -163,7 +163,7 @@ def gate_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(start_server, tmp_path_factory, gate_dir):
     root = tmp_path_factory.mktemp("python-models")
-    batched_gate, fan_gate = Gate(gate_dir, "batched"), Gate(gate_dir, "fan_out")
+    batched_gate, fan_gate, drip_gate = Gate(gate_dir, "batched"), Gate(gate_dir, "fan_out"), Gate(gate_dir, "drip")
     pair_gates = [Gate(gate_dir, "pair1"), Gate(gate_dir, "pair2")]
     python_model(root, "pair", PAIR_PY.replace("{gates}", repr([g.code() for g in pair_gates]))
                  .replace("{finalized}", repr(str(gate_dir / "pair.finalized"))),
@@ -189,6 +189,9 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
+    python_model(root, "drip", DRIP_PY.replace("{gate}", drip_gate.code()), {
+        "input": [tensor("text_input", "TYPE_STRING", [1])], "output": [tensor("text_output", "TYPE_STRING", [1])],
+        "model_transaction_policy": {"decoupled": True}})
     python_model(root, "broken", "import not_a_module_anywhere\n", scale_config(1))
     python_model(root, "classless", "class Other:\n    pass\n", scale_config(1))
     ensemble(root, "fan", [tensor("RAW", "TYPE_FP32", [4])],
@@ -199,9 +202,9 @@ def server(start_server, tmp_path_factory, gate_dir):
              [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes,pair", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes,pair,drip", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
-    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates}
+    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate}
     server.finalized = gate_dir / "pair.finalized"
     wait_for(server.ready, 60, "the models did not load")
     return server
@@ -295,6 +298,26 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# a token, then (past the gate) another, as a text model streams what it makes
+DRIP_PY = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()[0].decode()
+            threading.Thread(target=self.answer, args=(request.get_response_sender(), text)).start()
+
+    def answer(self, sender, text):
+        for token in (1, 2):
+            if token == 2:
+                {gate}
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([f"{text} {token}"], np.object_))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 CRASHES_PY = """
 import os
 import numpy as np
@@ -379,13 +402,55 @@ def test_generate_hands_a_python_model_its_id_and_parameters(server):
 
 @pytest.mark.parametrize("x, status, answer", [
     ([1, 5, 5, 5], 200, {"model_name": "decoupled", "model_version": "1", "y": [0, 0, 0, 0], "count": 0}),
-    ([3, 1, 1, 1], 400, {"error": "model 'decoupled' sent 3 responses to the request; /generate answers with exactly one"}),
-    ([0, 1, 1, 1], 400, {"error": "model 'decoupled' sent 0 responses to the request; /generate answers with exactly one"}),
+    ([3, 1, 1, 1], 400, {"error": "model 'decoupled' sent 3 responses to the request; /generate answers with exactly one (generate_stream sends each)"}),
+    ([0, 1, 1, 1], 400, {"error": "model 'decoupled' sent 0 responses to the request; /generate answers with exactly one (generate_stream sends each)"}),
     ([2, -1, 1, 1], 500, {"error": "x[1] is negative"}),
 ])
 def test_generate_takes_a_decoupled_models_one_response(server, x, status, answer):
     reply = server.request("POST", "/v2/models/decoupled/generate", json={"x": x})
     assert (reply.status_code, reply.json()) == (status, answer)
+
+
+def events(reply: requests.Response) -> list[dict]:
+    return [json.loads(line.removeprefix(b"data: ")) for line in reply.iter_lines() if line]
+
+
+def test_generate_stream_sends_each_response_as_the_model_makes_it(server):
+    """The first event arrives while the model is held before its second: nothing waits for the end."""
+    url = server.url + "/v2/models/drip/generate_stream"
+    with requests.post(url, json={"text_input": "hi", "id": "s1"}, stream=True, timeout=60) as reply:
+        assert (reply.status_code, reply.headers["Content-Type"]) == (200, "text/event-stream; charset=utf-8")
+        lines = reply.iter_lines()
+        first = next(line for line in lines if line)
+        assert json.loads(first.removeprefix(b"data: ")) == \
+            {"id": "s1", "model_name": "drip", "model_version": "1", "text_output": "hi 1"}
+        server.gates["drip"].wait_entered()
+        server.gates["drip"].release()
+        rest = [json.loads(line.removeprefix(b"data: ")) for line in lines if line]
+    assert rest == [{"id": "s1", "model_name": "drip", "model_version": "1", "text_output": "hi 2"}]
+
+
+@pytest.mark.parametrize("x, stream", [
+    ([2, 3, 3, 3], [{"y": [0, 0, 0, 0], "count": 0}, {"y": [2, 3, 3, 3], "count": 1}]),
+    ([2, -1, 1, 1], [{"y": [0, 0, 0, 0], "count": 0}, {"error": "x[1] is negative"}]),  # an error after a 200
+    ([0, 1, 1, 1], []),  # the final flag alone
+])
+def test_generate_stream_sends_each_response_or_error_as_an_event(server, x, stream):
+    with requests.post(server.url + "/v2/models/decoupled/generate_stream", json={"x": x}, stream=True, timeout=60) as reply:
+        assert reply.status_code == 200
+        answers = events(reply)
+    assert [{k: v for k, v in a.items() if k not in ("model_name", "model_version")} for a in answers] == stream
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v2/models/nobody/generate_stream", {"x": [1, 2, 3, 4]}, 404, "Request for unknown model: 'nobody' is not found"),
+    ("/v2/models/decoupled/generate_stream", {"x": [1, 2]}, 400, "input 'x': 2 value(s) do not fill its shape [4]"),
+    ("/v2/models/decoupled/versions/x/generate_stream", {}, 400, "version 'x' must be a whole number in ASCII digits"),
+])
+def test_a_stream_refused_before_its_first_response_is_an_error_answer(server, path, body, status, message):
+    reply = server.request("POST", path, json=body)
+    assert (reply.status_code, reply.headers["Content-Type"], reply.json()) == \
+        (status, "application/json", {"error": message})
 
 
 def test_a_bls_error_is_returned_as_triton_returns_it(server):
