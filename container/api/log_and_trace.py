@@ -55,10 +55,10 @@ def _refuse_changes(kind: str, update: dict, current: dict, why: str) -> None:
 
 def log_and_trace_routes(core: Core, log_level: str) -> list[Route]:
     def logging(request: Request) -> Response:
-        return _json(log_settings(log_level, _update(request)))
+        return Response.json(log_settings(log_level, _update(request)))
 
     def trace(request: Request) -> Response:
-        return _json(trace_settings(core, request.params.get("name"), _update(request)))
+        return Response.json(trace_settings(core, request.params.get("name"), _update(request)))
 
     return [
         Route("GET", "/v2/logging", logging, "metadata", _LOG),
@@ -72,10 +72,6 @@ def log_and_trace_routes(core: Core, log_level: str) -> list[Route]:
 
 def _update(request: Request) -> dict:
     return content.parse_object(request.body) if request.method == "POST" else {}
-
-
-def _json(value) -> Response:
-    return Response(content.encode_json(value), content.JSON)
 
 
 # The OpenAPI operations of the routes above (api/openapi.py)
