@@ -8,28 +8,24 @@ shaped by the model's dims: fixed dimensions take their share of the values, the
 one takes the rest, any other variable one is 1. Any other key, and every key of `parameters`, is a
 request parameter (a string, number or boolean); `id` is the request's id. An answer holds `id`,
 `model_name`, `model_version` and each output under its name: a lone value as itself, more as a flat
-list. `/generate` takes exactly one response. A request refused before the model's first response is an
-error answer as any other; an error after it is an event `{"error": "…"}` in a stream that began 200."""
+list. `/generate` takes exactly one response; `generate_stream` is v2_generate_stream.py, which the
+HTTP front-ends serve too, with these events over the channel."""
 
-import logging
 import math
-from typing import Callable, Iterator
+from typing import Iterator
 
 from container import content
 from container.api import v2_dataplane
-from container.api.openapi import V2, json_content, object_schema, operation
+from container.api.openapi import V2, json_content, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
+from container.api.v2_generate_stream import REQUEST, stream_routes
 from container.core import Core
-from container.errors import InvalidRequest, ModelError, ServeError
+from container.errors import InvalidRequest, ModelError
 from container.models.signature import Signature
 
-log = logging.getLogger(__name__)
-EVENT_STREAM = "text/event-stream; charset=utf-8"
 _RESERVED = ("id", "parameters")
 _SCALARS = (str, int, float, bool)
-# (name, version, request) → the model's responses as generate documents, or {"error": …}
-Events = Callable[[str, str | None, dict], Iterator[dict]]
 
 
 def generate_routes(core: Core, shared_memory) -> list[Route]:
@@ -50,20 +46,6 @@ def generate_routes(core: Core, shared_memory) -> list[Route]:
     ]
 
 
-def stream_routes(events: Events) -> list[Route]:
-    """`…/generate_stream`, its events from `events`: the model process's own, or (an HTTP front-end) over
-    the channel."""
-
-    def generate_stream(request: Request) -> Response:
-        items = events(request.params["name"], request.params.get("version"), content.parse_object(request.body))
-        first = next(items, None)  # a request refused before the first response is an error answer
-        return Response(content_type=EVENT_STREAM, stream=_server_sent(first, items))
-
-    return [Route("POST", "/v2/models/{name}/generate_stream", generate_stream, "inference", _GENERATE_STREAM),
-            Route("POST", "/v2/models/{name}/versions/{version}/generate_stream", generate_stream, "inference",
-                  _GENERATE_STREAM)]
-
-
 def generate_events(core: Core, shared_memory, name: str, version: str | None, body: dict) -> Iterator[dict]:
     for answer, _, _, error in v2_dataplane.infer_stream(core, shared_memory, name, version,
                                                           lambda signature: (infer_document(signature, name, body), b"")):
@@ -71,25 +53,6 @@ def generate_events(core: Core, shared_memory, name: str, version: str | None, b
             yield {"error": error}
         elif answer is not None:  # None: a decoupled model's final flag alone
             yield generate_document(answer)
-
-
-def _server_sent(first: dict | None, items: Iterator[dict]) -> Iterator[bytes]:
-    try:
-        if first is not None:
-            yield _event(first)
-        for item in items:
-            yield _event(item)
-    except ServeError as exc:
-        yield _event({"error": str(exc)})
-    except Exception:
-        log.exception("generate_stream failed after its first response")
-        yield _event({"error": "internal error; see the server's log"})
-    finally:
-        items.close()  # a client that left: the model's responses are no longer waited for
-
-
-def _event(document: dict) -> bytes:
-    return b"".join((b"data: ", content.encode_json(document), b"\n\n"))
 
 
 def infer_document(signature: Signature | None, name: str, body: dict) -> dict:
@@ -146,11 +109,6 @@ def generate_document(answer: dict) -> dict:
     return document
 
 
-# The OpenAPI operations of the routes above (api/openapi.py)
-_REQUEST = json_content(object_schema({"id": {"type": "string"}, "text_input": {"type": "string"},
-                                       "parameters": {"type": "object"}}))
+# The OpenAPI operation of the routes above (api/openapi.py)
 _GENERATE = operation("one inference as a flat JSON object: keys that name inputs are inputs, any other a parameter",
-                      V2, json_content({"type": "object"}), _REQUEST, errors=(400, 404, 413, 503, 507))
-_GENERATE_STREAM = operation("generate, each of the model's responses sent as it comes (server-sent events)", V2,
-                             {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, _REQUEST,
-                             errors=(400, 404, 413, 503, 507))
+                      V2, json_content({"type": "object"}), REQUEST, errors=(400, 404, 413, 503, 507))

@@ -32,7 +32,7 @@ from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
 from container.api.tfserving_json import MOUNT
-from container.api.v2_generate import stream_routes
+from container.api.v2_generate_stream import stream_routes
 from container.api.v2_infer import infer_routes, is_raw
 from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
