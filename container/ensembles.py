@@ -17,13 +17,14 @@ InferStep = Callable[[Step, dict], dict]  # (step, the model's inputs) → the m
 
 def run(ensemble: Ensemble, inputs: dict, wanted: list[str] | None, infer_step: InferStep) -> dict:
     values = dict(inputs)  # ensemble tensor → its array, as the steps make them
+    left_out = set(ensemble.inputs) - inputs.keys()  # optional inputs: a step gets them as the request did, not at all
     gates = _gates(ensemble)
     pending, running = list(enumerate(ensemble.steps)), {}
     try:
         while pending or running:
-            for index, step in [(i, s) for i, s in pending if set(s.inputs.values()) <= values.keys()]:
+            for index, step in [(i, s) for i, s in pending if set(s.inputs.values()) <= values.keys() | left_out]:
                 pending.remove((index, step))
-                feed = {model_input: values[tensor] for model_input, tensor in step.inputs.items()}
+                feed = {model_input: values[tensor] for model_input, tensor in step.inputs.items() if tensor in values}
                 running[gevent.spawn(_gated, gates[index], infer_step, step, feed)] = step
             if not running:
                 raise ModelError(f"ensemble '{ensemble.name}': steps {[s.model for _, s in pending]} never got their inputs")

@@ -231,10 +231,14 @@ def _rows(instances, signature: Signature) -> dict[str, np.ndarray]:
     if not isinstance(instances, list) or not instances:
         raise InvalidRequest("'instances' must be a non-empty list, one entry per example")
     if all(isinstance(row, dict) and set(row) != {"b64"} for row in instances):
-        names = [spec.name for spec in signature.inputs]
+        required = {spec.name for spec in signature.inputs if not spec.optional}
+        names = sorted(instances[0]) if required <= set(instances[0]) else sorted(required)
         for index, row in enumerate(instances):
-            if sorted(row) != sorted(names):
-                raise InvalidInput(f"instance {index} names {sorted(row)}; every instance must name the inputs {names}")
+            if sorted(row) != names or not required <= set(row):
+                optional = [spec.name for spec in signature.inputs if spec.optional]
+                raise InvalidInput(f"instance {index} names {sorted(row)}; every instance must name the inputs "
+                                   f"{[spec.name for spec in signature.inputs if not spec.optional]}"
+                                   + (f", and the same of the optional {optional}" if optional else ""))
         columns = {name: [row[name] for row in instances] for name in names}
     else:
         columns = {_only_input(signature).name: instances}
@@ -290,6 +294,8 @@ def _examples(document: dict, signature: Signature) -> dict[str, np.ndarray]:
         raise InvalidRequest("'context' must be an object of features shared by every example")
     inputs = {}
     for spec in signature.inputs:
+        if spec.optional and spec.name not in context and not any(spec.name in e for e in examples):
+            continue  # an optional feature no example has: left out, as a request may leave it
         values = []
         for index, example in enumerate(examples):
             if spec.name in example and spec.name in context:

@@ -76,8 +76,10 @@ class TorchScriptModel:
 
     def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         start = time.perf_counter_ns()
-        tensors = {n: _to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device) for n in self._specs}
-        args = [tensors] if self._order is None else [tensors[n] for n in self._order]
+        tensors = {n: _to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device)
+                   for n in self._specs if n in inputs}
+        # an optional input the request left out: absent from a dict argument, else None (Optional[Tensor])
+        args = [tensors] if self._order is None else [tensors.get(n) for n in self._order]
         converted = time.perf_counter_ns()
         try:
             # The guard torch.inference_mode() enters, without its Python wrapper, and forward() without
@@ -190,6 +192,11 @@ def _bind_inputs(module, signature: Signature) -> list[str] | None:
     order = sorted(positions, key=positions.get)
     if [positions[n] for n in order] != list(range(len(order))):
         raise InvalidModel(f"input indexes {positions} must number forward()'s {len(params)} arguments from 0, each once")
+    for spec in signature.inputs:  # a request may leave an optional input out: the model then gets None
+        argument = arguments[positions[spec.name]]
+        if spec.optional and not isinstance(argument.type, torch.OptionalType):
+            raise InvalidModel(f"input '{spec.name}' is optional, so forward()'s argument '{argument.name}' must be "
+                               f"Optional[Tensor] (it is {argument.type})")
     return order
 
 

@@ -16,9 +16,10 @@ class TensorSpec:
     datatype: str
     shape: tuple[int, ...]  # with a leading -1 when the model batches
     reshape: tuple[int, ...] | None = None  # the shape the model itself sees or makes (config `reshape`), batch excluded
+    optional: bool = False  # an input a request may leave out (config `optional`)
 
     def summary(self) -> str:
-        return f"{self.datatype}{list(self.shape)}"
+        return f"{self.datatype}{list(self.shape)}{' (optional)' if self.optional else ''}"
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,11 @@ class Signature:
         """`initial_states`: state input name → the value its initial_state's data_file holds."""
         lead = (-1,) if config.max_batch_size > 0 else ()
 
-        def spec(name, data_type, dims, reshape=None):
-            return TensorSpec(name, from_config(pb.DataType.Name(data_type)), lead + tuple(dims), reshape)
+        def spec(name, data_type, dims, reshape=None, optional=False):
+            return TensorSpec(name, from_config(pb.DataType.Name(data_type)), lead + tuple(dims), reshape, optional)
 
-        def tensor(t):
-            return spec(t.name, t.data_type, t.dims, _reshape(t) if t.HasField("reshape") else None)
+        def tensor(t, optional=False):
+            return spec(t.name, t.data_type, t.dims, _reshape(t) if t.HasField("reshape") else None, optional)
 
         controls, states = [], []
         if config.HasField("sequence_batching"):
@@ -68,7 +69,7 @@ class Signature:
                                         spec(state.output_name, state.data_type, state.dims),
                                         (initial_states or {}).get(state.input_name)))
         return cls(
-            tuple(tensor(t) for t in config.input), tuple(tensor(t) for t in config.output),
+            tuple(tensor(t, t.optional) for t in config.input), tuple(tensor(t) for t in config.output),
             config.max_batch_size, tuple(controls), tuple(states),
         )
 
@@ -81,14 +82,19 @@ class Signature:
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Names, datatypes, shapes and batch size, with a message that says what to send instead."""
         if len(inputs) != len(self.inputs) or not all(s.name in inputs for s in self.inputs):
-            missing = [s.name for s in self.inputs if s.name not in inputs]
+            missing = [s.name for s in self.inputs if s.name not in inputs and not s.optional]
             if missing:
                 raise InvalidInput(f"missing input(s) {missing}; the model takes {self._names(self.inputs)}")
+            if not inputs:  # every input optional, and none given
+                raise InvalidInput(f"the request has no inputs; the model takes {self._names(self.inputs)}")
             extra = sorted(set(inputs) - {s.name for s in self.inputs})
-            raise InvalidInput(f"unexpected input(s) {extra}; the model takes {self._names(self.inputs)}")
+            if extra:
+                raise InvalidInput(f"unexpected input(s) {extra}; the model takes {self._names(self.inputs)}")
         batch = None
         for spec in self.inputs:
-            array = inputs[spec.name]
+            array = inputs.get(spec.name)
+            if array is None:  # an optional input the request leaves out
+                continue
             if datatype_of(array) != _wire_type(spec.datatype):
                 raise InvalidInput(f"input '{spec.name}' must be {spec.datatype}, got {datatype_of(array)}")
             if not _shape_matches(array.shape, spec.shape):

@@ -192,6 +192,10 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "drip", DRIP_PY.replace("{gate}", drip_gate.code()), {
         "input": [tensor("text_input", "TYPE_STRING", [1])], "output": [tensor("text_output", "TYPE_STRING", [1])],
         "model_transaction_policy": {"decoupled": True}})
+    python_model(root, "maybe", MAYBE_PY, {"input": [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
+                                           "output": [tensor("y", "TYPE_FP32", [4])]})
+    ensemble(root, "maybe_chain", [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
+             [tensor("y", "TYPE_FP32", [4])], [step("maybe", {"x": "x", "scale": "scale"}, {"y": "y"})])
     python_model(root, "broken", "import not_a_module_anywhere\n", scale_config(1))
     python_model(root, "classless", "class Other:\n    pass\n", scale_config(1))
     ensemble(root, "fan", [tensor("RAW", "TYPE_FP32", [4])],
@@ -202,7 +206,7 @@ def server(start_server, tmp_path_factory, gate_dir):
              [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes,pair,drip", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes,pair,drip,maybe,maybe_chain", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate}
     server.finalized = gate_dir / "pair.finalized"
@@ -316,6 +320,20 @@ class TritonPythonModel:
                 {gate}
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([f"{text} {token}"], np.object_))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+# x·scale, or x when the request leaves the optional `scale` out
+MAYBE_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            scale = pb_utils.get_input_tensor_by_name(request, "scale")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x if scale is None else x * scale.as_numpy())]))
+        return responses
 """
 
 CRASHES_PY = """
@@ -451,6 +469,18 @@ def test_a_stream_refused_before_its_first_response_is_an_error_answer(server, p
     reply = server.request("POST", path, json=body)
     assert (reply.status_code, reply.headers["Content-Type"], reply.json()) == \
         (status, "application/json", {"error": message})
+
+
+@pytest.mark.parametrize("model", ["maybe", "maybe_chain"])
+@pytest.mark.parametrize("scale, y", [([3], [3, 6, 9, 12]), (None, [1, 2, 3, 4])])
+def test_an_optional_input_left_out_reaches_the_model_as_none(server, model, scale, y):
+    """In a python model, and through an ensemble that maps it to one: `get_input_tensor_by_name` is None."""
+    inputs = [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]
+    if scale is not None:
+        inputs.append({"name": "scale", "datatype": "FP32", "shape": [1], "data": scale})
+    answer = server.request("POST", f"/v2/models/{model}/infer", json={"inputs": inputs})
+    assert answer.status_code == 200, answer.text
+    assert output(answer).tolist() == y
 
 
 def test_a_bls_error_is_returned_as_triton_returns_it(server):

@@ -2,6 +2,7 @@
 labels, b64, NaN and every error case."""
 
 import base64
+from typing import Optional
 
 import pytest
 import torch
@@ -17,6 +18,11 @@ class HalfPlusThree(torch.nn.Module):
 class Mixed(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor):
         return a + b.float(), a * 2
+
+
+class Shifted(torch.nn.Module):
+    def forward(self, x: torch.Tensor, shift: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return x if shift is None else x + shift
 
 
 class Scores(torch.nn.Module):
@@ -43,8 +49,11 @@ def server(start_server, tmp_path_factory):
                               [{**tensor("scores", "TYPE_FP32", [3]), "label_filename": "labels.txt"}], max_batch_size=8)
     (classifier / "labels.txt").write_text("left\nright\nboth\n")
     handler_model(root, "handler", None, Scale())
+    triton_model(root, "shifted", Shifted(), [tensor("x", "TYPE_FP32", [1]), {**tensor("shift", "TYPE_FP32", [1]), "optional": True}],
+                 [tensor("y", "TYPE_FP32", [1])], max_batch_size=4)
     server = start_server(root)
-    for name in ("saved_model_half_plus_three", "versioned", "latest_only", "mixed", "strings", "text", "classifier", "handler"):
+    for name in ("saved_model_half_plus_three", "versioned", "latest_only", "mixed", "strings", "text", "classifier", "handler",
+                 "shifted"):
         assert server.load(name).status_code == 200, name
     return server
 
@@ -98,6 +107,16 @@ def test_row_and_columnar_formats_agree_on_a_multi_input_model(server):
     assert rows.json() == {"predictions": [{"sum": [11.0, 12.0], "double": [2.0, 4.0]},
                                            {"sum": [23.0, 24.0], "double": [6.0, 8.0]}]}
     assert columns.json() == {"outputs": {"sum": [[11.0, 12.0], [23.0, 24.0]], "double": [[2.0, 4.0], [6.0, 8.0]]}}
+
+
+@pytest.mark.parametrize("body, predictions", [
+    ('{"instances": [{"x": [1]}, {"x": [2]}]}', [[1.0], [2.0]]),
+    ('{"instances": [{"x": [1], "shift": [10]}, {"x": [2], "shift": [20]}]}', [[11.0], [22.0]]),
+    ('{"inputs": {"x": [[1], [2]]}}', [[1.0], [2.0]]),
+])
+def test_an_optional_input_may_be_left_out_of_every_instance(server, body, predictions):
+    answer = post(server, "/v1/models/shifted:predict", body).json()
+    assert answer == ({"predictions": predictions} if "instances" in body else {"outputs": predictions})
 
 
 def test_single_output_name_is_omitted_and_scalars_work(server):
@@ -165,6 +184,8 @@ def test_only_the_latest_version_serves_by_default(server):
     ("POST", "/v1/models/saved_model_half_plus_three:predict", '[1.0]', 400, "JSON object"),
     ("POST", "/v1/models/saved_model_half_plus_three:predict", '{"instances": [{"b64": "!!"}]}', 400, "invalid base64"),
     ("POST", "/v1/models/mixed:predict", '{"instances": [{"a": [1, 2]}]}', 400, "every instance must name the inputs"),
+    ("POST", "/v1/models/shifted:predict", '{"instances": [{"x": [1], "shift": [1]}, {"x": [2]}]}', 400,
+     "instance 1 names ['x']; every instance must name the inputs ['x'], and the same of the optional ['shift']"),
     ("POST", "/v1/models/mixed:predict", '{"inputs": [[1, 2]]}', 400, "the model takes 2 inputs"),
     ("POST", "/v1/models/mixed:predict", '{"inputs": {"a": [[1, 2]], "b": [[1]], "c": [1]}}', 400, "unknown input 'c'"),
     ("POST", "/v1/models/mixed:predict", '{"inputs": {"a": [[1, 2]], "b": [[1.5]]}}', 400, "INT64: got floating-point"),

@@ -4,7 +4,8 @@ with `INPUT_STATE__1`/`START__2`/`READY__3`), driven with tritonclient."""
 
 import gzip
 import math
-from typing import List, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -55,6 +56,13 @@ class DictNet(torch.nn.Module):
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return inputs["x"] * 10 + inputs["y"]
+
+
+class Bias(torch.nn.Module):
+    """An optional input, as Triton's configs mark one (`optional: true`): None when the request leaves it out."""
+
+    def forward(self, INPUT0: torch.Tensor, BIAS: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return INPUT0 if BIAS is None else INPUT0 + BIAS
 
 
 class Flags(torch.nn.Module):
@@ -134,6 +142,8 @@ def server(start_server, tmp_path_factory):
     sequence_model(root, "sequence_string", StringSequenceNet(), "TYPE_STRING")
     triton_model(root, "on_gpu", AddSubNet(), int32, [tensor("OUTPUT__0", "TYPE_INT32", [4]), tensor("OUTPUT__1", "TYPE_INT32", [4])],
                  max_batch_size=8, instance_group=[{"kind": "KIND_GPU", "count": 2, "gpus": [0]}])
+    triton_model(root, "bias", Bias(), [tensor("INPUT0", "TYPE_FP32", [4]), {**tensor("BIAS", "TYPE_FP32", [4]), "optional": True}],
+                 [tensor("OUTPUT0", "TYPE_FP32", [4])], max_batch_size=8, dynamic_batching={"max_queue_delay_microseconds": 1000})
     triton_model(root, "flags", Flags(), [tensor("FLAGS", "TYPE_BOOL", [-1])], [tensor("NOT", "TYPE_BOOL", [-1])])
     triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("OUT", "TYPE_STRING", [-1])],
                  max_batch_size=8)
@@ -253,6 +263,41 @@ def test_badly_bound_models_are_refused_with_the_convention_to_follow(server):
                  [tensor("OUTPUT__0", "TYPE_INT32", [1])], max_batch_size=8, **config)
     response = requests.post(f"{server.url}/v2/repository/models/unbound/load", timeout=60)
     assert response.status_code == 400 and "<name>__<index>" in response.json()["error"]
+
+
+def test_an_optional_input_may_be_left_out(client):
+    bias = np.full((1, 4), 10, np.float32)
+    assert infer(client, "bias", {"INPUT0": FOUR, "BIAS": bias})["OUTPUT0"].tolist() == [[11, 12, 13, 14]]
+    assert infer(client, "bias", {"INPUT0": FOUR})["OUTPUT0"].tolist() == [[1, 2, 3, 4]]
+    with pytest.raises(InferenceServerException, match=r"missing input\(s\) \['INPUT0'\]; the model takes 'INPUT0' "
+                                                      r"FP32\[-1, 4\], 'BIAS' FP32\[-1, 4\] \(optional\)"):
+        infer(client, "bias", {"BIAS": bias})
+    assert client.get_model_config("bias")["input"][1]["optional"] is True
+
+
+def test_requests_with_and_without_an_optional_input_batch_apart(server):
+    """Eight clients at once, half of them sending BIAS: each gets its own answer, whatever batch it joined."""
+    def one(index: int) -> list:
+        with http.InferenceServerClient(server.url.removeprefix("http://")) as client:
+            inputs = {"INPUT0": FOUR * index, **({"BIAS": np.ones((1, 4), np.float32)} if index % 2 else {})}
+            return infer(client, "bias", inputs)["OUTPUT0"].tolist()
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(8)))
+    assert answers == [(FOUR * i + (i % 2)).tolist() for i in range(8)]
+
+
+def test_an_optional_input_forward_cannot_take_as_none_is_refused_at_load(server):
+    class Plain(torch.nn.Module):
+        def forward(self, INPUT0: torch.Tensor, BIAS: torch.Tensor) -> torch.Tensor:
+            return INPUT0 + BIAS
+
+    triton_model(server.model_root, "plain", Plain(), [tensor("INPUT0", "TYPE_FP32", [4]),
+                                                       {**tensor("BIAS", "TYPE_FP32", [4]), "optional": True}],
+                 [tensor("OUTPUT0", "TYPE_FP32", [4])], max_batch_size=8)
+    response = requests.post(f"{server.url}/v2/repository/models/plain/load", timeout=60)
+    assert (response.status_code, response.json()) == (400, {"error": "failed to load 'plain', input 'BIAS' is optional, "
+                                                         "so forward()'s argument 'BIAS' must be Optional[Tensor] (it is Tensor)"})
 
 
 def test_raw_binary_request_is_the_one_inputs_bytes(server):

@@ -30,6 +30,34 @@ def test_mismatches_name_the_input_and_what_was_expected(inputs, message):
         SIGNATURE.check_inputs(inputs)
 
 
+OPTIONAL = Signature(inputs=(TensorSpec("a", "FP32", (-1, 2)), TensorSpec("b", "FP32", (-1, 2), optional=True)),
+                     outputs=(TensorSpec("y", "FP32", (-1, 2)),), max_batch_size=4)
+
+
+@pytest.mark.parametrize("inputs", [{"a": np.zeros((1, 2), np.float32)},
+                                    {"a": np.zeros((3, 2), np.float32), "b": np.zeros((3, 2), np.float32)}])
+def test_an_optional_input_may_be_left_out(inputs):
+    OPTIONAL.check_inputs(inputs)
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"b": np.zeros((1, 2), np.float32)}, r"missing input\(s\) \['a'\]; the model takes 'a' FP32\[-1, 2\], 'b' FP32\[-1, 2\] \(optional\)"),
+    ({}, r"missing input\(s\) \['a'\]"),
+    ({"a": np.zeros((1, 2), np.float32), "c": np.zeros((1, 2), np.float32)}, r"unexpected input\(s\) \['c'\]"),
+    ({"a": np.zeros((1, 2), np.float32), "b": np.zeros((2, 2), np.float32)}, "disagree on the batch size"),
+    ({"a": np.zeros((1, 2), np.float32), "b": np.zeros((1, 3), np.float32)}, r"input 'b' must have shape"),
+])
+def test_an_optional_input_given_is_checked_and_a_required_one_is_still_required(inputs, message):
+    with pytest.raises(InvalidInput, match=message):
+        OPTIONAL.check_inputs(inputs)
+
+
+def test_a_request_of_no_inputs_is_refused_even_when_each_is_optional():
+    signature = Signature(inputs=(TensorSpec("b", "FP32", (2,), optional=True),), outputs=(TensorSpec("y", "FP32", (2,)),))
+    with pytest.raises(InvalidInput, match=r"the request has no inputs; the model takes 'b' FP32\[2\] \(optional\)"):
+        signature.check_inputs({})
+
+
 def test_unknown_outputs():
     with pytest.raises(InvalidInput, match=r"unknown output\(s\) \['z'\]"):
         SIGNATURE.check_outputs(["y", "z"])
