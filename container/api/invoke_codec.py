@@ -68,7 +68,8 @@ def _columns(rows: list[dict]) -> dict[str, list]:
 
 
 def _only_input(signature: Signature):
-    if len(signature.inputs) != 1:
+    spec = signature.sole_input()
+    if spec is None:
         names = [s.name for s in signature.inputs]
         raise InvalidInput(f'the model takes {len(names)} inputs {names}: send {{"inputs": {{name: value, …}}}} as JSON')
-    return signature.inputs[0]
+    return spec

@@ -252,10 +252,11 @@ def _columns(inputs, signature: Signature) -> dict[str, np.ndarray]:
 
 
 def _only_input(signature: Signature) -> TensorSpec:
-    if len(signature.inputs) != 1:
+    spec = signature.sole_input()
+    if spec is None:
         names = [spec.name for spec in signature.inputs]
         raise InvalidInput(f"the model takes {len(names)} inputs {names}: name each one")
-    return signature.inputs[0]
+    return spec
 
 
 def _tensor(name: str, value, signature: Signature) -> np.ndarray:

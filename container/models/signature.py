@@ -73,6 +73,11 @@ class Signature:
             config.max_batch_size, tuple(controls), tuple(states),
         )
 
+    def sole_input(self) -> TensorSpec | None:
+        """The input a request that names none is for: the model's one input, or its one required input."""
+        required = [s for s in self.inputs if not s.optional] if len(self.inputs) > 1 else self.inputs
+        return required[0] if len(required) == 1 else None
+
     def input(self, name: str) -> TensorSpec:
         for spec in self.inputs:
             if spec.name == name:

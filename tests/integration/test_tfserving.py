@@ -113,6 +113,7 @@ def test_row_and_columnar_formats_agree_on_a_multi_input_model(server):
     ('{"instances": [{"x": [1]}, {"x": [2]}]}', [[1.0], [2.0]]),
     ('{"instances": [{"x": [1], "shift": [10]}, {"x": [2], "shift": [20]}]}', [[11.0], [22.0]]),
     ('{"inputs": {"x": [[1], [2]]}}', [[1.0], [2.0]]),
+    ('{"inputs": [[1], [2]]}', [[1.0], [2.0]]),  # unnamed: the one required input
 ])
 def test_an_optional_input_may_be_left_out_of_every_instance(server, body, predictions):
     answer = post(server, "/v1/models/shifted:predict", body).json()

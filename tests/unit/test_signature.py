@@ -58,6 +58,18 @@ def test_a_request_of_no_inputs_is_refused_even_when_each_is_optional():
         signature.check_inputs({})
 
 
+@pytest.mark.parametrize("inputs, sole", [
+    ((TensorSpec("a", "FP32", (2,)),), "a"),
+    ((TensorSpec("a", "FP32", (2,), optional=True),), "a"),
+    ((TensorSpec("a", "FP32", (2,)), TensorSpec("b", "FP32", (2,), optional=True)), "a"),
+    ((TensorSpec("a", "FP32", (2,)), TensorSpec("b", "FP32", (2,))), None),
+    ((TensorSpec("a", "FP32", (2,), optional=True), TensorSpec("b", "FP32", (2,), optional=True)), None),
+])
+def test_the_sole_input_is_the_one_input_or_the_one_required(inputs, sole):
+    spec = Signature(inputs=inputs, outputs=()).sole_input()
+    assert (spec.name if spec else None) == sole
+
+
 def test_unknown_outputs():
     with pytest.raises(InvalidInput, match=r"unknown output\(s\) \['z'\]"):
         SIGNATURE.check_outputs(["y", "z"])
