@@ -11,6 +11,8 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 - `ensemble.Ensemble`: the steps of an ensemble, which the core runs through the models they name.
 """
 
+import logging
+
 from container.backends import python_backend
 from container.backends.ensemble import Ensemble
 from container.backends.handler_worker import HandlerWorker
@@ -18,11 +20,17 @@ from container.backends.pytorch import Replicas, TorchScriptModel
 from container.backends.worker_process import WorkerOptions
 from container.models.config import ENSEMBLE_PLATFORM, PYTHON_BACKEND, instance_gpus
 from container.models.source import ModelSource, TritonLayout
+from container.models.warmup import warm, warmup_samples
+
+log = logging.getLogger(__name__)
 
 
 def load_backends(name: str, source: ModelSource, device: str, options: WorkerOptions) -> dict[int, object]:
     """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
     layout = source.layout
+    if isinstance(layout, TritonLayout) and layout.kind in (ENSEMBLE_PLATFORM, PYTHON_BACKEND) and layout.config.model_warmup:
+        log.warning("model_warmup runs for TorchScript models only; this model serves without it",
+                    extra={"fields": {"model": name, "kind": layout.kind}})
     if isinstance(layout, TritonLayout) and layout.kind == ENSEMBLE_PLATFORM:
         return {version: Ensemble(name, layout.config) for version in layout.versions}
     if isinstance(layout, TritonLayout) and layout.kind == PYTHON_BACKEND:
@@ -32,6 +40,7 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
         placed = instance_gpus(layout.config)
         named = list(dict.fromkeys(placed))
         devices = named if device.startswith("cuda") and len(named) > 1 else [device]
+        samples = warmup_samples(source.directory, layout.config)
         try:
             for version, path in sorted(layout.versions.items()):
                 copies = []
@@ -42,6 +51,7 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
                         copy.close()
                     raise
                 loaded[version] = copies[0] if len(copies) == 1 else Replicas(copies, [named.index(d) for d in placed])
+                warm(loaded[version], samples, layout.signature)
         except BaseException:
             for backend in loaded.values():
                 backend.close()

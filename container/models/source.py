@@ -219,13 +219,14 @@ def _initial_states(directory: Path, config, limits: Limits) -> dict[str, np.nda
                 if not path.is_file():
                     raise InvalidModel(f"{what} data_file {initial.data_file!r} is not a file in the model's initial_state/")
                 limits.check_decoded(path.stat().st_size)
-                states[state.input_name] = _from_file(what, path.read_bytes(), datatype, shape)
+                states[state.input_name] = read_tensor(what, path.read_bytes(), datatype, shape)
             else:
                 states[state.input_name] = zeros(datatype, shape)
     return states
 
 
-def _from_file(what: str, data: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+def read_tensor(what: str, data: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw row-major data, as Triton reads its data files (a BYTES element: 4-byte length, then the bytes)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         try:

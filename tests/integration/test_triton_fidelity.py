@@ -4,6 +4,7 @@ with `INPUT_STATE__1`/`START__2`/`READY__3`), driven with tritonclient."""
 
 import gzip
 import math
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
@@ -298,6 +299,50 @@ def test_an_optional_input_forward_cannot_take_as_none_is_refused_at_load(server
     response = requests.post(f"{server.url}/v2/repository/models/plain/load", timeout=60)
     assert (response.status_code, response.json()) == (400, {"error": "failed to load 'plain', input 'BIAS' is optional, "
                                                          "so forward()'s argument 'BIAS' must be Optional[Tensor] (it is Tensor)"})
+
+
+class RefusesZeros(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x == 0).all()):
+            raise RuntimeError("an all-zero input")
+        return x * 2
+
+
+def warmup(name: str, **data) -> dict:
+    return {"name": name, "batch_size": 2, "count": 2, "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], **data}}}
+
+
+def test_model_warmup_samples_run_before_the_model_serves(server):
+    directory = triton_model(server.model_root, "warmed", RefusesZeros(), [tensor("x", "TYPE_FP32", [4])],
+                             [tensor("y", "TYPE_FP32", [4])], max_batch_size=8,
+                             model_warmup=[warmup("random", random_data=True), warmup("file", input_data_file="ones")])
+    (directory / "warmup").mkdir()
+    (directory / "warmup" / "ones").write_bytes(np.ones(4, "<f4").tobytes())
+    assert requests.post(f"{server.url}/v2/repository/models/warmed/load", timeout=60).status_code == 200
+    assert requests.post(f"{server.url}/v2/models/warmed/generate", json={"x": [1, 2, 3, 4]}).json()["y"] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("sample, message", [
+    (warmup("zeros", zero_data=True), "model_warmup 'zeros' failed: model 'cold' failed: builtins.RuntimeError: an "
+                                      "all-zero input"),
+    ({**warmup("big", zero_data=True), "batch_size": 9}, "model_warmup 'big': batch_size 9 is past max_batch_size 8"),
+    ({**warmup("short"), "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [8], "input_data_file": "ones"}}},
+     "model_warmup 'short' input 'x': the data file holds 16 bytes; FP32[8] takes 32"),
+    (warmup("absent", input_data_file="none"), "model_warmup 'absent' input 'x': input_data_file 'none' is not a file "
+                                              "in the model's warmup/"),
+    ({**warmup("named", zero_data=True), "inputs": {"z": {"data_type": "TYPE_FP32", "dims": [4], "zero_data": True}}},
+     "model_warmup 'named' failed: missing input(s) ['x']"),
+])
+def test_a_warmup_sample_the_model_cannot_run_fails_its_load(server, sample, message):
+    directory = triton_model(server.model_root, "cold", RefusesZeros(), [tensor("x", "TYPE_FP32", [4])],
+                             [tensor("y", "TYPE_FP32", [4])], max_batch_size=8, model_warmup=[sample])
+    (directory / "warmup").mkdir()
+    (directory / "warmup" / "ones").write_bytes(np.ones(4, "<f4").tobytes())
+    try:
+        response = requests.post(f"{server.url}/v2/repository/models/cold/load", timeout=60)
+        assert response.status_code == 400 and message in response.json()["error"], response.text
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_raw_binary_request_is_the_one_inputs_bytes(server):
