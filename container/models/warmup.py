@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from container.errors import InvalidModel, ServeError
+from container.errors import DeviceFault, InvalidModel, InvalidRequest, ModelError
 from container.models.signature import Signature
 from container.models.source import inside, read_tensor
 from container.models.statistics import Phases
@@ -71,5 +71,7 @@ def warm(backend, samples: list[Sample], signature: Signature) -> None:
             for copy in getattr(backend, "copies", [backend]):
                 for _ in range(sample.count):
                     copy.execute(sample.inputs, None, Phases())
-        except ServeError as exc:
+        except DeviceFault:
+            raise  # a broken device context: the worker must be replaced, whatever ran
+        except (InvalidRequest, ModelError) as exc:  # out of memory keeps its 507
             raise InvalidModel(f"model_warmup '{sample.name}' failed: {exc}") from None
