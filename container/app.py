@@ -61,7 +61,7 @@ def create_app(settings: Settings) -> Flask:
     table = [
         *sagemaker_routes(core, settings),
         *v2_routes(core, shared_memory, settings.max_payload_bytes),
-        *generate_routes(core, shared_memory),
+        *generate_routes(core, shared_memory, settings.max_payload_bytes),
         *repository_routes(core),
         *log_and_trace_routes(core, settings.log_level),
         *shared_memory_routes(shared_memory),

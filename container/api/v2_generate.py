@@ -19,7 +19,7 @@ from container.api import v2_dataplane
 from container.api.openapi import V2, json_content, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.api.v2_generate_stream import REQUEST, stream_routes
+from container.api.v2_generate_stream import REQUEST, generate_request, stream_routes
 from container.core import Core
 from container.errors import InvalidRequest, ModelError
 from container.models.signature import Signature
@@ -28,10 +28,10 @@ _RESERVED = ("id", "parameters")
 _SCALARS = (str, int, float, bool)
 
 
-def generate_routes(core: Core, shared_memory) -> list[Route]:
+def generate_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
     def generate(request: Request) -> Response:
         documents = list(generate_events(core, shared_memory, request.params["name"], request.params.get("version"),
-                                         content.parse_object(request.body)))
+                                         generate_request(request, max_body)))
         if errors := [d["error"] for d in documents if "error" in d]:
             raise ModelError(errors[0])
         if len(documents) != 1:
@@ -42,7 +42,7 @@ def generate_routes(core: Core, shared_memory) -> list[Route]:
     return [
         Route("POST", "/v2/models/{name}/generate", generate, "inference", _GENERATE),
         Route("POST", "/v2/models/{name}/versions/{version}/generate", generate, "inference", _GENERATE),
-        *stream_routes(lambda name, version, body: generate_events(core, shared_memory, name, version, body)),
+        *stream_routes(lambda name, version, body: generate_events(core, shared_memory, name, version, body), max_body),
     ]
 
 
@@ -111,4 +111,4 @@ def generate_document(answer: dict) -> dict:
 
 # The OpenAPI operation of the routes above (api/openapi.py)
 _GENERATE = operation("one inference as a flat JSON object: keys that name inputs are inputs, any other a parameter",
-                      V2, json_content({"type": "object"}), REQUEST, errors=(400, 404, 413, 503, 507))
+                      V2, json_content({"type": "object"}), REQUEST, errors=(400, 404, 413, 415, 503, 507))

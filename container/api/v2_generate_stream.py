@@ -9,6 +9,7 @@ import logging
 from typing import Callable, Iterator
 
 from container import content
+from container.api import compression
 from container.api.openapi import V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
@@ -20,15 +21,20 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 Events = Callable[[str, str | None, dict], Iterator[dict]]
 
 
-def stream_routes(events: Events) -> list[Route]:
+def stream_routes(events: Events, max_body: int) -> list[Route]:
     def generate_stream(request: Request) -> Response:
-        items = events(request.params["name"], request.params.get("version"), content.parse_object(request.body))
+        items = events(request.params["name"], request.params.get("version"), generate_request(request, max_body))
         first = next(items, None)  # a request refused before the first response is an error answer
         return Response(content_type=EVENT_STREAM, stream=_server_sent(first, items))
 
     return [Route("POST", "/v2/models/{name}/generate_stream", generate_stream, "inference", _GENERATE_STREAM),
             Route("POST", "/v2/models/{name}/versions/{version}/generate_stream", generate_stream, "inference",
                   _GENERATE_STREAM)]
+
+
+def generate_request(request: Request, max_body: int) -> dict:
+    """The request's JSON object, its body inflated first when it came gzip or deflate, as V2 infer's."""
+    return content.parse_object(compression.inflate(request.body, request.header("content-encoding"), max_body))
 
 
 def _server_sent(first: dict | None, items: Iterator[dict]) -> Iterator[bytes]:
@@ -55,4 +61,4 @@ REQUEST = json_content(object_schema({"id": {"type": "string"}, "text_input": {"
                                       "parameters": {"type": "object"}}))
 _GENERATE_STREAM = operation("generate, each of the model's responses sent as it comes (server-sent events)", V2,
                              {"content": {"text/event-stream": {"schema": {"type": "string"}}}}, REQUEST,
-                             errors=(400, 404, 413, 503, 507))
+                             errors=(400, 404, 413, 415, 503, 507))

@@ -64,7 +64,7 @@ class ChannelDispatcher:
 
     def __init__(self, settings: Settings, channel_path: str):
         self.local = Dispatcher(Routes([*infer_routes(self._infer, settings.max_payload_bytes),
-                                        *stream_routes(self._generate_events)], [MOUNT]),
+                                        *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
         self.too_large, self.refuse = self.local.too_large, self.local.refuse

@@ -438,6 +438,9 @@ def test_generate_answers_a_flat_object_as_triton_does(server):
     assert answer.json() == {"model_name": "addsub", "model_version": "1", "OUTPUT__0": [6, 7, 8, 9],
                              "OUTPUT__1": [4, 5, 6, 7]}
     assert requests.post(server.url + "/v2/models/upper/generate", json={"TEXT": ["a", "b"]}).json()["OUT"] == ["A", "B"]
+    squeezed = requests.post(server.url + "/v2/models/upper/generate", data=gzip.compress(b'{"TEXT": "zipped"}'),
+                             headers={"Content-Encoding": "gzip"})
+    assert squeezed.json()["OUT"] == "ZIPPED"  # inflated, as V2 infer's body is
 
 
 @pytest.mark.parametrize("path, body, status, message", [
@@ -450,6 +453,7 @@ def test_generate_answers_a_flat_object_as_triton_does(server):
     ("/v2/models/upper/generate", {"TEXT": "a", "id": 7}, 400, "'id' must be a string"),
     ("/v2/models/upper/generate", {"TEXT": "a", "parameters": ["x"]}, 400, "'parameters' must be an object"),
     ("/v2/models/upper/generate", ["a"], 400, "the request body must be a JSON object"),
+    ("/v2/models/upper/generate_stream", {"TEXT": "a"}, 415, "Content-Encoding 'br' is not supported; use gzip or deflate"),
     ("/v2/models/upper/generate", {"text_input": "a"}, 400, "the request names none of model 'upper''s inputs: TEXT"),
     ("/v2/models/addsub/generate", {"INPUT0": [1, 2, 3, 4]}, 400,
      "missing input(s) ['INPUT1']; the model takes 'INPUT0' INT32[-1, 4], 'INPUT1' INT32[-1, 4]"),
@@ -457,7 +461,7 @@ def test_generate_answers_a_flat_object_as_triton_does(server):
     ("/v2/models/upper/versions/3/generate", {"TEXT": "a"}, 404, "Request for unknown model: 'upper' version 3 is not found"),
 ])
 def test_generate_requests_that_cannot_be_served_say_why(server, path, body, status, message):
-    answer = requests.post(server.url + path, json=body)
+    answer = requests.post(server.url + path, json=body, headers={"Content-Encoding": "br"} if status == 415 else {})
     assert (answer.status_code, answer.json()) == (status, {"error": message})
 
 
