@@ -34,7 +34,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) 
         heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
         for answer, chunks, final, error in v2_dataplane.infer_stream(
                 core, shared_memory, name, version, lambda _: (document, memoryview(binary)), heavy=heavy):
-            yield [answer, [large(chunk) for chunk in chunks], final, error]
+            yield [answer, [large(chunk) for chunk in chunks], final, None if error is None else str(error)]
 
     def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
         """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest. A

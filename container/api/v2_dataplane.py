@@ -90,7 +90,7 @@ def infer(core: Core, shared_memory, name: str, version: str | None, parse, clie
 
 
 def infer_stream(core: Core, shared_memory, name: str, version: str | None, parse, heavy: bool = False):
-    """`infer` as a stream (gRPC's ModelStreamInfer): items (answer, binary chunks, final, error message).
+    """`infer` as a stream (gRPC's ModelStreamInfer): items (answer, binary chunks, final, error).
     A decoupled model's responses come each as it sends it (a final flag without a response is an item
     with no answer); any other model's one answer is one final item."""
     with _lease(core, name, version) as lease:
@@ -106,7 +106,7 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
         while (item := responses.get()) is not None:
             outcome, final = item
             if isinstance(outcome, Exception):
-                yield None, [], final, str(outcome)
+                yield None, [], final, outcome
             elif outcome is None:
                 yield None, [], final, None
             else:

@@ -21,7 +21,7 @@ from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.api.v2_generate_stream import REQUEST, generate_request, stream_routes
 from container.core import Core
-from container.errors import InvalidRequest, ModelError
+from container.errors import InvalidRequest, ModelError, ServeError
 from container.models.signature import Signature
 
 _RESERVED = ("id", "parameters")
@@ -30,10 +30,10 @@ _SCALARS = (str, int, float, bool)
 
 def generate_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
     def generate(request: Request) -> Response:
-        documents = list(generate_events(core, shared_memory, request.params["name"], request.params.get("version"),
-                                         generate_request(request, max_body)))
-        if errors := [d["error"] for d in documents if "error" in d]:
-            raise ModelError(errors[0])
+        documents = list(_responses(core, shared_memory, request.params["name"], request.params.get("version"),
+                                    generate_request(request, max_body)))
+        for error in (d for d in documents if isinstance(d, Exception)):
+            raise error if isinstance(error, ServeError) else ModelError(str(error))
         if len(documents) != 1:
             raise InvalidRequest(f"model '{request.params['name']}' sent {len(documents)} responses to the request; "
                                  "/generate answers with exactly one (generate_stream sends each)")
@@ -46,11 +46,21 @@ def generate_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
     ]
 
 
-def generate_events(core: Core, shared_memory, name: str, version: str | None, body: dict) -> Iterator[dict]:
+def generate_events(core: Core, shared_memory, name: str, version: str | None, body: dict) -> Iterator[list]:
+    """[document, status] of each response: 200, or the status of the error it carries as {"error": …}."""
+    for response in _responses(core, shared_memory, name, version, body):
+        if isinstance(response, Exception):
+            yield [{"error": str(response)}, response.status if isinstance(response, ServeError) else 500]
+        else:
+            yield [response, 200]
+
+
+def _responses(core: Core, shared_memory, name: str, version: str | None, body: dict) -> Iterator[dict | Exception]:
+    """Each of the model's responses as a generate document, or the error it carries."""
     for answer, _, _, error in v2_dataplane.infer_stream(core, shared_memory, name, version,
                                                           lambda signature: (infer_document(signature, name, body), b"")):
         if error is not None:
-            yield {"error": error}
+            yield error
         elif answer is not None:  # None: a decoupled model's final flag alone
             yield generate_document(answer)
 

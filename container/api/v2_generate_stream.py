@@ -2,8 +2,9 @@
 each of a model's responses sent as it comes, as a server-sent event (`data: {…}`), a decoupled model's
 tokens as it makes them. The events come from `events`: the model process's own (v2_generate.py), or,
 in an HTTP front-end, over the channel, so this module knows no model. A request refused before the
-model's first response is an error answer as any other; an error after it is an event `{"error": "…"}`
-in a stream that began 200, as Triton sends it."""
+model's first response is an error answer as any other. An error the model sends is an event
+`{"error": "…"}`: the stream's status is its first response's, as Triton sets it, so a stream whose
+first response is an error carries that error's status."""
 
 import logging
 from typing import Callable, Iterator
@@ -17,15 +18,18 @@ from container.errors import ServeError
 
 log = logging.getLogger(__name__)
 EVENT_STREAM = "text/event-stream; charset=utf-8"
-# (name, version, request) → the model's responses as generate documents, or {"error": …}
-Events = Callable[[str, str | None, dict], Iterator[dict]]
+# (name, version, request) → [document, status] of each of the model's responses: 200, or an error's status
+# with {"error": …}
+Events = Callable[[str, str | None, dict], Iterator[list]]
 
 
 def stream_routes(events: Events, max_body: int) -> list[Route]:
     def generate_stream(request: Request) -> Response:
         items = events(request.params["name"], request.params.get("version"), generate_request(request, max_body))
         first = next(items, None)  # a request refused before the first response is an error answer
-        return Response(content_type=EVENT_STREAM, stream=_server_sent(first, items))
+        # the stream's status is its first response's, as Triton sets it: an error there is its own status
+        return Response(content_type=EVENT_STREAM, status=first[1] if first else 200,
+                        stream=_server_sent(first and first[0], items))
 
     return [Route("POST", "/v2/models/{name}/generate_stream", generate_stream, "inference", _GENERATE_STREAM),
             Route("POST", "/v2/models/{name}/versions/{version}/generate_stream", generate_stream, "inference",
@@ -41,8 +45,8 @@ def _server_sent(first: dict | None, items: Iterator[dict]) -> Iterator[bytes]:
     try:
         if first is not None:
             yield _event(first)
-        for item in items:
-            yield _event(item)
+        for document, _ in items:
+            yield _event(document)
     except ServeError as exc:
         yield _event({"error": str(exc)})
     except Exception:

@@ -280,7 +280,8 @@ class TritonPythonModel:
                 for r in requests]
 """
 
-# x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error
+# x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error,
+# x[1] < -1: the first too
 STREAMS_PY = """
 import threading
 import numpy as np
@@ -294,7 +295,7 @@ class TritonPythonModel:
 
     def answer(self, sender, x):
         for i in range(int(x[0])):
-            if i == 1 and x[1] < 0:
+            if (i == 1 and x[1] < 0) or (i == 0 and x[1] < -1):
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("x[1] is negative")))
                 continue
             count = np.array([i], np.int32)
@@ -448,14 +449,15 @@ def test_generate_stream_sends_each_response_as_the_model_makes_it(server):
     assert rest == [{"id": "s1", "model_name": "drip", "model_version": "1", "text_output": "hi 2"}]
 
 
-@pytest.mark.parametrize("x, stream", [
-    ([2, 3, 3, 3], [{"y": [0, 0, 0, 0], "count": 0}, {"y": [2, 3, 3, 3], "count": 1}]),
-    ([2, -1, 1, 1], [{"y": [0, 0, 0, 0], "count": 0}, {"error": "x[1] is negative"}]),  # an error after a 200
-    ([0, 1, 1, 1], []),  # the final flag alone
+@pytest.mark.parametrize("x, status, stream", [
+    ([2, 3, 3, 3], 200, [{"y": [0, 0, 0, 0], "count": 0}, {"y": [2, 3, 3, 3], "count": 1}]),
+    ([2, -1, 1, 1], 200, [{"y": [0, 0, 0, 0], "count": 0}, {"error": "x[1] is negative"}]),  # an error after a 200
+    ([2, -2, 1, 1], 500, [{"error": "x[1] is negative"}, {"error": "x[1] is negative"}]),  # the first: its status
+    ([0, 1, 1, 1], 200, []),  # the final flag alone
 ])
-def test_generate_stream_sends_each_response_or_error_as_an_event(server, x, stream):
+def test_generate_stream_sends_each_response_or_error_as_an_event(server, x, status, stream):
     with requests.post(server.url + "/v2/models/decoupled/generate_stream", json={"x": x}, stream=True, timeout=60) as reply:
-        assert reply.status_code == 200
+        assert (reply.status_code, reply.headers["Content-Type"]) == (status, "text/event-stream; charset=utf-8")
         answers = events(reply)
     assert [{k: v for k, v in a.items() if k not in ("model_name", "model_version")} for a in answers] == stream
 
