@@ -32,7 +32,8 @@ def generate_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
     def generate(request: Request) -> Response:
         documents = list(_responses(core, shared_memory, request.params["name"], request.params.get("version"),
                                     generate_request(request, max_body)))
-        for error in (d for d in documents if isinstance(d, Exception)):
+        error = next((d for d in documents if isinstance(d, Exception)), None)
+        if error is not None:  # the model's own error, with its status
             raise error if isinstance(error, ServeError) else ModelError(str(error))
         if len(documents) != 1:
             raise InvalidRequest(f"model '{request.params['name']}' sent {len(documents)} responses to the request; "

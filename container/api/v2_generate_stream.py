@@ -41,7 +41,7 @@ def generate_request(request: Request, max_body: int) -> dict:
     return content.parse_object(compression.inflate(request.body, request.header("content-encoding"), max_body))
 
 
-def _server_sent(first: dict | None, items: Iterator[dict]) -> Iterator[bytes]:
+def _server_sent(first: dict | None, items: Iterator[list]) -> Iterator[bytes]:
     try:
         if first is not None:
             yield _event(first)
