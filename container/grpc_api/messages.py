@@ -91,7 +91,7 @@ def infer_response(answer: dict, chunks: list, final: bool | None = None, stream
         set_parameters(output.parameters, {k: v for k, v in entry.get("parameters", {}).items() if k not in _TRANSPORT})
     if final is not None:
         response.parameters["triton_final_response"].bool_param = final
-    parts = [response.SerializeToString()]
+    parts = [response.SerializeToString(deterministic=True)]  # map entries in key order, whatever the process
     for chunk in chunks:
         parts += [_field_head(_RAW_OUTPUT_CONTENTS, len(chunk)), chunk]
     if stream:

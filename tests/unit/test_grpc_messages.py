@@ -1,5 +1,6 @@
 """ModelInferResponse as the gRPC front-end writes it (grpc_api/messages.py): its raw output contents
-appended by hand to what protobuf serialized, which must be byte for byte what protobuf itself writes."""
+appended by hand to what protobuf serialized, which must be byte for byte what protobuf itself writes
+(deterministically: a map's entries otherwise come in an order that differs from process to process)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,8 +32,8 @@ def test_the_response_is_what_protobuf_writes(outputs, chunks, final, answer_id)
     assert parsed.model_name == "m" and parsed.model_version == "3" and parsed.id == (answer_id or "")
     assert [o.name for o in parsed.outputs] == [o["name"] for o in outputs]
     assert ("triton_final_response" in parsed.parameters) == (final is not None)
-    assert written == parsed.SerializeToString()
+    assert written == parsed.SerializeToString(deterministic=True)
 
     streamed = messages.infer_response(answer, sent, final, stream=True)
     assert pb.ModelStreamInferResponse.FromString(streamed).infer_response == parsed
-    assert streamed == pb.ModelStreamInferResponse(infer_response=parsed).SerializeToString()
+    assert streamed == pb.ModelStreamInferResponse(infer_response=parsed).SerializeToString(deterministic=True)
