@@ -231,8 +231,7 @@ def _rows(instances, signature: Signature) -> dict[str, np.ndarray]:
     if not isinstance(instances, list) or not instances:
         raise InvalidRequest("'instances' must be a non-empty list, one entry per example")
     if all(isinstance(row, dict) and set(row) != {"b64"} for row in instances):
-        required = {spec.name for spec in signature.inputs if not spec.optional}
-        names = sorted(instances[0]) if required <= set(instances[0]) else sorted(required)
+        required, names = {spec.name for spec in signature.inputs if not spec.optional}, sorted(instances[0])
         for index, row in enumerate(instances):
             if sorted(row) != names or not required <= set(row):
                 optional = [spec.name for spec in signature.inputs if spec.optional]

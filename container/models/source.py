@@ -165,10 +165,14 @@ def _weights(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in SAGEMAKER_WEIGHTS and p.is_file())
 
 
+MOST_WARMUP_RUNS = 100  # model_warmup executions one load may run (counts summed)
+
+
 def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
     limits.check_model(instance_count(config), config.dynamic_batching.priority_levels)
     _check_state_sizes(config, limits)
+    _check_warmup_sizes(config, limits)
     kind = kind_of(config)
     filename = config.default_model_filename or DEFAULT_FILENAMES[kind]
     if filename:
@@ -184,6 +188,24 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     if kind != PYTHON_BACKEND:
         signature = Signature.from_config(config, _initial_states(directory, config, limits))
     return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
+
+
+def _check_warmup_sizes(config, limits: Limits) -> None:
+    """A config may come from a client (a load's override): its warmup samples are made before a tensor
+    of them is allocated, so each may take no more than a request's decoded tensors may, and the load
+    runs at most MOST_WARMUP_RUNS executions of them."""
+    runs = sum(max(warmup.count, 1) for warmup in config.model_warmup)
+    if runs > MOST_WARMUP_RUNS:
+        raise InvalidModel(f"model_warmup asks for {runs} executions; at most {MOST_WARMUP_RUNS}")
+    for warmup in config.model_warmup:
+        size = 0
+        for sample in warmup.inputs.values():
+            if sample.data_type != pb.TYPE_INVALID:  # no type: the sample is refused, saying so
+                itemsize = numpy_dtype(from_config(pb.DataType.Name(sample.data_type))).itemsize
+                size += max(warmup.batch_size, 1) * math.prod(1 if d < 0 else d for d in sample.dims) * itemsize
+        if size > limits.decoded_bytes:
+            raise InvalidModel(f"model_warmup '{warmup.name}' takes {size} bytes; at most {limits.decoded_bytes} "
+                               f"(SERVE_MAX_DECODED_SIZE)")
 
 
 def _check_state_sizes(config, limits: Limits) -> None:

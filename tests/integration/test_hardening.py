@@ -222,6 +222,21 @@ def test_a_client_config_cannot_reach_outside_the_model(server, tmp_path):
     still_serving(server)
 
 
+@pytest.mark.parametrize("warmup, words", [
+    ({"name": "huge", "batch_size": 1, "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [1 << 40], "zero_data": True}}},
+     ("model_warmup 'huge' takes 4398046511104 bytes; at most", "SERVE_MAX_DECODED_SIZE")),
+    ({"name": "endless", "count": 1 << 30, "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], "zero_data": True}}},
+     ("model_warmup asks for 1073741824 executions; at most 100",)),
+])
+def test_a_client_config_cannot_make_the_load_allocate_or_run_without_bound(server, warmup, words):
+    """The warmup a client's config override asks for is sized before any of it is made."""
+    config = {**orjson.loads((server.model_root / "mlp" / "config.json").read_bytes()), "model_warmup": [warmup]}
+    response = server.request("POST", "/v2/repository/models/mlp/load",
+                              json={"parameters": {"config": orjson.dumps(config).decode()}}, timeout=10)
+    refused(response, 400, *words)
+    still_serving(server)
+
+
 def test_load_answers_do_not_tell_what_exists_outside_the_root(server, tmp_path):
     answers = {refused(server.load("probe", url), 400)["error"].replace(url, "URL")
                for url in ("/etc/passwd", "/no/such/file", "../" * 10 + "etc", "mlp/../../" + tmp_path.name)}
