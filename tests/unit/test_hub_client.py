@@ -7,23 +7,25 @@ tests', with real signals)."""
 import os
 
 import gevent
+import greenlet
 import pytest
 from gevent import socket
 from gevent.event import Event
 
 from container.api.http_channel import FrontEndClients
 from container.channel.hub_client import HubChannelClient
-from container.channel.server import ChannelServer
+from container.channel.server import KEEP_ANSWERERS, ChannelServer
 from container.errors import InvalidRequest, Unavailable
 from tests.builders import poll
 
 
 @pytest.fixture
 def channel(tmp_path):
-    release, gone = Event(), []
+    release, gone, answerers = Event(), [], []
     operations = {
         "echo": lambda value: value,
         "held": lambda: release.wait(10) and "released",
+        "answerer": lambda: answerers.append(greenlet.getcurrent()) or release.wait(10),
         "refuse": lambda: (_ for _ in ()).throw(InvalidRequest("input 'x' must have shape [4]")),
     }
     server = ChannelServer(str(tmp_path / "models.sock"), operations, 1 << 20, on_disconnect=gone.append)
@@ -31,27 +33,49 @@ def channel(tmp_path):
     client = HubChannelClient(server.path)
     client.start()
     poll(lambda: client.connected, 10, "the client did not connect")
-    yield server, client, release, gone
+    yield server, client, release, gone, answerers
     server.drain(1)
 
 
 def test_calls_are_answered_by_id_while_another_waits(channel):
-    _, client, release, _ = channel
+    _, client, release, _, _ = channel
     held = gevent.spawn(client.call, "held")
     assert [client.call("echo", n) for n in range(3)] == [0, 1, 2]
     release.set()
     assert held.get(timeout=10) == "released"
 
 
+def test_calls_are_answered_by_greenlets_kept_from_earlier_calls_up_to_a_bound(channel):
+    """A greenlet that answered a call answers later ones, so a call costs no new greenlet: as many
+    are kept as KEEP_ANSWERERS, and the calls beyond those that were under way at once get new ones."""
+    _, client, release, _, answerers = channel
+
+    def at_once(count: int) -> set:
+        """The greenlets that answered `count` calls held under way together."""
+        release.clear()
+        del answerers[:]
+        calls = [gevent.spawn(client.call, "answerer") for _ in range(count)]
+        poll(lambda: len(answerers) == count, 10, "the calls did not all arrive")
+        release.set()
+        gevent.joinall(calls, timeout=10, raise_error=True)
+        return set(answerers)
+
+    first = at_once(1)
+    assert at_once(1) == first
+    busy = at_once(KEEP_ANSWERERS + 10)
+    assert len(busy) == KEEP_ANSWERERS + 10 and first < busy
+    assert len(at_once(KEEP_ANSWERERS + 10) & busy) == KEEP_ANSWERERS
+
+
 def test_an_error_comes_back_as_its_class_with_its_words(channel):
-    _, client, _, _ = channel
+    _, client, _, _, _ = channel
     with pytest.raises(InvalidRequest, match=r"must have shape \[4\]") as caught:
         client.call("refuse")
     assert caught.value.status == 400
 
 
 def test_a_call_past_its_deadline_is_unavailable_and_the_channel_serves_on(channel):
-    _, client, release, _ = channel
+    _, client, release, _, _ = channel
     with pytest.raises(Unavailable, match="did not answer within 0.05 s"):
         client.call("held", timeout=0.05)
     release.set()
@@ -59,7 +83,7 @@ def test_a_call_past_its_deadline_is_unavailable_and_the_channel_serves_on(chann
 
 
 def test_the_server_hears_which_process_left(channel):
-    server, _, _, gone = channel
+    server, _, _, gone, _ = channel
     peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     peer.connect(server.path)
     peer.close()
