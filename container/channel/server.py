@@ -56,6 +56,7 @@ class ChannelServer:
         self.draining = True
         self._server.close()
         self._none_under_way.wait(timeout)
+        self._answerers.close()
 
     def _serve(self, sock, _address) -> None:
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
@@ -108,9 +109,10 @@ class ChannelServer:
 
 
 class _Answerers:
-    """Greenlets that answer calls, each kept for another call when it is done. CPython 3.11 gives every
-    new greenlet a frame stack of its own, 16 KiB mapped at its first call and unmapped when it ends: a
-    greenlet per call cost the model process a mmap, a munmap and their page faults on every call."""
+    """Greenlets that answer calls, each kept, parked, for another call once it is done (up to `keep` of
+    them). CPython 3.11 gives every new greenlet a frame stack of its own, 16 KiB mapped at its first
+    call and unmapped when it ends: a greenlet per call cost the model process a mmap, a munmap and their
+    page faults on every call."""
 
     def __init__(self, answer: Callable, keep: int):
         self._answer, self._keep = answer, keep
@@ -122,6 +124,12 @@ class _Answerers:
             self._hub.loop.run_callback(self._idle.pop().switch, args)
         else:
             gevent.spawn_raw(self._work, args)
+
+    def close(self) -> None:
+        """End the parked ones (a parked greenlet is never collected)."""
+        idle, self._idle, self._keep = self._idle, [], 0
+        for parked in idle:
+            self._hub.loop.run_callback(parked.throw)  # GreenletExit, from the hub, which it returns to
 
     def _work(self, args: tuple) -> None:
         while True:

@@ -47,8 +47,9 @@ def test_calls_are_answered_by_id_while_another_waits(channel):
 
 def test_calls_are_answered_by_greenlets_kept_from_earlier_calls_up_to_a_bound(channel):
     """A greenlet that answered a call answers later ones, so a call costs no new greenlet: as many
-    are kept as KEEP_ANSWERERS, and the calls beyond those that were under way at once get new ones."""
-    _, client, release, _, answerers = channel
+    are kept as KEEP_ANSWERERS, and the calls beyond those that were under way at once get new ones.
+    Draining ends those kept."""
+    server, client, release, _, answerers = channel
 
     def at_once(count: int) -> set:
         """The greenlets that answered `count` calls held under way together."""
@@ -65,6 +66,8 @@ def test_calls_are_answered_by_greenlets_kept_from_earlier_calls_up_to_a_bound(c
     busy = at_once(KEEP_ANSWERERS + 10)
     assert len(busy) == KEEP_ANSWERERS + 10 and first < busy
     assert len(at_once(KEEP_ANSWERERS + 10) & busy) == KEEP_ANSWERERS
+    server.drain(1)
+    poll(lambda: all(answerer.dead for answerer in answerers), 10, "kept greenlets outlived the drain")
 
 
 def test_an_error_comes_back_as_its_class_with_its_words(channel):
