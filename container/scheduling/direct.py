@@ -11,7 +11,7 @@ from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, call, on_thread, run_batch
+from container.scheduling.job import Job, call, on_loop, on_thread, run_batch
 
 
 class DirectScheduler(Scheduler):
@@ -35,7 +35,7 @@ class DirectScheduler(Scheduler):
             self._finished.clear()
             self._finished.wait()
             inline = self._judge.fits(job.items)
-        execute = on_thread if inline else self._apply
+        execute = on_loop if inline else self._apply
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
         self._judge.record(job.items, phases, inline)
         job.statistics.record_execution(job.items, phases, inline)

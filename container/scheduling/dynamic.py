@@ -21,7 +21,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, on_thread, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -73,7 +73,7 @@ class DynamicBatcher(Scheduler):
         self._running += 1
         try:
             inline = self._judge.fits(job.items) and self._still_alone()
-            attempt = (lambda jobs: on_thread(run_batch, (jobs,), job.submitted)) if inline else \
+            attempt = (lambda jobs: on_loop(run_batch, (jobs,), job.submitted)) if inline else \
                 (lambda jobs: run_jobs(self._threads, jobs))
             [(_, outcome, ok)] = execute(attempt, [job], self._recover)
         finally:

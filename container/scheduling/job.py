@@ -63,16 +63,23 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     ]
 
 
-def on_thread(execute, args: tuple, submitted: int):
-    """Runs on an execution thread: `execute(*args)` → (phases, result), with the queue time (from
-    submission to here) and the thread's CPU time filled in; an execution that does not split its
-    phases counts as inference."""
-    started, cpu = time.perf_counter_ns(), time.thread_time_ns()
+def on_loop(execute, args: tuple, submitted: int):
+    """Runs on the event loop (inline.py): `execute(*args)` → (phases, result), with the queue time (from
+    submission to here) filled in; an execution that does not split its phases counts as inference."""
+    started = time.perf_counter_ns()
     phases, result = execute(*args)
-    phases.cpu_ns = phases.cpu_ns or time.thread_time_ns() - cpu
     phases.queue_ns = started - submitted
     if not phases.infer_ns:
         phases.infer_ns = time.perf_counter_ns() - started
+    return phases, result
+
+
+def on_thread(execute, args: tuple, submitted: int):
+    """`on_loop` on an execution thread, with the thread's CPU time filled in too, which the inline judge
+    reads (a system call each time: 0.6 µs, which an execution on the loop does without)."""
+    cpu = time.thread_time_ns()
+    phases, result = on_loop(execute, args, submitted)
+    phases.cpu_ns = phases.cpu_ns or time.thread_time_ns() - cpu
     return phases, result
 
 
