@@ -11,7 +11,6 @@ import struct
 from typing import Callable
 
 import gevent
-import greenlet
 from gevent import socket  # the hub's own, whether or not the process is monkey-patched
 from gevent.event import Event
 from gevent.server import StreamServer
@@ -116,7 +115,7 @@ class _Answerers:
 
     def __init__(self, answer: Callable, keep: int):
         self._answer, self._keep = answer, keep
-        self._idle: list[greenlet.greenlet] = []
+        self._idle: list = []  # parked greenlets
         self._hub = gevent.get_hub()
 
     def start(self, *args) -> None:
@@ -136,5 +135,5 @@ class _Answerers:
             self._answer(*args)
             if len(self._idle) >= self._keep:
                 return
-            self._idle.append(greenlet.getcurrent())
+            self._idle.append(gevent.getcurrent())
             args = self._hub.switch()  # parked until `start` hands it the next call

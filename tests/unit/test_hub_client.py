@@ -7,7 +7,6 @@ tests', with real signals)."""
 import os
 
 import gevent
-import greenlet
 import pytest
 from gevent import socket
 from gevent.event import Event
@@ -25,7 +24,7 @@ def channel(tmp_path):
     operations = {
         "echo": lambda value: value,
         "held": lambda: release.wait(10) and "released",
-        "answerer": lambda: answerers.append(greenlet.getcurrent()) or release.wait(10),
+        "answerer": lambda: answerers.append(gevent.getcurrent()) or release.wait(10),
         "refuse": lambda: (_ for _ in ()).throw(InvalidRequest("input 'x' must have shape [4]")),
     }
     server = ChannelServer(str(tmp_path / "models.sock"), operations, 1 << 20, on_disconnect=gone.append)
