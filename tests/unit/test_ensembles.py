@@ -75,6 +75,22 @@ def test_the_first_failing_step_fails_the_request_and_stops_the_others():
     assert stopped == ["a"]
 
 
+def test_a_chain_runs_in_the_requests_own_greenlet_and_fails_with_its_steps_error():
+    chain = plan([("a", {"x": "RAW"}, {"y": "A"}), ("b", {"x": "A"}, {"y": "B"}), ("c", {"x": "B"}, {"y": "OUT"})])
+    ran_in = []
+
+    def infer(step, inputs):
+        ran_in.append(gevent.getcurrent())
+        if inputs["x"][0] < 0:
+            raise InvalidRequest(f"step {step.model} refused")
+        return {"y": inputs["x"] * 2}
+
+    assert ensembles.run(chain, {"RAW": np.array([1.0])}, None, infer)["OUT"].tolist() == [8.0]
+    assert ran_in == [gevent.getcurrent()] * 3
+    with pytest.raises(InvalidRequest, match="step a refused"):
+        ensembles.run(chain, {"RAW": np.array([-1.0])}, None, infer)
+
+
 def test_max_inflight_requests_bounds_each_steps_requests_under_way():
     ensemble = plan([("a", {"x": "RAW"}, {"y": "OUT"})], max_inflight_requests=2)
     inside, most, release = [0], [0], Event()
