@@ -1,6 +1,7 @@
 """What every scenario needs: the real server on a free port, wrk driving it with a fixed request
 body, and in-process torch as the reference, with the same torch thread count as the server's."""
 
+import fcntl
 import json
 import math
 import os
@@ -137,20 +138,31 @@ def executions(url: str, model: str) -> tuple[int, int]:
     return counts["nv_inference_exec_count"], counts["serve_inference_exec_on_loop"]
 
 
-_handed_out: set[int] = set()
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "serve-ports"
+_held: dict[int, int] = {}  # port → the descriptor of its lock file, held while this process lives
 
 
 def free_port() -> int:
-    """A port nothing listens on, never handed out before in this process: the system may give a port
-    back twice running, before the server it was for has bound it (a server's HTTP and gRPC ports once
-    came out the same, and it refused to start)."""
+    """A port nothing listens on, handed out once while this process lives, and to no other process
+    that asks here meanwhile (each holds a lock file per port it was given; the locks go with the
+    process): the system may give a port back twice running, before the server it was for has bound
+    it. A server's HTTP and gRPC ports once came out the same; and with the suite's workers and the
+    bench's processes starting servers at once, one's gRPC port was another's HTTP port."""
+    _PORT_LOCKS.mkdir(exist_ok=True)
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+        if port in _held:
+            continue
+        lock = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process was given it
+            os.close(lock)
+            continue
+        _held[port] = lock
+        return port
 
 
 def wait_ready(server, log: Path) -> None:
