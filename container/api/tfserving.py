@@ -231,12 +231,11 @@ def _rows(instances, signature: Signature) -> dict[str, np.ndarray]:
     if not isinstance(instances, list) or not instances:
         raise InvalidRequest("'instances' must be a non-empty list, one entry per example")
     if all(isinstance(row, dict) and set(row) != {"b64"} for row in instances):
-        required, names = {spec.name for spec in signature.inputs if not spec.optional}, sorted(instances[0])
+        required, names = [spec.name for spec in signature.inputs if not spec.optional], sorted(instances[0])
         for index, row in enumerate(instances):
-            if sorted(row) != names or not required <= set(row):
+            if sorted(row) != names or not set(required) <= set(row):
                 optional = [spec.name for spec in signature.inputs if spec.optional]
-                raise InvalidInput(f"instance {index} names {sorted(row)}; every instance must name the inputs "
-                                   f"{[spec.name for spec in signature.inputs if not spec.optional]}"
+                raise InvalidInput(f"instance {index} names {sorted(row)}; every instance must name the inputs {required}"
                                    + (f", and the same of the optional {optional}" if optional else ""))
         columns = {name: [row[name] for row in instances] for name in names}
     else:
