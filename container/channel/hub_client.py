@@ -81,7 +81,7 @@ class HubChannelClient:
                 sock.close()
                 gevent.sleep(_RETRY)
                 continue
-            self._outbox = Outbox(sock)
+            self._outbox = outbox = Outbox(sock)
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             gevent.spawn(self.on_connect)
             try:
@@ -90,6 +90,7 @@ class HubChannelClient:
                 pass
             finally:
                 self._outbox = None
+                outbox.close()
                 sock.close()
                 for waiting in self._pending.values():
                     if isinstance(waiting, gevent.queue.Queue):  # a stream

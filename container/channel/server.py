@@ -68,6 +68,7 @@ class ChannelServer:
         except OSError:
             return
         finally:
+            outbox.close()
             sock.close()
             self.on_disconnect(pid)
 

@@ -12,8 +12,10 @@ from gevent import socket
 from gevent.event import Event
 
 from container.api.http_channel import FrontEndClients
+from container.channel import wire
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import KEEP_ANSWERERS, ChannelServer
+from container.channel.stream import FrameReader, Outbox
 from container.errors import InvalidRequest, Unavailable
 from tests.builders import poll
 
@@ -67,6 +69,23 @@ def test_calls_are_answered_by_greenlets_kept_from_earlier_calls_up_to_a_bound(c
     assert len(at_once(KEEP_ANSWERERS + 10) & busy) == KEEP_ANSWERERS
     server.drain(1)
     poll(lambda: all(answerer.dead for answerer in answerers), 10, "kept greenlets outlived the drain")
+
+
+def test_a_connection_writes_with_one_greenlet_kept_until_it_closes():
+    """Frames sent one after another, each after the last has arrived, are written by the same greenlet,
+    parked between them rather than spawned for each; closing the outbox ends it."""
+    ours, theirs = socket.socketpair()
+    outbox, reader = Outbox(ours), FrameReader(theirs, 1 << 20)
+    writers = set()
+    for number in range(20):
+        outbox.send(wire.pack([number, wire.ANSWER, number]))
+        assert wire.unpack(reader.next()) == [number, wire.ANSWER, number]
+        writers.add(outbox._writer)
+    (writer,) = writers
+    outbox.close()
+    poll(lambda: writer.dead, 10, "the writer outlived its connection")
+    ours.close()
+    theirs.close()
 
 
 def test_an_error_comes_back_as_its_class_with_its_words(channel):
