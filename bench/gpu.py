@@ -1,7 +1,8 @@
 """Scenario: the GPU. (1) Twelve handler models of about 4 GiB of device memory each, a 20 GiB GPU
-budget, 16 clients through the SageMaker contract (/invocations with the target-model header) for two
-minutes: loads, evictions, 507s, wrong answers, lost requests and 5xx, and what the server accounts on
-the GPU against what nvidia-smi reports for its processes, at five moments. (2) A real CUDA
+budget, 16 clients through the SageMaker contract (/invocations with the target-model header): first
+on as many models as the budget holds, loaded one by one, where what the server accounts and measures
+on the GPU is set against what nvidia-smi reports for its processes at five moments; then for two
+minutes on all twelve: loads, evictions, 507s, wrong answers, lost requests and 5xx. (2) A real CUDA
 out-of-memory error met by evicting an idle model: the wall time of the request that recovers, beside
 the same request once it fits. (3) The MLP on the GPU over V2 binary, with and without dynamic
 batching, at 1/8/64 clients, against in-process torch on the same GPU at its best batch.
@@ -27,6 +28,7 @@ from bench.mlp import MLP, WIDTH
 TITLE = "The GPU: twelve 4 GiB models over a 20 GiB budget, a CUDA out-of-memory recovery, the MLP on the GPU"
 GIB = 1 << 30
 MODELS, MODEL_GIB, BUDGET_GIB, CLIENTS = 12, 4, 20, 16
+CONTEXT_GIB = 0.5  # a handler worker's own CUDA context (518 MiB on an H200), charged with its model
 ON_GPU = {"instance_group": [{"kind": "KIND_GPU", "count": 1}]}
 
 # Each model holds `gib` GiB of device memory filled with its own factor, and answers its input times that
@@ -72,22 +74,65 @@ def _many_models(duration: float, gib: int) -> list[str]:
         server = Server(root, SERVE_LOAD_MODELS="", SERVE_GPU_MEMORY_LIMIT=f"{BUDGET_GIB * gib // MODEL_GIB}GiB",
                         SERVE_HTTP_WORKERS="auto")
         try:
-            return _drive(server, duration, gib)
+            steady = _steady(server, duration / 6, gib)
+            return [*steady, "", *_churn(server, duration, gib)]
         finally:
             server.stop()
 
 
-def _drive(server: Server, duration: float, gib: int) -> list[str]:
-    """CLIENTS threads, each sending one request after another to a model drawn at random, each answer
-    checked; memory sampled at five moments meanwhile."""
-    statuses, wrong, lost, latencies = Counter(), [0], [0], []
-    lock, deadline = threading.Lock(), time.monotonic() + duration
+def _steady(server: Server, duration: float, gib: int) -> list[str]:
+    """As many models as the budget holds, loaded one by one and then kept busy by CLIENTS clients: GPU
+    memory at five moments when nothing loads or is evicted, so what the server accounts and measures
+    and what nvidia-smi reports describe the same models."""
+    fitting = int(BUDGET_GIB * gib / MODEL_GIB // (gib + CONTEXT_GIB))
+    for index in range(fitting):  # one request each loads them, one at a time
+        _load(server, duration, [index], clients=1, each=1)
+    statuses, _, _, _, samples = _load(server, duration, range(fitting), sample=True)
+    lines = [f"Steady: {fitting} of the models (as many as the budget holds) loaded one by one, then {CLIENTS} clients on "
+             f"them alone for {duration:.0f} s ({sum(statuses.values()):,} requests, {statuses[200]:,} answered 200). GPU "
+             "memory on cuda:0 at five moments: what the server accounts, what its resident models measurably hold, and "
+             "what nvidia-smi reports for the server's processes (the model process's own CUDA context, outside the "
+             "budget, included).", ""]
+    return lines + _memory_table(samples)
+
+
+def _churn(server: Server, duration: float, gib: int) -> list[str]:
+    """CLIENTS clients, each sending one request after another to any of the MODELS, four times what the
+    budget holds, each answer checked: loads, evictions and 507s, and memory at five moments meanwhile."""
     before = server.labelled_metrics()
+    statuses, wrong, lost, latencies, samples = _load(server, duration, range(MODELS), sample=True)
+    after = server.labelled_metrics()
+    counts = {key: after.get(key, 0) - before.get(key, 0) for key in
+              [("serve_model_loads_total", (("outcome", "success"),)), ("serve_model_loads_total", (("outcome", "failure"),)),
+               ("serve_model_evictions_total", ())]}
+    served = sum(statuses.values())
+    latencies.sort()
+    lines = [f"Churn: {MODELS} handler models of {gib} GiB each on cuda:0 (each in its own worker process with its own CUDA "
+             f"context), a {BUDGET_GIB * gib // MODEL_GIB} GiB budget, {CLIENTS} clients for {duration:.0f} s through "
+             "`/invocations` (models load on first use, the least recently used idle ones are evicted).", "",
+             "| requests | requests/s | p50 ms | p99 ms | 200 | 507 | other 4xx | 5xx | wrong answers | lost | loads | loads refused | evictions |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"| {served:,} | {served / duration:,.1f} | {latencies[len(latencies) // 2] * 1e3:.1f} | "
+             f"{latencies[int(len(latencies) * 0.99)] * 1e3:.1f} | {statuses[200]:,} | {statuses[507]:,} | "
+             f"{sum(n for s, n in statuses.items() if 400 <= s < 500 and s != 507):,} | "
+             f"{sum(n for s, n in statuses.items() if s >= 500 and s != 507):,} | {wrong[0]} | {lost[0]} | "
+             + " | ".join(f"{count:,.0f}" for count in counts.values()) + " |", "",
+             "GPU memory at five moments of the churn (accounted includes the reservations of loads in flight).", ""]
+    return lines + _memory_table(samples)
+
+
+def _load(server: Server, duration: float, models, clients: int = CLIENTS, each: int | None = None,
+          sample: bool = False) -> tuple:
+    """`clients` threads, each sending one request after another (`each` of them, or until `duration`
+    has passed) to one of `models` drawn at random, each answer checked; with `sample`, memory at five
+    moments meanwhile. (statuses, [wrong], [lost], latencies, samples)."""
+    statuses, wrong, lost, latencies = Counter(), [0], [0], []
+    lock, deadline, models = threading.Lock(), time.monotonic() + duration, list(models)
 
     def client(seed: int) -> None:
-        draw, session = random.Random(seed), requests.Session()
-        while time.monotonic() < deadline:
-            index = draw.randrange(MODELS)
+        draw, session, sent = random.Random(seed), requests.Session(), 0
+        while time.monotonic() < deadline and (each is None or sent < each):
+            index, sent = draw.choice(models), sent + 1
             started = time.perf_counter()
             try:
                 answer = session.post(server.url + "/invocations", data=b"[[1, 2, 3, 4]]", timeout=300,
@@ -103,35 +148,20 @@ def _drive(server: Server, duration: float, gib: int) -> list[str]:
                 if answer.status_code == 200 and answer.json() != [[(index + 1) * v for v in (1, 2, 3, 4)]]:
                     wrong[0] += 1
 
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CLIENTS)]
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients)]
     for thread in threads:
         thread.start()
     samples = []
-    for moment in range(1, 6):
+    for moment in range(1, 6) if sample else ():
         time.sleep(max(0.0, deadline - duration + moment * duration / 5.5 - time.monotonic()))  # a sampling period
         samples.append(_memory_now(server))
     for thread in threads:
         thread.join()
-    after = server.labelled_metrics()
-    counts = {key: after.get(key, 0) - before.get(key, 0) for key in
-              [("serve_model_loads_total", (("outcome", "success"),)), ("serve_model_loads_total", (("outcome", "failure"),)),
-               ("serve_model_evictions_total", ())]}
-    served = sum(statuses.values())
-    latencies.sort()
-    lines = [f"{MODELS} handler models of {gib} GiB each on cuda:0 (each in its own worker process with its own CUDA "
-             f"context), a {BUDGET_GIB * gib // MODEL_GIB} GiB budget, {CLIENTS} clients for {duration:.0f} s through "
-             "`/invocations` (models load on first use, the least recently used idle ones are evicted).", "",
-             "| requests | requests/s | p50 ms | p99 ms | 200 | 507 | other 4xx | 5xx | wrong answers | lost | loads | loads refused | evictions |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-             f"| {served:,} | {served / duration:,.1f} | {latencies[len(latencies) // 2] * 1e3:.1f} | "
-             f"{latencies[int(len(latencies) * 0.99)] * 1e3:.1f} | {statuses[200]:,} | {statuses[507]:,} | "
-             f"{sum(n for s, n in statuses.items() if 400 <= s < 500 and s != 507):,} | "
-             f"{sum(n for s, n in statuses.items() if s >= 500 and s != 507):,} | {wrong[0]} | {lost[0]} | "
-             + " | ".join(f"{count:,.0f}" for count in counts.values()) + " |", "",
-             "GPU memory at five moments on cuda:0: what the server accounts (resident models and the reservations of "
-             "loads in flight), what its resident models measurably hold, and what nvidia-smi reports for the server's "
-             "processes (the model process's own CUDA context, outside the budget, included).", "",
-             "| moment | models resident | accounted | measured | nvidia-smi, server's processes | measured ÷ nvidia-smi |",
+    return statuses, wrong, lost, latencies, samples
+
+
+def _memory_table(samples: list[tuple]) -> list[str]:
+    lines = ["| moment | models resident | accounted | measured | nvidia-smi, server's processes | measured ÷ nvidia-smi |",
              "| --- | --- | --- | --- | --- | --- |"]
     for moment, (resident, accounted, measured, reported) in enumerate(samples, 1):
         lines.append(f"| {moment} | {resident} | {accounted / GIB:.2f} GiB | {measured / GIB:.2f} GiB | {reported / GIB:.2f} GiB | "
