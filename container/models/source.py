@@ -172,7 +172,7 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     config, labels = read_config(directory)
     limits.check_model(instance_count(config), config.dynamic_batching.priority_levels)
     _check_state_sizes(config, limits)
-    _check_warmup_sizes(config, limits)
+    _check_warmup_sizes(directory, config, limits)
     kind = kind_of(config)
     filename = config.default_model_filename or DEFAULT_FILENAMES[kind]
     if filename:
@@ -190,19 +190,26 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
 
 
-def _check_warmup_sizes(config, limits: Limits) -> None:
-    """A config may come from a client (a load's override): its warmup samples are made before a tensor
-    of them is allocated, so each may take no more than a request's decoded tensors may, and the load
-    runs at most MOST_WARMUP_RUNS executions of them."""
+def _check_warmup_sizes(directory: Path, config, limits: Limits) -> None:
+    """A config may come from a client (a load's override): its warmup samples are sized before a tensor
+    of them is allocated or a data file of theirs is read, so each may take no more than a request's
+    decoded tensors may, and the load runs at most MOST_WARMUP_RUNS executions of them. A data file
+    counts at its size on disk (a string's size is not in the config)."""
     runs = sum(max(warmup.count, 1) for warmup in config.model_warmup)
     if runs > MOST_WARMUP_RUNS:
         raise InvalidModel(f"model_warmup asks for {runs} executions; at most {MOST_WARMUP_RUNS}")
     for warmup in config.model_warmup:
         size = 0
-        for sample in warmup.inputs.values():
-            if sample.data_type != pb.TYPE_INVALID:  # no type: the sample is refused, saying so
-                itemsize = numpy_dtype(from_config(pb.DataType.Name(sample.data_type))).itemsize
-                size += max(warmup.batch_size, 1) * math.prod(1 if d < 0 else d for d in sample.dims) * itemsize
+        for name, sample in warmup.inputs.items():
+            if sample.data_type == pb.TYPE_INVALID:
+                continue  # no type: the sample is refused, saying so
+            itemsize = numpy_dtype(from_config(pb.DataType.Name(sample.data_type))).itemsize
+            each = math.prod(1 if d < 0 else d for d in sample.dims) * itemsize
+            if sample.WhichOneof("input_data_type") == "input_data_file":
+                what = f"model_warmup '{warmup.name}' input '{name}': input_data_file"
+                path = inside(directory / "warmup", sample.input_data_file, what)
+                each = max(each, path.stat().st_size if path.is_file() else 0)  # a missing file is refused when read
+            size += max(warmup.batch_size, 1) * each
         if size > limits.decoded_bytes:
             raise InvalidModel(f"model_warmup '{warmup.name}' takes {size} bytes; at most {limits.decoded_bytes} "
                                f"(SERVE_MAX_DECODED_SIZE)")

@@ -227,12 +227,22 @@ def test_a_client_config_cannot_reach_outside_the_model(server, tmp_path):
      ("model_warmup 'huge' takes 4398046511104 bytes; at most", "SERVE_MAX_DECODED_SIZE")),
     ({"name": "endless", "count": 1 << 30, "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], "zero_data": True}}},
      ("model_warmup asks for 1073741824 executions; at most 100",)),
+    ({"name": "file", "inputs": {"x": {"data_type": "TYPE_FP32", "dims": [4], "input_data_file": "large"}}},
+     ("model_warmup 'file' takes 67108865 bytes; at most 67108864", "SERVE_MAX_DECODED_SIZE")),
 ])
 def test_a_client_config_cannot_make_the_load_allocate_or_run_without_bound(server, warmup, words):
-    """The warmup a client's config override asks for is sized before any of it is made."""
+    """The warmup a client's config override asks for is sized before any of it is made, and a data file
+    it names before it is read: the model's warmup/ holds a file one byte past SERVE_MAX_DECODED_SIZE."""
+    large = server.model_root / "mlp" / "warmup" / "large"
+    large.parent.mkdir(exist_ok=True)
+    with large.open("wb") as sparse:
+        sparse.truncate((64 << 20) + 1)
     config = {**orjson.loads((server.model_root / "mlp" / "config.json").read_bytes()), "model_warmup": [warmup]}
-    response = server.request("POST", "/v2/repository/models/mlp/load",
-                              json={"parameters": {"config": orjson.dumps(config).decode()}}, timeout=10)
+    try:
+        response = server.request("POST", "/v2/repository/models/mlp/load",
+                                  json={"parameters": {"config": orjson.dumps(config).decode()}}, timeout=10)
+    finally:
+        large.unlink()
     refused(response, 400, *words)
     still_serving(server)
 
