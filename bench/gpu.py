@@ -87,9 +87,10 @@ def _steady(server: Server, duration: float, gib: int) -> list[str]:
     fitting = int(BUDGET_GIB * gib / MODEL_GIB // (gib + CONTEXT_GIB))
     for index in range(fitting):  # one request each loads them, one at a time
         _load(server, duration, [index], clients=1, each=1)
-    statuses, _, _, _, samples = _load(server, duration, range(fitting), sample=True)
+    statuses, wrong, lost, _, samples = _load(server, duration, range(fitting), sample=True)
     lines = [f"Steady: {fitting} of the models (as many as the budget holds) loaded one by one, then {CLIENTS} clients on "
-             f"them alone for {duration:.0f} s ({sum(statuses.values()):,} requests, {statuses[200]:,} answered 200). GPU "
+             f"them alone for {duration:.0f} s ({sum(statuses.values()):,} requests, {statuses[200]:,} answered 200, "
+             f"{wrong[0]} wrong, {lost[0]} lost). GPU "
              "memory on cuda:0 at five moments: what the server accounts, what its resident models measurably hold, and "
              "what nvidia-smi reports for the server's processes (the model process's own CUDA context, outside the "
              "budget, included).", ""]

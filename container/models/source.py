@@ -206,8 +206,7 @@ def _check_warmup_sizes(directory: Path, config, limits: Limits) -> None:
             itemsize = numpy_dtype(from_config(pb.DataType.Name(sample.data_type))).itemsize
             each = math.prod(1 if d < 0 else d for d in sample.dims) * itemsize
             if sample.WhichOneof("input_data_type") == "input_data_file":
-                what = f"model_warmup '{warmup.name}' input '{name}': input_data_file"
-                path = inside(directory / "warmup", sample.input_data_file, what)
+                path = warmup_file(directory, f"model_warmup '{warmup.name}' input '{name}'", sample.input_data_file)
                 each = max(each, path.stat().st_size if path.is_file() else 0)  # a missing file is refused when read
             size += max(warmup.batch_size, 1) * each
         if size > limits.decoded_bytes:
@@ -280,6 +279,11 @@ def _output_labels(directory: Path, config) -> dict[str, list[str]]:
                 raise InvalidModel(f"output '{output.name}': label_filename {output.label_filename!r} is not a file in the model")
             labels[output.name] = read_text(path, f"output '{output.name}': label_filename").splitlines()
     return labels
+
+
+def warmup_file(directory: Path, what: str, relative: str) -> Path:
+    """A warmup sample's `input_data_file`, inside the model's `warmup/` directory."""
+    return inside(directory / "warmup", relative, f"{what}: input_data_file")
 
 
 def inside(directory: Path, relative: str, what: str) -> Path:

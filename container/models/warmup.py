@@ -11,7 +11,7 @@ import numpy as np
 
 from container.errors import DeviceFault, InvalidModel, InvalidRequest, ModelError
 from container.models.signature import Signature
-from container.models.source import inside, read_tensor
+from container.models.source import read_tensor, warmup_file
 from container.models.statistics import Phases
 from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import from_config, numpy_dtype, zeros
@@ -50,7 +50,7 @@ def _item(directory, what: str, sample) -> np.ndarray:
     datatype, shape = from_config(pb.DataType.Name(sample.data_type)), tuple(sample.dims)
     choice = sample.WhichOneof("input_data_type")
     if choice == "input_data_file":
-        path = inside(directory / "warmup", sample.input_data_file, f"{what}: input_data_file")
+        path = warmup_file(directory, what, sample.input_data_file)
         if not path.is_file():
             raise InvalidModel(f"{what}: input_data_file {sample.input_data_file!r} is not a file in the model's warmup/")
         return read_tensor(what, path.read_bytes(), datatype, shape)
