@@ -85,7 +85,7 @@ def worker_options(settings: Settings, cuda_contexts: dict[str, int], channel_pa
     """`channel_path`: the model process's channel, which python models' BLS calls reach the core by."""
     return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
                          settings.requirements_cache, torch.get_num_threads(), cuda_contexts, settings.log_level,
-                         settings.python_load_timeout, settings.python_response_timeout, channel_path)
+                         settings.load_timeout, settings.python_response_timeout, channel_path)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

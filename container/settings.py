@@ -87,8 +87,8 @@ class Settings:
     model_server_timeout: int = _env(
         "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
     )
-    python_load_timeout: int = _env(
-        "SERVE_PYTHON_LOAD_TIMEOUT", "300", "Seconds a python-backend model's `auto_complete_config`, and each instance's `initialize`, may take; then its process is killed and the load fails."
+    load_timeout: int = _env(
+        "SERVE_LOAD_TIMEOUT", "300", "Seconds a model's worker process may take to start and load: a handler model's `model_fn` (with its `requirements.txt` install), a python-backend model's `auto_complete_config` and each instance's `initialize`; then the process is killed and the load fails."
     )
     python_response_timeout: int = _env(
         "SERVE_PYTHON_RESPONSE_TIMEOUT", "300", "Seconds a python-backend model's `execute` may take for one batch; then the instance's process is killed, the batch fails with 500, and the next batch starts the instance again."
@@ -197,7 +197,7 @@ class Settings:
             load_models=tuple(n.strip() for n in raw["load_models"].split(",") if n.strip()),
             log_level=raw["log_level"].upper(),
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
-            python_load_timeout=_positive("SERVE_PYTHON_LOAD_TIMEOUT", raw["python_load_timeout"]),
+            load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
             python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
             default_accept=content.media_type(raw["default_accept"]),
             program=_program(raw["program"]),

@@ -1,16 +1,247 @@
-"""Imported once by the fork server that handler-model workers are forked from (`handler_worker.py`),
-and nowhere else: importing it is the fork server's set-up.
+"""The process user code's workers are forked from, and the server's side of it.
 
-torch and the handler code are imported here so each worker starts in milliseconds and shares their
-pages. SIGTERM and SIGINT are ignored because they reach the whole process group on `docker stop`
-or Ctrl-C, while the server still drains requests that need the workers; the fork server ends when
-the server does (multiprocessing watches for that), and the workers end with it."""
+The fork server imports torch and the workers' code once, so a worker starts in milliseconds and
+shares their pages. It forks a child for each start it is asked for, writes the child's exit status
+to the status pipe that start brought, and ends when the model process does (its socket reads EOF);
+its children end with it (PR_SET_PDEATHSIG).
 
+Why not multiprocessing's fork server: its client runs under the model process's monkey-patching,
+from several native threads at once (the hub's thread pool, the instances' threads). Its locks, made
+by `threading` when multiprocessing is first imported, are then gevent's, and its socket is gevent's.
+A wake-up lost between threads left one load connected to the fork server without a word sent; the
+fork server, which reads one connection at a time, waited for it for ever, and every later start
+waited behind it (measured at bd38afa: five concurrent handler loads, repeated). Here a start is one
+message each way on one socket of the unpatched `_socket` module, one start at a time behind a native
+lock, and each wait is bounded: a fork server that does not answer is killed and the next start makes
+a new one.
+"""
+
+import atexit
+import os
 import signal
+import struct
+import sys
 
-import torch  # noqa: F401  (imported to be shared)
+from gevent.monkey import get_original
 
-from container.backends import handler_worker  # noqa: F401  (the workers' code)
+from container.errors import ModelError
 
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
+# A fork takes milliseconds, a new fork server's imports seconds: one silent this long is stuck. Starts
+# queue behind one another for at most twice as long.
+_ANSWER_SECONDS = 60
+_STATUS = struct.Struct("i")
+
+
+def _readable(fds: list[int], timeout: float | None) -> set[int]:
+    """Which of `fds` can be read within `timeout` seconds (None: wait for one). poll, unpatched: the
+    waits here block their native thread, never a hub, and a descriptor may be past select's 1024."""
+    poller = get_original("select", "poll")()
+    for fd in fds:
+        poller.register(fd, 0x001)  # POLLIN (with POLLHUP and POLLERR, which poll always reports)
+    return {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+
+
+class Child:
+    """A process the fork server made: its pid, and the pipe that becomes readable when it exits."""
+
+    def __init__(self, pid: int, sentinel: int):
+        self.pid, self.sentinel = pid, sentinel
+        self.exit_code: int | None = None
+
+    def wait(self, timeout: float | None) -> int | None:
+        """Its exit code (negative: the signal that ended it), or None while it still runs after
+        `timeout` seconds. 255 when the fork server went away before it could tell."""
+        if self.exit_code is None:
+            if not _readable([self.sentinel], timeout):
+                return None
+            status = os.read(self.sentinel, _STATUS.size)
+            self.exit_code = _STATUS.unpack(status)[0] if len(status) == _STATUS.size else 255
+        return self.exit_code
+
+    def kill(self) -> None:
+        if self.exit_code is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        os.close(self.sentinel)
+
+
+class ForkServer:
+    """The model process's side: `spawn` asks for a child and returns it. Any thread may call it."""
+
+    def __init__(self):
+        self._lock = get_original("threading", "Lock")()
+        self._pid: int | None = None
+        self._socket = None
+
+    def spawn(self, connection_fd: int) -> Child:
+        """A new process, given a copy of `connection_fd`: the first message it reads there is
+        `(target, args)`, and it runs `target(connection, *args)`."""
+        status_read, status_write = os.pipe()
+        try:
+            if not self._lock.acquire(timeout=2 * _ANSWER_SECONDS):
+                raise ModelError(f"no model worker could be started within {2 * _ANSWER_SECONDS} s: other starts held "
+                                 f"the fork server; retry")
+            try:
+                pid = self._ask([connection_fd, status_write])
+            finally:
+                self._lock.release()
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
+        return Child(pid, status_read)
+
+    def stop(self) -> None:
+        """Ends the fork server, and with it every child (at exit, once the server has drained)."""
+        with self._lock:
+            self._end()
+
+    def _ask(self, fds: list[int]) -> int:
+        import _socket
+
+        try:
+            server = self._running()
+            server.sendmsg([b"f"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+            if not _readable([server.fileno()], _ANSWER_SECONDS):
+                raise TimeoutError(f"no answer within {_ANSWER_SECONDS} s")
+            answer = server.recv(32)
+            if not answer:
+                raise EOFError("it ended")
+            return int(answer)
+        except (OSError, EOFError, ValueError) as exc:
+            self._end()  # the next start makes a new one
+            raise ModelError(f"the fork server that starts model workers failed ({exc}); it was replaced, "
+                             f"and the next load starts it again") from None
+
+    def _running(self):
+        import _socket
+
+        if self._socket is None:
+            if self._pid is None:  # the first: workers ignore SIGTERM, and end with their fork server
+                atexit.register(self.stop)
+            ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+            os.set_inheritable(theirs.fileno(), True)
+            try:
+                self._pid = get_original("os", "posix_spawn")(sys.executable, [sys.executable, "-m", "container.backends.forkserver",
+                                                            str(theirs.fileno())], os.environ)
+            finally:
+                theirs.close()
+            self._socket = ours
+        return self._socket
+
+    def _end(self) -> None:
+        if self._socket is None:
+            return
+        self._socket.close()
+        self._socket = None
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+            get_original("os", "waitpid")(self._pid, 0)
+        except ChildProcessError:  # reaped already
+            pass
+
+
+# -- the fork server itself ------------------------------------------------------------------------------
+
+
+def main(fd: int) -> None:
+    """Serve starts until the model process hangs up. SIGTERM and SIGINT are ignored: they reach the
+    whole process group on `docker stop` or Ctrl-C, while the server still drains requests that need
+    the workers."""
+    import socket
+
+    import torch  # noqa: F401  (imported once, to be shared)
+
+    from container.backends import handler_worker, python_backend  # noqa: F401  (the workers' code)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    control = socket.socket(fileno=fd)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # delivered as a byte on wake_read
+    statuses: dict[int, int] = {}  # child pid → its status pipe
+    while True:
+        ready = _readable([control.fileno(), wake_read], None)
+        if wake_read in ready:
+            os.read(wake_read, 512)
+            _reap(statuses)
+        if control.fileno() in ready:
+            try:
+                _, fds, _, _ = socket.recv_fds(control, 1, 2)
+            except OSError:
+                return
+            if len(fds) != 2:  # EOF: the model process has gone
+                return
+            connection_fd, status_write = fds
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for descriptor in (wake_read, wake_write, status_write, *statuses.values()):
+                    os.close(descriptor)
+                os._exit(_child(connection_fd))
+            os.close(connection_fd)
+            statuses[pid] = status_write
+            control.send(str(pid).encode())
+
+
+def _reap(statuses: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        write = statuses.pop(pid, None)
+        if write is not None:
+            try:
+                os.write(write, _STATUS.pack(os.waitstatus_to_exitcode(status)))
+            except OSError:  # nobody reads it any more
+                pass
+            os.close(write)
+
+
+def _child(connection_fd: int) -> int:
+    """In the forked child: read what to run from the worker's own socket, run it, give its exit code."""
+    import pickle
+    from multiprocessing.connection import Connection
+
+    _die_with_parent()
+    connection = Connection(connection_fd)
+    try:
+        target, args = pickle.loads(connection.recv_bytes())
+        target(connection, *args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -30,7 +30,7 @@ class HandlerWorker:
         self.name, self.device = name, device
         self._options = options
         self._worker = WorkerProcess(name, serve, (name, str(directory), device, options))
-        self._device_bytes: dict[str, int] = self._worker.start()
+        self._device_bytes: dict[str, int] = self._worker.start(options.load_timeout, "model_fn")
 
     @property
     def pid(self) -> int | None:
@@ -40,7 +40,7 @@ class HandlerWorker:
                   request_id: str | None = None) -> HandlerResponse:
         with self._worker.lock:
             if not self._worker.running:
-                self._device_bytes = self._worker.start()
+                self._device_bytes = self._worker.start(self._options.load_timeout, "model_fn")
             response, self._device_bytes = self._worker.ask((body, content_type, accept, headers, request_id),
                                                             "a request")
             return response

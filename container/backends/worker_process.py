@@ -7,10 +7,7 @@ handler models (handler_worker.py) and Triton python-backend models (python_back
 The parent waits on native threads (the model's instance threads), never on the event loop.
 """
 
-import atexit
-import ctypes
 import gc
-import multiprocessing
 import pickle
 import select
 import signal
@@ -24,6 +21,7 @@ from gevent.monkey import get_original
 
 from container import content, errors
 from container.backends import footprint
+from container.backends.forkserver import ForkServer
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
 from container.models.cache import total_by_device
 
@@ -31,7 +29,7 @@ _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 # Messages are pickled by plain pickle, not multiprocessing's ForkingPickler (which makes a pickler with
 # its reducers per message): both ends are this server's code, and a request's costs 20 µs less.
 _PROTOCOL = 5
-_forkserver = None
+_forkserver = ForkServer()  # started by the first worker's start
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class WorkerOptions:
     torch_threads: int = 1
     cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
     log_level: str = "INFO"  # a worker logs to the server's stderr in the server's JSON lines
-    load_timeout: float | None = None  # seconds a python model's auto-complete and initialize may take
+    load_timeout: float | None = None  # seconds a worker may take to start and load its model
     response_timeout: float | None = None  # seconds a python model's execute may take
     channel: str = ""  # the model process's channel socket (BLS); empty: no BLS
 
@@ -71,9 +69,8 @@ class WorkerProcess:
 
     def start(self, timeout: float | None = None, doing: str = "loading"):
         parent, child = _socket_pair()
-        process = _processes().Process(target=self._target, args=(child, *self._args), name=f"model-{self.name}")
         try:
-            process.start()
+            process = _forkserver.spawn(child.fileno())
         finally:
             child.close()
         self._process, self._connection = process, parent
@@ -81,6 +78,10 @@ class WorkerProcess:
         self._poller.register(parent.fileno(), select.POLLIN)
         self._poller.register(process.sentinel, select.POLLIN)
         try:
+            try:
+                parent.send_bytes(pickle.dumps((self._target, self._args), _PROTOCOL))  # what it runs
+            except OSError:  # it died before reading it: its reply says how
+                pass
             return self.reply(doing, timeout)
         except ServeError:
             self.stop()  # a worker that failed to load is of no further use
@@ -112,10 +113,9 @@ class WorkerProcess:
             connection.send_bytes(pickle.dumps(message, _PROTOCOL))
         except OSError:
             pass
-        process.join(_STOP_SECONDS)
-        if process.exitcode is None:
+        if process.wait(_STOP_SECONDS) is None:
             process.kill()
-            process.join()
+            process.wait(None)
         connection.close()
         process.close()
 
@@ -133,8 +133,7 @@ class WorkerProcess:
             except (EOFError, OSError):
                 pass
         if reply is None:
-            self._process.join()
-            exit_code = self._process.exitcode
+            exit_code = self._process.wait(None)
             self.stop()
             raise ModelError(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
                              f"the next request starts it again")
@@ -146,23 +145,6 @@ class WorkerProcess:
     def _kill(self) -> None:
         self._process.kill()
         self.stop()
-
-
-def _processes():
-    """The fork server, started on first use; it imports torch and the workers' code once."""
-    global _forkserver
-    if _forkserver is None:
-        _forkserver = multiprocessing.get_context("forkserver")
-        _forkserver.set_forkserver_preload(["container.backends.forkserver"])
-        atexit.register(_kill_workers)  # runs before multiprocessing's own exit hook, which would join them
-    return _forkserver
-
-
-def _kill_workers() -> None:
-    """At exit, when the server has drained: workers ignore SIGTERM, so end them for good."""
-    for process in multiprocessing.active_children():
-        process.kill()
-        process.join()
 
 
 def _socket_pair() -> tuple[Connection, Connection]:
@@ -228,16 +210,11 @@ def receive(connection: Connection):
 
 
 def isolate(torch_threads: int) -> None:
-    """Die with the fork server (and so with the server), be the OOM killer's first choice rather than
-    the server, and keep the pages shared with the fork server shared. SIGTERM and SIGINT stay
-    ignored, as in the fork server: the server drains its requests first, then the worker goes."""
+    """Be the OOM killer's first choice rather than the server, and keep the pages shared with the
+    fork server shared. SIGTERM and SIGINT stay ignored, as in the fork server: the server drains its
+    requests first, then the worker goes (with the fork server, at the server's exit)."""
     import torch
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the fork server restores it for its children
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     try:
         Path("/proc/self/oom_score_adj").write_text("1000")
     except OSError:

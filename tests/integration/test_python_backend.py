@@ -692,7 +692,7 @@ def bounded(start_server, tmp_path_factory):
     python_model(root, "hangs_initialize", HANGS_PY, scale_config(1))
     for name in ("big_a", "big_b"):
         python_model(root, name, HOLDS_PY.replace("{size}", str(100 * MIB)), scale_config(1))
-    return start_server(root, SERVE_PYTHON_LOAD_TIMEOUT="2", SERVE_PYTHON_RESPONSE_TIMEOUT="2",
+    return start_server(root, SERVE_LOAD_TIMEOUT="2", SERVE_PYTHON_RESPONSE_TIMEOUT="2",
                         SERVE_MEMORY_LIMIT="150MiB")
 
 
