@@ -16,7 +16,6 @@ from container.channel.server import ChannelServer
 from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
-_CHANNEL_FRAMING = 1 << 20  # room for a call's description beside its largest allowed tensor data
 _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
 
 
@@ -46,7 +45,7 @@ class Worker(GeventWorker):
                                            self.worker_connections, max_requests=self.max_requests, retire=self._retire)
         # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
         self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
-                                     self.settings.max_payload_bytes + _CHANNEL_FRAMING,
+                                     channel.max_call(self.settings.max_payload_bytes),
                                      on_disconnect=extensions["front_end_gone"])
         if self.settings.metrics_port is not None:
             scrapes = Connections(extensions["metrics_dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),

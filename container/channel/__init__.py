@@ -5,6 +5,15 @@ their answers as msgpack frames over a Unix socket (wire.py), served in the mode
 import os
 import tempfile
 
+FRAMING = 1 << 20  # room for a call's description beside its largest allowed data
+
+
+def max_call(max_payload_bytes: int) -> int:
+    """The largest call frame the model process reads: a request body's limit, and room to describe it.
+    Front-ends check a call against it before they send it, so no call breaks the connection it
+    shares with other clients' calls."""
+    return max_payload_bytes + FRAMING
+
 
 def socket_path(master_pid: int) -> str:
     """The model process's channel socket, in a directory of the server's own (0700): the gunicorn

@@ -69,6 +69,10 @@ class Blobs:
         finally:
             os.close(fd)
 
+    def discard(self, name: str) -> None:
+        """Data this process wrote that will not be sent after all."""
+        (self.directory / name).unlink(missing_ok=True)
+
     def remove_all(self) -> None:
         """What processes of this server wrote and nobody took (one died in between)."""
         for path in self.directory.glob(f"{self.prefix}-*"):

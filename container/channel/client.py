@@ -15,8 +15,9 @@ _RETRY = 0.2  # seconds between attempts to reach the model process
 
 
 class ChannelClient:
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, max_call: int = wire.MAX_FRAME):
+        """`max_call`: the largest call the model process reads (`channel.max_call`)."""
+        self.path, self.max_call = path, max_call
         self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future] = {}
@@ -52,7 +53,7 @@ class ChannelClient:
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            self._writer.write(wire.pack([call_id, op, list(args)], self.blobs))
+            self._writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
             await self._writer.drain()
             failed, result = await future
         except OSError:  # the model process went away while the call was being written
@@ -71,7 +72,7 @@ class ChannelClient:
         self._pending[call_id] = items = asyncio.Queue()
         try:
             try:
-                self._writer.write(wire.pack([call_id, op, list(args)], self.blobs))
+                self._writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
                 await self._writer.drain()
             except OSError:
                 raise Unavailable("the model process ended during the request; retry") from None

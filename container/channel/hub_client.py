@@ -23,8 +23,9 @@ _LOST = (True, ["Unavailable", "the model process ended during the request; retr
 
 
 class HubChannelClient:
-    def __init__(self, path: str, on_connect: Callable[[], None] = lambda: None):
-        self.path, self.on_connect = path, on_connect
+    def __init__(self, path: str, on_connect: Callable[[], None] = lambda: None, max_call: int = wire.MAX_FRAME):
+        """`max_call`: the largest call the model process reads (`channel.max_call`)."""
+        self.path, self.on_connect, self.max_call = path, on_connect, max_call
         self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
         self._pending: dict[int, AsyncResult] = {}
@@ -46,7 +47,7 @@ class HubChannelClient:
         call_id = next(self._ids)
         self._pending[call_id] = answer = AsyncResult()
         try:
-            outbox.send(wire.pack([call_id, op, list(args)], self.blobs))
+            outbox.send(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
             failed, result = answer.get(timeout=timeout)  # a lost model process fails it (`_keep_connected`)
         except gevent.Timeout:
             raise Unavailable(f"the model process did not answer within {timeout} s") from None
@@ -64,7 +65,7 @@ class HubChannelClient:
         call_id = next(self._ids)
         self._pending[call_id] = items = gevent.queue.Queue()
         try:
-            outbox.send(wire.pack([call_id, op, list(args)], self.blobs))
+            outbox.send(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
             while (frame := items.get())[0] == wire.ITEM:
                 yield frame[1]
         finally:

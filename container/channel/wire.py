@@ -15,7 +15,7 @@ import numpy as np
 
 from container import errors
 from container.channel.blobs import Blobs, Large
-from container.errors import ServeError
+from container.errors import PayloadTooLarge, ServeError
 from container.tensors import DATATYPES, little_endian, pack_strings, unpack_strings
 
 LENGTH = struct.Struct("<I")
@@ -28,19 +28,27 @@ _DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype  # the tensor datatypes' nu
            for dtype in map(little_endian, DATATYPES) if dtype.kind in _NUMERIC}
 
 
-def pack(message, blobs: Blobs | None = None) -> bytes:
-    """`message` as a frame: length, then msgpack; `blobs` takes its `Large` values."""
+def pack(message, blobs: Blobs | None = None, limit: int = MAX_FRAME) -> bytes:
+    """`message` as a frame: length, then msgpack; `blobs` takes its `Large` values. A call past `limit`
+    (the peer's, `channel.max_call`) is PayloadTooLarge, and nothing of it is left in shared memory."""
+    put = []
+
     def extension(value):
         if isinstance(value, Large):
             try:
-                return msgpack.ExtType(_BLOB, msgpack.packb([blobs.put(value.data), len(value.data)]))
+                put.append(blobs.put(value.data))
+                return msgpack.ExtType(_BLOB, msgpack.packb([put[-1], len(value.data)]))
             except (AttributeError, OSError):  # no blobs here, or /dev/shm is full (Docker gives it 64 MiB)
                 return value.data
         return _extension(value)
 
     body = msgpack.packb(message, default=extension, use_bin_type=True)
-    if len(body) > MAX_FRAME:
-        raise ServeError(f"a channel message of {len(body)} bytes is past the channel's 4 GiB frame")
+    if len(body) > limit:
+        for name in put:
+            blobs.discard(name)
+        raise PayloadTooLarge(f"the request takes {len(body)} bytes as the front-end hands it to the model process, "
+                              f"past the {limit} bytes allowed (SAGEMAKER_MAX_PAYLOAD_IN_MB and 1 MiB to describe it); "
+                              f"send its tensors as binary data, or raise SAGEMAKER_MAX_PAYLOAD_IN_MB")
     return LENGTH.pack(len(body)) + body
 
 

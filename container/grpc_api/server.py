@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from container.channel import max_call
 from container.channel.client import ChannelClient
 from container.errors import ServeError
 from container.grpc_api import modelmesh_service
@@ -43,7 +44,7 @@ def options(settings: Settings) -> list[tuple[str, int]]:
 
 
 async def serve(settings: Settings, channel_path: str) -> None:
-    channel = ChannelClient(channel_path)
+    channel = ChannelClient(channel_path, max_call(settings.max_payload_bytes))
     channel.start()
     server = grpc.aio.server(options=options(settings), compression=_COMPRESSION[settings.grpc_compression])
     server.add_generic_rpc_handlers([

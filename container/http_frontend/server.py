@@ -34,9 +34,10 @@ from container.api.routing import Route, Routes
 from container.api.tfserving_json import MOUNT
 from container.api.v2_generate_stream import stream_routes
 from container.api.v2_infer import infer_routes, is_raw
+from container.channel import max_call
 from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
-from container.errors import InvalidRequest, ServeError, Unavailable
+from container.errors import InvalidRequest, PayloadTooLarge, ServeError, Unavailable
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -68,7 +69,7 @@ class ChannelDispatcher:
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
         self.too_large, self.refuse = self.local.too_large, self.local.refuse
-        self.channel = HubChannelClient(channel_path, on_connect=self._learn_probes)
+        self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
         self.probes = Routes([])
         self.ready = Event()  # set once the probes are known: then this process accepts connections
         self._connections = 0
@@ -107,8 +108,16 @@ class ChannelDispatcher:
             except InvalidRequest:
                 pass
         client = request.client
-        return self.channel.call("v2_infer", os.getpid(), client.number, client.requests, request.params["name"],
-                                 request.params.get("version"), header_length, document, large(data), heavy)
+        call = ("v2_infer", os.getpid(), client.number, client.requests, request.params["name"], request.params.get("version"),
+                header_length)
+        try:
+            return self.channel.call(*call, document, large(data), heavy)
+        except PayloadTooLarge:
+            if document is None:
+                raise
+        # Parsed, it is too large to cross (JSON's numbers as msgpack's, up to 9 bytes each): the body is
+        # not, as its limit is the call's, so the model process parses it as one process would.
+        return self.channel.call(*call, None, large(body), heavy)
 
     def _generate_events(self, name: str, version: str | None, body: dict):
         return self.channel.stream("generate_stream", name, version, body)

@@ -93,8 +93,8 @@ def test_models_with_requests_in_flight_are_never_evicted(start_server, tmp_path
     gates = [Gate(tmp_path_factory.mktemp("gates"), f"g{i}") for i in range(2)]
     for i, gate in enumerate(gates):
         handler_model(root, f"busy{i}", gated_predict(gate), Sized(8))
-    sized_model(root, "newcomer", 30)
-    # each busy model is a worker process charged its USS (8 MiB of weights and its own pages):
+    sized_model(root, "newcomer", 35)
+    # each busy model is a worker process charged its USS (8 MiB of weights and its own pages, ~15 MiB):
     # both fit, and the newcomer fits only in place of one of them
     server = start_server(root, SERVE_MEMORY_LIMIT="60MiB")
     assert server.load("busy0").status_code == 200 and server.load("busy1").status_code == 200

@@ -98,6 +98,15 @@ def test_large_data_crosses_in_shared_memory_and_leaves_nothing(blobs, tmp_path)
     assert list(tmp_path.iterdir()) == []  # the receiver removed the name as it mapped the data
 
 
+def test_a_call_past_the_peers_limit_is_refused_before_it_is_sent_and_leaves_nothing(blobs, tmp_path):
+    data = bytes(blobs_module.THRESHOLD)
+    numbers = list(range(100_000))  # JSON's numbers, as a parsed document holds them: up to 9 bytes each
+    with pytest.raises(errors.PayloadTooLarge, match=r"past the 200000 bytes allowed \(SAGEMAKER_MAX_PAYLOAD_IN_MB"):
+        wire.pack([1, "v2_infer", [{"data": numbers}, blobs_module.large(data)]], blobs, limit=200_000)
+    assert list(tmp_path.iterdir()) == []  # the data it had put in shared memory is gone
+    assert len(wire.pack([1, "v2_infer", [{"data": numbers[:1000]}, blobs_module.large(data)]], blobs, limit=200_000)) < 200_000
+
+
 def test_what_the_receiver_writes_stays_its_own(blobs, tmp_path):
     """The mapping is copy-on-write: an array over it is writable (torch takes it without a copy), and a
     write never reaches the data another process mapped."""

@@ -1,0 +1,96 @@
+"""Requests made to hurt, against the default limits: one as large as the limit allows is served or
+refused on its own while other clients' requests go on, and a refusal costs the server no memory."""
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+
+from tests.builders import Scale, fp32_model, sized_model, wait_for
+
+NUMBERS = 3_145_628  # as many JSON numbers ("1,") as fit in SAGEMAKER_MAX_PAYLOAD_IN_MB's default 6 MiB
+MIB = 1 << 20
+
+
+def small(server) -> int:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
+    return server.request("POST", "/v2/models/double/infer", json=body, timeout=30).status_code
+
+
+@pytest.mark.parametrize("front_ends", ["0", "2"])
+def test_a_request_as_large_as_the_limit_disturbs_no_other_client(start_server, tmp_path, front_ends):
+    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=front_ends)
+    wait_for(server.ready, 60, "the model did not load")
+    body = ('{"inputs":[{"name":"x","datatype":"FP32","shape":[%d],"data":[%s]}]}'
+            % (NUMBERS, ",".join(["1"] * NUMBERS))).encode()
+    assert len(body) <= 6 * MIB
+    done = threading.Event()
+
+    def others() -> list[int]:
+        codes = []
+        while not done.is_set() or not codes:
+            codes.append(small(server))
+        return codes
+
+    with ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(others) for _ in range(3)]
+        try:
+            large = server.request("POST", "/v2/models/double/infer", data=body, timeout=120)
+        finally:
+            done.set()
+        codes = [code for stream in streams for code in stream.result(timeout=120)]
+    assert large.status_code == 200 or 400 <= large.status_code < 500, large.text[:300]
+    if large.status_code == 200:
+        output = large.json()["outputs"][0]
+        assert output["shape"] == [NUMBERS] and output["data"][:2] == [2.0, 2.0]
+    assert set(codes) == {200}
+
+
+def server_rss(server) -> int:
+    """The resident memory of the model process and every front-end, together."""
+    pids = [server.worker_pid(), *server.http_pids()]
+    return sum(psutil.Process(pid).memory_info().rss for pid in pids)
+
+
+def refusals(server) -> dict[str, requests.Response]:
+    long_name = "n" * 100_000
+    huge_shape = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1 << 40], "data": [1, 2, 3, 4]}]}
+    return {
+        "a load's long name": server.request("POST", "/models", json={"model_name": long_name, "url": "double"}),
+        "a long name in a URL": server.request("POST", f"/v2/repository/models/{long_name}/load"),
+        "a body past the limit": server.request("POST", "/v2/models/double/infer", data=b"[" * (7 * MIB)),
+        "a shape past any memory": server.request("POST", "/v2/models/double/infer", json=huge_shape),
+        "nesting past the limit": server.request("POST", "/v2/models/double/infer", data=b"[" * 200_000 + b"]" * 200_000),
+    }
+
+
+@pytest.mark.parametrize("front_ends", ["0", "2"])
+def test_a_refusal_costs_the_server_no_memory(start_server, tmp_path, front_ends):
+    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=front_ends)
+    wait_for(server.ready, 60, "the model did not load")
+    refusals(server)  # once first, so that what a first request imports or caches is counted before
+    before = server_rss(server)
+    answers = refusals(server)
+    after = server_rss(server)
+    assert {why: (answer.status_code // 100, "error" in json.loads(answer.text)) for why, answer in answers.items()} == \
+        {why: (4, True) for why in answers}
+    assert after - before < 8 * MIB, f"{(after - before) / MIB:.1f} MiB more after the refusals"
+
+
+def test_a_reload_under_pressure_frees_the_copy_it_replaces(start_server, tmp_path):
+    for name, mib in [("a", 190), ("b", 190), ("c", 90)]:
+        sized_model(tmp_path / "models", name, mib)
+    server = start_server(tmp_path / "models", SERVE_MEMORY_LIMIT="512MiB", SERVE_HTTP_WORKERS="0")
+    for name in "abc":
+        assert server.request("POST", f"/v2/repository/models/{name}/load").status_code == 200
+    before = psutil.Process(server.worker_pid()).memory_info().rss
+    for _ in range(3):  # a, the least recently used, again: b, idle, makes room
+        assert server.request("POST", "/v2/repository/models/a/load").status_code == 200
+    after = psutil.Process(server.worker_pid()).memory_info().rss
+    assert server.loaded() == ["a", "c"]
+    assert after - before < 8 * MIB, f"{(after - before) / MIB:.1f} MiB more after three reloads"
