@@ -31,7 +31,7 @@ class Worker(GeventWorker):
     def patch(self):
         super().patch()  # gevent's monkey.patch_all()
         # gevent (≥ 25.8) defers closing a descriptor that is not a regular file to the loop of the
-        # calling thread's hub. A thread-pool thread that once made a hub (multiprocessing's gevent
+        # calling thread's hub. A thread-pool thread that once made a hub (an S3 download's gevent
         # socket does) never runs that loop, so every directory descriptor shutil.rmtree closed there
         # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
         # watcher still uses, which is all the deferral guards against.
