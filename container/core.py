@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import gevent
+import gevent.queue
 from gevent.event import Event
 
 from container import ensembles
@@ -194,6 +195,21 @@ class Core:
         statistics.record_success(items, time.perf_counter_ns() - start, phases)
         self._registry.remeasure(model)
         return InferResponse(model.name, version, outputs)
+
+    def responses(self, lease: Lease, request: InferRequest):
+        """`infer` as its responses, each as it is sent: (outputs, or the error it carries, or None for a
+        final flag alone; final). Any model but a decoupled one sends one, final. A batch that fails as
+        a whole (its worker died, say) raises after the responses sent before it."""
+        if not lease.view.decoupled:
+            yield self.infer(lease, request).outputs, True
+            return
+        sent = gevent.queue.Queue()
+        request.respond = lambda outcome, final: sent.put((outcome, final))
+        running = gevent.spawn(self.infer, lease, request)
+        running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
+        while (item := sent.get()) is not None:
+            yield item
+        running.get()
 
     def _infer_step(self, step: Step, inputs: dict) -> dict:
         """One step of an ensemble: a request to its model, loaded again first if it was evicted."""

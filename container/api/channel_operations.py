@@ -2,7 +2,7 @@
 operations on its documents (v2_dataplane.py), the shared memory regions (which live here, so a region
 registered through one front-end serves every front-end), the log and trace settings (log_and_trace.py),
 and ModelMesh's runtime API (modelmesh.py);
-and what python models' worker processes ask: their BLS calls (`bls_infer`, tensors in and out). Arguments
+and what python models' worker processes ask: their BLS calls (`bls_infer`, tensors in and out; `bls_stream`, a decoupled model's responses). Arguments
 and answers are plain values and tensors; a ModelConfig crosses as its serialized protobuf."""
 
 from typing import Callable
@@ -17,7 +17,7 @@ from container.api.shared_memory import SharedMemory
 from container.api.v2_generate import generate_events
 from container.channel.blobs import large
 from container.core import Core
-from container.errors import InvalidInput
+from container.errors import InvalidInput, InvalidRequest
 from container.inference import InferRequest, TransformRequest
 
 
@@ -47,6 +47,17 @@ def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) 
             return {"body": np.array([response.body], np.object_),
                     "content_type": np.array([response.content_type.encode()], np.object_)}
 
+    def bls_stream(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict):
+        """`bls_infer` with `decoupled=True`: [outputs or None, final, error or None] for each response
+        the model sends (one, final, from a model that is not decoupled)."""
+        with core.lease(name, version if version > 0 else None) as lease:
+            if not lease.takes_tensors:
+                raise InvalidRequest(f"model '{name}' is a SageMaker handler model: it sends one response; "
+                                     f"call it with decoupled=False")
+            for outcome, final in core.responses(lease, InferRequest(inputs, outputs, parameters)):
+                failed = isinstance(outcome, Exception)
+                yield [None if failed else outcome, final, [str(outcome), getattr(outcome, "status", 500)] if failed else None]
+
     def model_config(name: str, version: str) -> bytes:
         return v2_dataplane.model_config(core, name, version).SerializeToString()
 
@@ -62,6 +73,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) 
         "infer_stream": infer_stream,
         "generate_stream": lambda name, version, body: generate_events(core, shared_memory, name, version, body),
         "bls_infer": bls_infer,
+        "bls_stream": bls_stream,
         "repository_index": lambda ready: v2_dataplane.repository_index(core, ready),
         "load": lambda name, parameters: v2_dataplane.load(core, name, parameters),
         "unload": lambda name, parameters: v2_dataplane.unload(core, name, parameters),

@@ -5,9 +5,6 @@ the answers are documents too, and each protocol writes them its own way."""
 
 from importlib.metadata import version as package_version
 
-import gevent
-import gevent.queue
-
 from container import errors
 from container.api import offload, v2_codec
 from container.core import Core, ModelView, State
@@ -95,23 +92,14 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
     with no answer); any other model's one answer is one final item."""
     with _lease(core, name, version) as lease:
         document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
-        if not lease.view.decoupled:
-            response = core.infer(lease, request)
-            yield *_answer(document, request, response.model_version, response.outputs, requested, lease, shared_memory), True, None
-            return
-        responses = gevent.queue.Queue()
-        request.respond = lambda outcome, final: responses.put((outcome, final))
-        running = gevent.spawn(core.infer, lease, request)
-        running.link(lambda _: responses.put(None))  # after every response: core.infer returns once all were final
-        while (item := responses.get()) is not None:
-            outcome, final = item
+        version = lease.version
+        for outcome, final in core.responses(lease, request):
             if isinstance(outcome, Exception):
                 yield None, [], final, outcome
             elif outcome is None:
                 yield None, [], final, None
             else:
-                yield *_answer(document, request, lease.version, outcome, requested, lease, shared_memory), final, None
-        running.get()  # a batch that failed as a whole (its worker died, say) ends the stream with its error
+                yield *_answer(document, request, version, outcome, requested, lease, shared_memory), final, None
 
 
 def _lease(core: Core, name: str, version: str | None, client: Client | None = None):

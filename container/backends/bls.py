@@ -28,26 +28,49 @@ class BlsClient:
     def exec(self, model: str, version: int, inputs: dict, outputs: list[str] | None, parameters: dict,
              timeout_us: int = 0) -> dict | pb_utils.TritonError:
         """The model's outputs, or the error it answered with (as Triton's BLS returns it)."""
+        *_, (_, answer) = self._call("bls_infer", model, [model, version, inputs, outputs, parameters], timeout_us)
+        return answer
+
+    def stream(self, model: str, version: int, inputs: dict, outputs: list[str] | None, parameters: dict,
+               timeout_us: int = 0):
+        """A decoupled call's responses as the model sends them: (outputs, or the error that response
+        carries, or None for a final flag alone; final). A call that fails as a whole is one final error."""
+        for kind, value in self._call("bls_stream", model, [model, version, inputs, outputs, parameters], timeout_us):
+            if kind == wire.ITEM:
+                outputs, final, error = value
+                yield (_error(*error) if error else outputs), final
+            elif isinstance(value, pb_utils.TritonError):
+                yield value, True
+
+    def _call(self, op: str, model: str, args: list, timeout_us: int):
+        """The call's frames as (kind, value): its items, then its answer, or a TritonError for an error
+        answer or a failed call. A connection is kept for the next call once its answer is read."""
         call_id = next(self._ids)
         try:
             connection = self._connection()
         except OSError as exc:
-            return pb_utils.TritonError(f"the server cannot be reached for a BLS call: {exc.strerror}",
-                                        pb_utils.TritonError.UNAVAILABLE)
+            yield wire.ERROR, pb_utils.TritonError(f"the server cannot be reached for a BLS call: {exc.strerror}",
+                                                   pb_utils.TritonError.UNAVAILABLE)
+            return
+        done = False
         try:
             connection.settimeout(timeout_us / 1e6 if timeout_us > 0 else None)
-            connection.sendall(wire.pack([call_id, "bls_infer", [model, version, inputs, outputs, parameters]]))
-            _, failed, result = wire.unpack(_frame(connection))
+            connection.sendall(wire.pack([call_id, op, args]))
+            while (frame := wire.unpack(_frame(connection)))[1] == wire.ITEM:
+                yield wire.ITEM, frame[2]
+            done = True
         except (OSError, EOFError) as exc:
-            connection.close()
             why = "timed out" if isinstance(exc, TimeoutError) else "was cut off"
-            return pb_utils.TritonError(f"the BLS call to model '{model}' {why}", pb_utils.TritonError.UNAVAILABLE)
-        with self._lock:
-            self._idle.append(connection)
-        if failed:
-            _, message, status = result
-            return pb_utils.TritonError(message, _CODES.get(status, pb_utils.TritonError.INTERNAL))
-        return result
+            yield wire.ERROR, pb_utils.TritonError(f"the BLS call to model '{model}' {why}", pb_utils.TritonError.UNAVAILABLE)
+            return
+        finally:
+            if done:
+                with self._lock:
+                    self._idle.append(connection)
+            else:  # failed, or abandoned mid-stream: what is left on it belongs to no call
+                connection.close()
+        _, kind, result = frame
+        yield kind, (_error(*result[1:]) if kind == wire.ERROR else result)
 
     def _connection(self) -> socket.socket:
         with self._lock:
@@ -60,6 +83,10 @@ class BlsClient:
             connection.close()
             raise
         return connection
+
+
+def _error(message: str, status: int) -> pb_utils.TritonError:
+    return pb_utils.TritonError(message, _CODES.get(status, pb_utils.TritonError.INTERNAL))
 
 
 def _frame(connection: socket.socket) -> bytes:

@@ -157,23 +157,29 @@ class InferenceRequest:
                                        "{ decoupled: true })")
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    def exec(self, decoupled: bool = False):
         """Run this request on the server's model `model_name` and wait for its response; a failure is
-        the response's error, as in Triton."""
-        if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported by this server")
+        the response's error, as in Triton. `decoupled`: an iterator of the responses, each as the model
+        sends it (a final flag sent alone is an empty response)."""
         if _bls is None:
             raise TritonModelException("BLS calls are made from initialize or execute of a served model")
-        inputs = {t.name(): wire_array(t.as_numpy()) for t in self._inputs}
-        outcome = _bls.exec(self.model_name, self.model_version, inputs, self._outputs or None,
-                            json.loads(self.parameters()), self.timeout)
-        if isinstance(outcome, TritonError):
-            return InferenceResponse(error=outcome)
-        return InferenceResponse([Tensor(name, array) for name, array in outcome.items()])
+        call = (self.model_name, self.model_version, {t.name(): wire_array(t.as_numpy()) for t in self._inputs},
+                self._outputs or None, json.loads(self.parameters()), self.timeout)
+        if decoupled:
+            return (_response(outcome or {}) for outcome, _ in _bls.stream(*call))
+        return _response(_bls.exec(*call))
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """`exec` without blocking the caller's event loop, so that several calls run at once."""
-        return await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+    async def async_exec(self, decoupled: bool = False):
+        """`exec` without blocking the caller's event loop, so that several calls run at once; with
+        `decoupled`, the responses once the model has sent its final one."""
+        run = (lambda: list(self.exec(True))) if decoupled else self.exec
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+def _response(outcome: "dict | TritonError") -> InferenceResponse:
+    if isinstance(outcome, TritonError):
+        return InferenceResponse(error=outcome)
+    return InferenceResponse([Tensor(name, array) for name, array in outcome.items()])
 
 
 class ModelConfig:

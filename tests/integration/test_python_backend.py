@@ -1,12 +1,10 @@
-"""Triton python-backend models, BLS and ensembles against the real server: Triton's own examples with
-their own clients, then what a Triton user's repository does with them — batches into `execute`,
+"""Triton python-backend models, BLS and ensembles against the real server: a repository of the project's
+own models with tritonclient as their client, then what a Triton user's repository does with them — batches into `execute`,
 per-request errors, BLS to every kind of model, an ensemble graph, crashes, hangs and eviction."""
 
 import io
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import requests
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
@@ -22,8 +21,7 @@ from tritonclient.utils import InferenceServerException
 from bench.harness import free_port
 from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "python_backend"
-TRITON_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT = 8000, 8001, 8002  # where the examples' clients look
+REPOSITORY = Path(__file__).resolve().parent.parent / "data" / "python_backend"  # the project's own models
 
 
 def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
@@ -103,53 +101,132 @@ def stats(server, name: str) -> dict:
     return server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]["inference_stats"]
 
 
-# -- Triton's own examples, with their own clients -------------------------------------------------------
+# -- a repository of python models, with tritonclient as its client ----------------------------------------
+
+AB = {"A": np.array([1, 2, 3, 4], np.float32), "B": np.array([10, 20, 30, 40], np.float32)}
+
+
+class Mix(torch.nn.Module):
+    def forward(self, A: torch.Tensor, B: torch.Tensor):
+        return A + B, A * B
 
 
 @pytest.fixture(scope="module")
-def triton_examples(start_server, tmp_path_factory):
-    root = tmp_path_factory.mktemp("examples")
-    for name, config, model in [("add_sub", "add_sub/config.pbtxt", "add_sub/model.py"),
-                                ("pytorch", "pytorch/config.pbtxt", "pytorch/model.py"),
-                                ("bls_sync", "bls/sync_config.pbtxt", "bls/sync_model.py"),
-                                ("bls_async", "bls/async_config.pbtxt", "bls/async_model.py"),
-                                ("nobatch_auto_complete", None, "auto_complete/nobatch_model.py"),
-                                ("batch_auto_complete", None, "auto_complete/batch_model.py"),
-                                ("square_int32", "decoupled/square_config.pbtxt", "decoupled/square_model.py"),
-                                ("custom_metrics", "custom_metrics/config.pbtxt", "custom_metrics/model.py")]:
-        (root / name / "1").mkdir(parents=True)
-        if config:
-            shutil.copy(EXAMPLES / config, root / name / "config.pbtxt")
-        shutil.copy(EXAMPLES / model, root / name / "1" / "model.py")
-    server = start_server(root, TRITON_PORT, SERVE_LOAD_MODELS="*", SERVE_GRPC_PORT=str(TRITON_GRPC_PORT),
-                          SERVE_METRICS_PORT=str(TRITON_METRICS_PORT))
-    wait_for(server.ready, 60, "the examples did not load")
+def repository(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository") / "models"
+    shutil.copytree(REPOSITORY, root, ignore=shutil.ignore_patterns("README.md"))
+    triton_model(root, "mix_ts", Mix(), [tensor("A", "TYPE_FP32", [4]), tensor("B", "TYPE_FP32", [4])],
+                 [tensor("SUM", "TYPE_FP32", [4]), tensor("PRODUCT", "TYPE_FP32", [4])])
+    metrics_port = free_port()
+    server = start_server(root, SERVE_LOAD_MODELS="*", SERVE_METRICS_PORT=str(metrics_port))
+    server.metrics_port = metrics_port
+    wait_for(server.ready, 90, "the repository did not load")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")
     return server
 
 
-@pytest.mark.parametrize("client, printed", [
-    ("add_sub/client.py", "PASS: add_sub"),
-    ("auto_complete/client.py", "PASS: auto_complete"),
-    ("bls/sync_client.py", "PASS: BLS Sync"),
-    ("bls/async_client.py", "PASS: BLS Async"),
-    ("decoupled/square_client.py", "PASS: square_int32"),
-    ("custom_metrics/client.py", "PASS: custom_metrics"),
-])
-def test_triton_example_passes_with_its_own_client(triton_examples, client, printed):
-    run = subprocess.run([sys.executable, str(EXAMPLES / client)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and printed in run.stdout, run.stdout + run.stderr
+def tensors(module, values: dict) -> list:
+    """`values` as the inputs of `module`'s client (tritonclient.http or .grpc)."""
+    inputs = []
+    for name, value in values.items():
+        value = np.asarray(value)
+        datatype = "BYTES" if value.dtype.kind in "OSU" else {"float32": "FP32", "int32": "INT32"}[str(value.dtype)]
+        tensor_ = module.InferInput(name, list(value.shape), datatype)
+        tensor_.set_data_from_numpy(value.astype(np.object_) if datatype == "BYTES" else value)
+        inputs.append(tensor_)
+    return inputs
 
 
-def test_bls_to_an_unknown_model_fails_that_request_with_the_servers_words(triton_examples):
-    run = subprocess.run([sys.executable, str(EXAMPLES / "bls/sync_client.py")], capture_output=True, text=True,
-                         timeout=120)
-    assert "model 'undefined_model' is not loaded" in run.stdout  # the example prints the error it got
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+@pytest.mark.parametrize("model", ["mix", "mix_torch", "mix_ts"])
+def test_a_python_model_answers_its_client_over_http_and_grpc(repository, module, model):
+    url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
+    with module.InferenceServerClient(url) as client:
+        answer = client.infer(model, tensors(module, AB))
+    assert answer.as_numpy("SUM").tolist() == [11, 22, 33, 44]
+    assert answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
+    assert answer.as_numpy("SUM").dtype == np.float32
 
 
-def test_auto_completed_config_is_served_as_the_models_config(triton_examples):
-    config = triton_examples.request("GET", "/v2/models/batch_auto_complete/config").json()
-    assert config["backend"] == "python" and config["max_batch_size"] == 4 and "dynamic_batching" in config
-    assert triton_examples.request("GET", "/v2/models/add_sub").json()["platform"] == "python"
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_configs_completed_by_the_model_are_served_as_its_config(repository, module):
+    url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
+    with module.InferenceServerClient(url) as client:
+        plain, batched = (client.get_model_config(name, **({} if module is httpclient else {"as_json": True}))
+                          for name in ("completed_plain", "completed_batched"))
+        if module is grpcclient:
+            plain, batched = plain["config"], batched["config"]
+        lengths = client.infer("completed_plain", tensors(module, {"WORDS": np.array([b"one", b"three"])}))
+        means = client.infer("completed_batched", tensors(module, {"ROWS": np.array([[1, 2, 3], [4, 5, 9]], np.float32)}))
+    assert (plain.get("max_batch_size", 0), "dynamic_batching" in plain) == (0, False)
+    assert [(t["name"], t["data_type"]) for t in plain["input"] + plain["output"]] == [("WORDS", "TYPE_STRING"),
+                                                                                          ("LENGTHS", "TYPE_INT32")]
+    assert (batched["max_batch_size"], "dynamic_batching" in batched, batched["backend"]) == (4, True, "python")
+    assert [t["name"] for t in batched["input"] + batched["output"]] == ["ROWS", "MEANS"]
+    assert lengths.as_numpy("LENGTHS").tolist() == [3, 5]
+    assert means.as_numpy("MEANS").tolist() == [[2.0], [6.0]]
+
+
+@pytest.mark.parametrize("target", ["mix", "mix_torch", "mix_ts"])
+def test_a_synchronous_bls_call_reaches_python_and_torchscript_models(repository, target):
+    with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
+        answer = client.infer("relay", tensors(httpclient, {"TARGET": np.array([target.encode()]), **AB}))
+    assert answer.as_numpy("SUM").tolist() == [11, 22, 33, 44] and answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
+
+
+def test_a_bls_call_to_an_unknown_model_fails_that_request_with_the_servers_words(repository):
+    with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("relay", tensors(httpclient, {"TARGET": np.array([b"nowhere"]), **AB}))
+        assert client.infer("relay", tensors(httpclient, {"TARGET": np.array([b"mix"]), **AB})).as_numpy("SUM") is not None
+    assert "nowhere refused the call: " in str(refused.value) and "'nowhere'" in str(refused.value)
+
+
+def test_asynchronous_bls_calls_run_together_and_answer_together(repository):
+    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+        answer = client.infer("relay_async", tensors(grpcclient, AB))
+    assert answer.as_numpy("SUM").tolist() == [11, 22, 33, 44] and answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
+
+
+@pytest.mark.parametrize("caller", ["tally", "tally_async"])
+def test_a_bls_call_to_a_decoupled_model_reads_each_response_and_the_final_flag(repository, caller):
+    with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
+        for n in (0, 1, 5):
+            answer = client.infer(caller, tensors(httpclient, {"N": np.array([n], np.int32)}))
+            assert (answer.as_numpy("RESPONSES")[0], answer.as_numpy("TOTAL")[0]) == (n, n * (n - 1) // 2)
+
+
+def test_an_error_response_of_a_decoupled_bls_call_reaches_the_caller(repository):
+    with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
+        with pytest.raises(InferenceServerException, match="cannot count down from -2"):
+            client.infer("tally", tensors(httpclient, {"N": np.array([-2], np.int32)}))
+
+
+def test_a_decoupled_models_responses_and_its_final_flag_stream_over_grpc(repository):
+    received = []
+    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: received.append((result, error)))
+        client.async_stream_infer("countdown", tensors(grpcclient, {"N": np.array([4], np.int32)}),
+                                  enable_empty_final_response=True)
+        wait_for(lambda: len(received) == 5, 30, "the stream did not end")
+        client.stop_stream()
+    assert [error for _, error in received] == [None] * 5
+    values = [result.as_numpy("LEFT").tolist() for result, _ in received[:4]]
+    final = received[4][0].get_response()
+    assert values == [[3], [2], [1], [0]]
+    assert final.parameters["triton_final_response"].bool_param and not final.outputs
+
+
+def test_a_models_own_metrics_are_read_on_the_metrics_port(repository):
+    with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
+        for rows in (1, 3):
+            client.infer("metered", tensors(httpclient, {"X": np.ones((rows, 2), np.float32)}))
+    text = requests.get(f"http://127.0.0.1:{repository.metrics_port}/metrics", timeout=30).text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("metered_")}
+    assert samples['metered_rows{model="metered",version="1"}'] == 4
+    assert samples['metered_last_batch_rows{model="metered",version="1"}'] == 3
+    assert "# HELP metered_rows Rows this model has doubled" in text
 
 
 # -- the server's own repository -------------------------------------------------------------------------
