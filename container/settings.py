@@ -71,7 +71,7 @@ class Settings:
         "SERVE_DOWNLOAD_CACHE_SIZE", "50%", "Most bytes the download cache keeps: bytes with optional KiB/MiB/GiB suffix, or a percentage of its file system; least recently used models leave first."
     )
     memory_limit: int = _env(
-        "SERVE_MEMORY_LIMIT", "70%", "Host RAM budget for loaded models: bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM."
+        "SERVE_MEMORY_LIMIT", "70%", "Host RAM budget for loaded models: bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM (its cgroup limit)."
     )
     gpu_memory_limit: str = _env(
         "SERVE_GPU_MEMORY_LIMIT", "90%", "Budget for loaded models on each GPU, same syntax; a percentage is of that GPU's memory."
@@ -241,7 +241,7 @@ class Settings:
                       self.max_instances, self.max_priority_levels, self.max_total_instances)
 
     def relaxations(self) -> dict[str, object]:
-        """The trust relaxations switched on (README, "Threat model"), by variable: logged at start."""
+        """The trust relaxations switched on (docs/security.md, "Threat model"), by variable: logged at start."""
         switched = {"SERVE_ALLOW_CLIENT_SHM": self.allow_client_shm, "SERVE_ALLOW_MODEL_FILES": self.allow_model_files,
                     "SERVE_S3_ROOTS": ",".join(r for r in self.s3_roots if r != self.model_root.rstrip("/") + "/")}
         return {name: value for name, value in switched.items() if value}
@@ -394,3 +394,17 @@ def _number(name: str, text: str) -> float:
     if value <= 0:
         raise SettingsError(f"{name}={text!r}: expected a positive number")
     return value
+
+
+def configuration_table() -> str:
+    """docs/configuration.md's table, from the declarations above: `python -m container.settings`
+    prints it, and a test holds the page to it."""
+    rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for declared in fields(Settings):
+        env, default, doc = (declared.metadata[key] for key in ("env", "default", "doc"))
+        rows.append(f"| `{env}` | {f'`{default}`' if default else '—'} | {doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(configuration_table())

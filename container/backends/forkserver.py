@@ -30,6 +30,7 @@ from container.errors import ModelError
 # queue behind one another for at most twice as long.
 _ANSWER_SECONDS = 60
 _STATUS = struct.Struct("i")
+_MAIN = "import sys; from container.backends.forkserver import main; main(int(sys.argv[1]))"
 
 
 def _readable(fds: list[int], timeout: float | None) -> set[int]:
@@ -127,8 +128,9 @@ class ForkServer:
             ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             os.set_inheritable(theirs.fileno(), True)
             try:
-                self._pid = get_original("os", "posix_spawn")(sys.executable, [sys.executable, "-m", "container.backends.forkserver",
-                                                            str(theirs.fileno())], os.environ)
+                # -c rather than -m: the package imports this module, which runpy would then run twice
+                self._pid = get_original("os", "posix_spawn")(sys.executable, [sys.executable, "-c", _MAIN, str(theirs.fileno())],
+                                                             os.environ)
             finally:
                 theirs.close()
             self._socket = ours
@@ -241,7 +243,3 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]))

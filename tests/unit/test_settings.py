@@ -1,12 +1,13 @@
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from container import resources
-from container.settings import Settings, SettingsError, parse_size
+from container.settings import Settings, SettingsError, configuration_table, parse_size
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_defaults():
@@ -81,13 +82,11 @@ def test_bad_values_name_the_variable(env, named):
         Settings.from_env(env)
 
 
-def test_readme_table_matches_the_settings_object():
-    from dataclasses import fields
-
-    rows = dict(re.findall(r"^\| `([A-Z0-9_]+)` \| `?([^`|]*?)`? \|", README.read_text(), re.MULTILINE))
-    rows = {name: "" if default == "—" else default for name, default in rows.items()}
-    declared = {f.metadata["env"]: f.metadata["default"] for f in fields(Settings)}
-    assert rows == declared
+def test_the_configuration_page_is_the_table_the_settings_declare():
+    page = CONFIGURATION.read_text()
+    table = page.split("<!-- generated: python -m container.settings -->\n")[1].split("\n<!-- end generated -->")[0]
+    assert table == configuration_table()
+    assert {f.metadata["env"] for f in fields(Settings)} == set(re.findall(r"^\| `([A-Z0-9_]+)` \|", page, re.MULTILINE))
 
 
 def test_relaxations_are_off_by_default_and_named_when_on():
