@@ -6,6 +6,7 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
   instances placed as the groups place them.
 - `handler_worker.HandlerWorker`: request bytes in, response bytes out, through SageMaker's handler
   functions, in a worker process of the model's own (`handler.HandlerModel` runs there).
+- `pt2.Pt2Model`: the same, from a `.pt2` (an AOTInductor package or an ExportedProgram).
 - `python_backend.PythonBackend`: a Triton python-backend `model.py`, a worker process per instance;
   its `execute` takes the batch's requests as a list.
 - `ensemble.Ensemble`: the steps of an ensemble, which the core runs through the models they name.
@@ -13,12 +14,14 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 
 import logging
 
-from container.backends import python_backend
+import torch
+
+from container.backends import pt2, python_backend
 from container.backends.ensemble import Ensemble
 from container.backends.handler_worker import HandlerWorker
 from container.backends.pytorch import Replicas, TorchScriptModel
 from container.backends.worker_process import WorkerOptions
-from container.models.config import ENSEMBLE_PLATFORM, PYTHON_BACKEND, instance_gpus
+from container.models.config import ENSEMBLE_PLATFORM, PT2, PYTHON_BACKEND, instance_gpus
 from container.models.source import ModelSource, TritonLayout
 from container.models.warmup import warm, warmup_samples
 
@@ -35,7 +38,13 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
         return {version: Ensemble(name, layout.config) for version in layout.versions}
     if isinstance(layout, TritonLayout) and layout.kind == PYTHON_BACKEND:
         return _python_versions(name, layout, device, options)
+    if isinstance(layout, TritonLayout) and layout.kind == PT2:
+        return _pt2_versions(name, source, device)
     if isinstance(layout, TritonLayout):
+        log.warning("TorchScript is deprecated by PyTorch (torch.jit.load warns so since 2.11): export the model "
+                    "with torch.export and serve it as model.pt2 (platform torch_export, or torch_aoti once compiled "
+                    "with torch._inductor.aoti_compile_and_package); docs/models.md shows how",
+                    extra={"fields": {"model": name, "torch": torch.__version__}})
         loaded = {}
         placed = instance_gpus(layout.config)
         named = list(dict.fromkeys(placed))
@@ -58,6 +67,25 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
             raise
         return loaded
     return {1: HandlerWorker(name, source.directory, device, options)}
+
+
+def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
+    """A `.pt2` model's versions, its config completed from the latest one's recorded tensors first
+    where it leaves them out."""
+    layout = source.layout
+    if layout.signature is None:
+        layout.complete(pt2.completed(layout.config, layout.versions[max(layout.versions)]))
+    samples = warmup_samples(source.directory, layout.config)
+    loaded = {}
+    try:
+        for version, path in sorted(layout.versions.items()):
+            loaded[version] = pt2.Pt2Model(name, path, layout.config.platform, layout.signature, device)
+            warm(loaded[version], samples, layout.signature)
+    except BaseException:
+        for backend in loaded.values():
+            backend.close()
+        raise
+    return loaded
 
 
 def _python_versions(name: str, layout: TritonLayout, device: str, options: WorkerOptions) -> dict[int, object]:

@@ -14,23 +14,31 @@ from container import content
 from container.backends.torch_runtime import load_torchscript
 from container.errors import InvalidModel, InvalidRequest, ModelError, NotAcceptable, UnsupportedMediaType
 
-MODEL_SUFFIXES = (".pt", ".pth")
+MODEL_SUFFIXES = (".pt", ".pth", ".pt2")
 _ENVELOPES = {"instances": "predictions", "inputs": "outputs"}
 
 
 def model_file(directory: Path) -> Path:
-    """`model.pt`, else the one `*.pt`/`*.pth` at the top of the model directory."""
-    if (directory / "model.pt").is_file():
-        return directory / "model.pt"
+    """`model.pt`, else `model.pt2`, else the one `*.pt`/`*.pth`/`*.pt2` at the top of the model directory."""
+    for name in ("model.pt", "model.pt2"):
+        if (directory / name).is_file():
+            return directory / name
     candidates = sorted(p.name for p in directory.iterdir() if p.suffix in MODEL_SUFFIXES and p.is_file())
     if len(candidates) != 1:
-        raise InvalidModel(f"the default model_fn needs exactly one .pt or .pth file in the model directory, found {candidates}; "
-                           f"or define model_fn in code/inference.py")
+        raise InvalidModel(f"the default model_fn needs exactly one .pt, .pth or .pt2 file in the model directory, found "
+                           f"{candidates}; or define model_fn in code/inference.py")
     return directory / candidates[0]
 
 
 def load_model(directory: Path, device: str):
-    return load_torchscript(model_file(directory), device)
+    """TorchScript, or a `.pt2` (an AOTInductor package or an ExportedProgram) as the function its
+    forward was."""
+    path = model_file(directory)
+    if path.suffix == ".pt2":
+        from container.backends.pt2 import callable_program
+
+        return callable_program(path, device)
+    return load_torchscript(path, device)
 
 
 def decode(body, content_type: str | None, device: str):

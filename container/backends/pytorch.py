@@ -76,7 +76,7 @@ class TorchScriptModel:
 
     def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         start = time.perf_counter_ns()
-        tensors = {n: _to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device)
+        tensors = {n: to_torch(self._specs[n], self._to_model(self._specs[n], inputs[n]), self.device)
                    for n in self._specs if n in inputs}
         # an optional input the request left out: absent from a dict argument, else None (Optional[Tensor])
         args = [tensors] if self._order is None else [tensors.get(n) for n in self._order]
@@ -120,7 +120,7 @@ class TorchScriptModel:
         return _reshaped(spec, array, self.signature.max_batch_size > 0, True, self.name)
 
     def _from_model(self, spec: TensorSpec, value, batch: int | None) -> np.ndarray:
-        array = _to_numpy(spec, value, self.name, batch)
+        array = to_numpy(spec, value, self.name, batch)
         if spec.reshape is None:
             return array
         return _reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
@@ -212,7 +212,7 @@ def _bind_outputs(signature: Signature) -> list[tuple[TensorSpec, int]]:
     return bound
 
 
-def _to_torch(spec: TensorSpec, array: np.ndarray, device: str):
+def to_torch(spec: TensorSpec, array: np.ndarray, device: str):
     if spec.datatype == "BYTES":
         try:
             return [v.decode() for v in array.reshape(-1).tolist()]
@@ -226,7 +226,7 @@ def _to_torch(spec: TensorSpec, array: np.ndarray, device: str):
     return tensor if device == "cpu" else tensor.to(device, non_blocking=True)
 
 
-def _to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndarray:
+def to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndarray:
     if spec.datatype == "BYTES":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ModelError(f"model '{model}' output '{spec.name}' is TYPE_STRING: forward must return List[str]")

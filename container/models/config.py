@@ -8,14 +8,17 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from container.errors import InvalidModel
+from container.models.pt2_archive import AOTI_PLATFORM, EXPORT_PLATFORM, archive_kind
 from container.models.triton_schema import model_config_pb2 as pb
 
 PYTORCH_PLATFORMS = ("pytorch_libtorch",)
+PT2_PLATFORMS = (AOTI_PLATFORM, EXPORT_PLATFORM)
 PYTORCH_BACKENDS = ("pytorch",)
 PYTHON_BACKEND = "python"
+PT2 = "pt2"
 ENSEMBLE_PLATFORM = "ensemble"
 DEFAULT_MODEL_FILENAME = "model.pt"
-DEFAULT_FILENAMES = {"pytorch": DEFAULT_MODEL_FILENAME, PYTHON_BACKEND: "model.py", ENSEMBLE_PLATFORM: ""}
+DEFAULT_FILENAMES = {"pytorch": DEFAULT_MODEL_FILENAME, PT2: "model.pt2", PYTHON_BACKEND: "model.py", ENSEMBLE_PLATFORM: ""}
 MAX_PATH_BYTES = 1024  # well under PATH_MAX with the model root in front
 
 
@@ -29,23 +32,51 @@ def read_config(directory: Path) -> tuple[pb.ModelConfig, dict[str, int]]:
         config, labels = parse_json_config((directory / "config.json").read_bytes())
     elif has_python_versions(directory):
         config = pb.ModelConfig(name=directory.name, backend=PYTHON_BACKEND)
+    elif has_versions(directory, DEFAULT_FILENAMES[PT2]):
+        config = pb.ModelConfig(name=directory.name, backend="pytorch")
     else:
         raise InvalidModel(f"{directory.name}: no config.pbtxt or config.json")
-    check_config(config, complete=kind_of(config) != PYTHON_BACKEND)
+    if not config.platform and kind_of(config) == "pytorch":
+        config.platform = pt2_platform(directory, config) or ""
+    check_config(config, complete=not completes_at_load(config))
     return config, labels
 
 
 def has_python_versions(directory: Path) -> bool:
     """Whether the directory holds `<version>/model.py`: a python model, with or without a config."""
-    return any(p.name.isdigit() and (p / DEFAULT_FILENAMES[PYTHON_BACKEND]).is_file() for p in directory.iterdir())
+    return has_versions(directory, DEFAULT_FILENAMES[PYTHON_BACKEND])
+
+
+def has_versions(directory: Path, filename: str) -> bool:
+    return any(p.name.isdigit() and (p / filename).is_file() for p in directory.iterdir())
+
+
+def pt2_platform(directory: Path, config: pb.ModelConfig) -> str | None:
+    """The platform a pytorch config without one means, from its files: the kind of `.pt2` its latest
+    version holds, or None (TorchScript)."""
+    filename = config.default_model_filename or DEFAULT_FILENAMES[PT2]
+    if not filename.endswith(".pt2"):
+        return None
+    versions = sorted((int(p.name), p / filename) for p in directory.iterdir() if p.name.isdigit() and (p / filename).is_file())
+    return archive_kind(versions[-1][1]) if versions else None
 
 
 def kind_of(config: pb.ModelConfig) -> str:
-    """What runs the model: "pytorch" (TorchScript here), "python" (a `model.py` in a worker process of
-    its own) or "ensemble" (steps through other models)."""
+    """What runs the model: "pytorch" (TorchScript here), "pt2" (a `.pt2` file: an AOTInductor package
+    or an ExportedProgram), "python" (a `model.py` in a worker process of its own) or "ensemble" (steps
+    through other models). A pytorch config without a platform is TorchScript unless its directory
+    holds `.pt2` files (`source.py` decides, and sets the platform)."""
     if config.platform == ENSEMBLE_PLATFORM:
         return ENSEMBLE_PLATFORM
+    if config.platform in PT2_PLATFORMS:
+        return PT2
     return PYTHON_BACKEND if config.backend == PYTHON_BACKEND else "pytorch"
+
+
+def completes_at_load(config: pb.ModelConfig) -> bool:
+    """Whether the model itself completes the config when it loads: a python model (its
+    `auto_complete_config`), and a `.pt2` whose config leaves out its inputs or outputs."""
+    return kind_of(config) == PYTHON_BACKEND or (kind_of(config) == PT2 and not (config.input and config.output))
 
 
 def config_document(config: pb.ModelConfig) -> dict:
@@ -124,8 +155,9 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
     `auto_complete_config` has run."""
     for what, path in _file_fields(config):
         relative_path(path, what)
-    if config.platform and config.platform not in (*PYTORCH_PLATFORMS, ENSEMBLE_PLATFORM):
-        raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch' or 'ensemble'")
+    if config.platform and config.platform not in (*PYTORCH_PLATFORMS, *PT2_PLATFORMS, ENSEMBLE_PLATFORM):
+        raise InvalidModel(f"platform {config.platform!r} is not served here; use 'pytorch_libtorch', 'torch_aoti', "
+                           f"'torch_export' or 'ensemble'")
     if config.backend and config.backend not in (*PYTORCH_BACKENDS, PYTHON_BACKEND):
         raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch' or 'python'")
     if config.max_batch_size < 0:

@@ -18,9 +18,11 @@ from container.limits import Limits, whole_number
 from container.models.config import (
     DEFAULT_FILENAMES,
     ENSEMBLE_PLATFORM,
-    PYTHON_BACKEND,
+    PT2,
     check_config,
+    completes_at_load,
     has_python_versions,
+    has_versions,
     instance_count,
     kind_of,
     read_config,
@@ -28,12 +30,14 @@ from container.models.config import (
     relative_path,
     selected_versions,
 )
+from container.models.pt2_archive import check_members
 from container.models.signature import Signature
 from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import from_config, little_endian, numpy_dtype, unpack_strings, zeros
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
-SAGEMAKER_WEIGHTS = (".pt", ".pth")  # SageMaker's PyTorch toolkit loads the one such file at the top
+# SageMaker's PyTorch toolkit loads the one .pt/.pth file at the top; a .pt2 there is PyTorch 2's (pt2.py)
+SAGEMAKER_WEIGHTS = (".pt", ".pth", ".pt2")
 
 
 @dataclass
@@ -43,14 +47,15 @@ class TritonLayout:
     versions: dict[int, Path]  # version → model file (an ensemble's: its version directory)
     output_labels: dict[str, list[str]]  # output → class labels from its label_filename
     signature: Signature | None  # the tensors, with implicit state's initial values from their data files;
-    # None until a python model's `auto_complete_config` has completed its config (complete())
+    # None until the model has completed its config at load (complete(): python models, some .pt2)
 
     @property
     def kind(self) -> str:
         return kind_of(self.config)
 
     def complete(self, config) -> None:
-        """A python model's config as its `auto_complete_config` left it, checked as any config is."""
+        """The config as the model completed it at load (a python model's `auto_complete_config`, a
+        `.pt2`'s recorded tensors), checked as any config is."""
         check_config(config)
         self.config, self.signature = config, Signature.from_config(config)
 
@@ -151,13 +156,14 @@ def read_layout(directory: Path, limits: Limits) -> TritonLayout | SageMakerLayo
     weights = _weights(directory)
     sagemaker = bool(weights) or (directory / "code").is_dir()
     triton_config = (directory / "config.pbtxt").is_file() or (directory / "config.json").is_file()
-    if (directory / "config.pbtxt").is_file() or (triton_config and not sagemaker) or has_python_versions(directory):
+    if ((directory / "config.pbtxt").is_file() or (triton_config and not sagemaker) or has_python_versions(directory)
+            or has_versions(directory, DEFAULT_FILENAMES[PT2])):
         return _triton_layout(directory, limits)
     if sagemaker:
         return SageMakerLayout(weights)
     raise InvalidModel(
-        f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt or "
-        f"<version>/model.py (Triton layout), or a .pt/.pth file with optional code/inference.py (SageMaker layout)"
+        f"no model in {directory.name!r}: expected config.pbtxt/config.json with <version>/model.pt, <version>/model.pt2 "
+        f"or <version>/model.py (Triton layout), or a .pt/.pth/.pt2 file with optional code/inference.py (SageMaker layout)"
     )
 
 
@@ -184,8 +190,11 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     unknown = {k: v for k, v in labels.items() if v not in versions}
     if unknown:
         raise InvalidModel(f"version_labels {unknown} name versions that are not served ({sorted(versions)})")
+    if kind == PT2:
+        for path in versions.values():
+            check_members(path, limits)
     signature = None
-    if kind != PYTHON_BACKEND:
+    if not completes_at_load(config):
         signature = Signature.from_config(config, _initial_states(directory, config, limits))
     return TritonLayout(config, labels, versions, _output_labels(directory, config), signature)
 

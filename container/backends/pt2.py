@@ -1,0 +1,356 @@
+"""PyTorch 2's own model files, `<version>/model.pt2`: AOTInductor packages, as Triton's
+`platform: "torch_aoti"` serves them, and ExportedProgram archives made by `torch.export.save`, as
+`platform: "torch_export"` (Triton has no platform for them; the name is this server's).
+
+Either is called as its forward was exported: positional and keyword arguments, nested in tuples,
+lists and dicts, flattened by the program's own call spec. The config's tensors bind to the flattened
+leaves by position (`INPUT__0`, `OUTPUT__1`: flattening order) or by where each sits in the call
+(`ARGS[0]`, `ARGS[1][scale]`, `KWARGS[mask]`; `RESULT`, `RESULT[1]`, `RESULT[logits][0]`).
+
+A package runs compiled kernels, with no Python in the model; an ExportedProgram runs its graph
+module op by op, in this process. A package records neither its inputs' types nor their shapes (its
+compiled code checks them), so at load it is run once on the config's tensors, zeros, and twice as
+many rows when it is to batch: a config that does not bind is refused then, with the package's words.
+"""
+
+import json
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from container.backends import footprint
+from container.backends.pytorch import tensor_index, to_numpy, to_torch
+from container.backends.torch_runtime import device_error, device_scope, guarded, last_line
+from container.errors import InvalidModel, InvalidRequest, ModelError, ServeError
+from container.models.pt2_archive import AOTI_PLATFORM, EXPORT_PLATFORM, archive_kind, is_program, read_member, where
+from container.models.signature import Signature, TensorSpec
+from container.models.statistics import Phases
+from container.tensors import zeros
+
+EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
+               "{name: {0: torch.export.Dim('batch')}}), and compile that")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One tensor of the call: where it sits, and its type and shape where the file records them
+    (an ExportedProgram does; -1 for a dynamic dimension)."""
+
+    path: str
+    datatype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+class Pt2Model:
+    """One version of a `.pt2` model: named numpy tensors in, named numpy tensors out, as
+    TorchScriptModel takes and gives them."""
+
+    def __init__(self, name: str, path: Path, platform: str, signature: Signature, device: str):
+        self.name, self.device, self.signature = name, device, signature
+        self._grown: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
+        self._learning = footprint.LEARNING_RUNS
+        self._doing = f"running model '{name}'"
+        with footprint.load_growth(device, self._grown):
+            self.program = load_program(path, platform, device)
+        self._inputs = _bind(signature.inputs, self.program.inputs, "INPUT", "input", self.program)
+        self._outputs = _bind(signature.outputs, self.program.outputs, "OUTPUT", "output", self.program)
+        self._output_names = [s.name for s in signature.outputs]
+        if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
+            raise self._unbatched()
+        self._probe()
+
+    def memory(self) -> dict[str, int]:
+        return footprint.charged(self.program.constant_bytes, self._grown, self._peak)
+
+    def measured(self) -> dict[str, dict[str, int]]:
+        return {"weights": self.program.constant_bytes, "load": self._grown, "activation_peak": self._peak}
+
+    def close(self) -> None:
+        self.program = None
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
+        if self._learning > 0:
+            with footprint.execution_peak(self.device, self._peak):
+                self._learning -= 1
+                return self._guarded(inputs, outputs, phases)
+        return self._guarded(inputs, outputs, phases)
+
+    def _guarded(self, inputs, outputs, phases: Phases) -> dict[str, np.ndarray]:
+        with device_scope(self.device):
+            return guarded(self.device, self._doing, self._execute, inputs, outputs, phases)
+
+    def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
+        start = time.perf_counter_ns()
+        leaves = [to_torch(spec, inputs[spec.name], self.device) for spec in self._inputs]
+        converted = time.perf_counter_ns()
+        try:
+            results = self.program.run(leaves)
+        except Exception as exc:
+            if device_error(exc, self.device, "") is not None:
+                raise
+            raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
+        inferred = time.perf_counter_ns()
+        wanted = outputs or self._output_names
+        produced = {spec.name: to_numpy(spec, results[i], self.name, None) for i, spec in enumerate(self._outputs)
+                    if spec is not None and spec.name in wanted}
+        phases.input_ns, phases.infer_ns = converted - start, inferred - converted
+        phases.output_ns = time.perf_counter_ns() - inferred
+        return produced
+
+    def _probe(self) -> None:
+        """Run once on zeros of the config's tensors (and on two rows where it batches): a package's
+        compiled checks are the only record of its inputs' types and shapes."""
+        rows = [1, 2] if self.signature.max_batch_size >= 2 else [1] if self.signature.max_batch_size else [None]
+        for count in rows:
+            sample = {s.name: zeros(s.datatype, _sample_shape(s.shape, count)) for s in self._inputs}
+            try:
+                self._guarded(sample, None, Phases())
+            except ServeError as exc:
+                expected = ", ".join(f"{_position('INPUT', i)} ({leaf.path})" for i, leaf in enumerate(self.program.inputs))
+                if count == 2:
+                    raise self._unbatched() from None
+                raise InvalidModel(f"model '{self.name}' does not run on the config's tensors ({exc}); it takes "
+                                   f"{expected}") from None
+
+    def _unbatched(self) -> InvalidModel:
+        return InvalidModel(f"model '{self.name}' was exported for a fixed number of rows, so max_batch_size "
+                            f"{self.signature.max_batch_size} cannot batch it: {EXPORT_HINT}")
+
+
+class Program:
+    """A loaded `.pt2`: the leaves of its call, `run(leaves) -> leaves`, and `call` as its forward."""
+
+    def __init__(self, kind: str, in_spec, out_spec, inputs: list[Leaf], outputs: list[Leaf], run,
+                 constant_bytes: dict[str, int]):
+        self.kind, self.inputs, self.outputs, self.run = kind, inputs, outputs, run
+        self._in_spec, self._out_spec = in_spec, out_spec
+        self.constant_bytes = constant_bytes
+
+    def call(self, args: tuple, kwargs: dict):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            raise InvalidRequest(f"the model takes {pytree.tree_unflatten([leaf.path for leaf in self.inputs], self._in_spec)}; "
+                                 f"it was called with {len(leaves)} tensor(s) in another structure")
+        return pytree.tree_unflatten(self.run(leaves), self._out_spec)
+
+
+def load_program(path: Path, platform: str, device: str) -> Program:
+    kind = archive_kind(path)
+    if platform and kind != platform:
+        other = "an AOTInductor package" if kind == AOTI_PLATFORM else "an ExportedProgram without AOTInductor data"
+        raise InvalidModel(f"{where(path)} is {other}: serve it with platform '{kind}', not '{platform}'")
+    try:
+        with device_scope(device):
+            return guarded(device, f"loading {path.name}", _load_aoti if kind == AOTI_PLATFORM else _load_export, path, device)
+    except ServeError:
+        raise
+    except Exception as exc:
+        raise InvalidModel(f"{where(path)} cannot be loaded: {last_line(exc)}") from None
+
+
+def _load_aoti(path: Path, device: str) -> Program:
+    metadata = _aoti_metadata(path)
+    built_for = metadata.get("AOTI_DEVICE_KEY", "cpu")
+    if built_for != device.split(":")[0]:
+        raise InvalidModel(f"{where(path)} was compiled for {built_for}; its instance group places it on {device}: "
+                           f"compile it for {device.split(':')[0]}, or place it there")
+    index = torch.device(device).index if device.startswith("cuda") else -1
+    # The loader itself, not aoti_load_package: that compares the package's CPU ISA with this machine's,
+    # for a warning, and finds this machine's by compiling probes with a C++ compiler, which the image
+    # has none of (and a subprocess, which a thread of the hub's pool may not start).
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(path), False, 1,
+                                                    -1 if index is None else index)
+    in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
+    return Program(AOTI_PLATFORM, in_spec, out_spec, _leaves(in_spec, "ARGS", "KWARGS"), _leaves(out_spec, "RESULT"),
+                   loader.run, {device: _compiled_bytes(path)})
+
+
+def _load_export(path: Path, device: str) -> Program:
+    recorded = _export_torch_version(path)
+    if recorded and recorded.split("+")[0] != torch.__version__.split("+")[0]:
+        raise InvalidModel(f"{where(path)} was exported by torch {recorded}; this server runs torch "
+                           f"{torch.__version__}: export it again with this version")
+    program = torch.export.load(str(path))
+    if device != "cpu":
+        program = torch.export.passes.move_to_device_pass(program, device)
+    module = program.module()
+    in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
+    typed = _typed(program)
+    inputs = [Leaf(leaf.path, *typed.get(name, (None, None)))
+              for leaf, name in zip(_leaves(in_spec, "ARGS", "KWARGS"), program.graph_signature.user_inputs, strict=True)]
+    outputs = [Leaf(leaf.path, *typed.get(name, (None, None)))
+               for leaf, name in zip(_leaves(out_spec, "RESULT"), program.graph_signature.user_outputs, strict=True)]
+    weights = sum(t.numel() * t.element_size() for t in (*program.state_dict.values(), *program.constants.values())
+                  if isinstance(t, torch.Tensor))
+
+    def run(leaves: list) -> list:
+        args, kwargs = pytree.tree_unflatten(leaves, in_spec)
+        with torch.inference_mode():
+            return pytree.tree_leaves(module(*args, **kwargs))
+
+    return Program(EXPORT_PLATFORM, in_spec, out_spec, inputs, outputs, run, {device: weights})
+
+
+def callable_program(path: Path, device: str):
+    """A `.pt2` as the function its forward was, for SageMaker's default `model_fn`: tensors, lists,
+    tuples and dicts in and out, as the program was exported."""
+    program = load_program(path, "", device)
+    return lambda *args, **kwargs: program.call(args, kwargs)
+
+
+def completed(config, path: Path) -> object:
+    """The config with what it leaves out taken from the ExportedProgram at `path`: inputs and outputs
+    named by position (`INPUT__n`, `OUTPUT__n`), typed and shaped as the program records them (its
+    batch dimension left out where the config batches). A package records no types: its config must
+    declare its tensors."""
+    from container.models.triton_schema import model_config_pb2 as pb
+
+    if config.input and config.output:
+        return config
+    kind = archive_kind(path)
+    if kind == AOTI_PLATFORM:
+        raise InvalidModel(f"{where(path)} is an AOTInductor package, which records no tensor types: declare its "
+                           f"input and output in config.pbtxt (INPUT__n and OUTPUT__n, or ARGS[…] and RESULT[…])")
+    program = load_program(path, kind, "cpu")
+    completed = type(config)()
+    completed.CopyFrom(config)
+    if not completed.platform:
+        completed.platform = kind
+    for field, leaves, stem in ((completed.input, program.inputs, "INPUT"), (completed.output, program.outputs, "OUTPUT")):
+        if len(field):
+            continue
+        for i, leaf in enumerate(leaves):
+            if leaf.datatype is None or leaf.shape is None:
+                raise InvalidModel(f"{where(path)} does not record the type of {leaf.path}: declare it in the config")
+            dims = list(leaf.shape[1:] if config.max_batch_size else leaf.shape) or [1]
+            field.add(name=_position(stem, i), data_type=pb.DataType.Value(_config_type(leaf.datatype)), dims=dims)
+    return completed
+
+
+def _bind(specs: tuple[TensorSpec, ...], leaves: list[Leaf], stem: str, kind: str, program: Program) -> list:
+    """The config's `specs` in the order of the call's `leaves`: by position (every name `STEM__n`),
+    else by path (every name a leaf's path). Inputs must cover every leaf; outputs may leave some out
+    (None in their place). A recorded type or fixed dimension that differs is refused here."""
+    expected = ", ".join(f"{_position(stem, i)} ({leaf.path}{_described(leaf)})" for i, leaf in enumerate(leaves))
+    paths = [leaf.path for leaf in leaves]
+    if all(tensor_index(s.name) is not None and s.name.startswith(f"{stem}__") for s in specs):
+        places = {s.name: tensor_index(s.name) for s in specs}
+    elif all(s.name in paths for s in specs):
+        places = {s.name: paths.index(s.name) for s in specs}
+    else:
+        raise InvalidModel(f"the config's {kind}s {[s.name for s in specs]} do not name the program's: {expected}")
+    bound: list = [None] * len(leaves)
+    for spec in specs:
+        place = places[spec.name]
+        if place >= len(leaves) or bound[place] is not None:
+            raise InvalidModel(f"{kind} '{spec.name}' names no {kind} of the program, or one another {kind} names: "
+                               f"it has {expected}")
+        leaf = leaves[place]
+        if leaf.datatype is not None and leaf.datatype != spec.datatype:
+            raise InvalidModel(f"{kind} '{spec.name}' is {spec.datatype} in the config; the program's {leaf.path} is "
+                               f"{leaf.datatype}. The program's {kind}s: {expected}")
+        bound[place] = spec
+    if kind == "input" and None in bound:
+        missing = [_position(stem, i) for i, spec in enumerate(bound) if spec is None]
+        raise InvalidModel(f"the config leaves out input(s) {missing} of the program's {expected}")
+    return bound
+
+
+def _typed(program) -> dict[str, tuple[str | None, tuple[int, ...] | None]]:
+    """Each user input's and output's (datatype, shape) as the exported graph records them."""
+    found = {}
+    for node in program.graph.nodes:
+        values = [node] if node.op == "placeholder" else list(node.args[0]) if node.op == "output" else []
+        for value in values:
+            fake = getattr(value, "meta", {}).get("val")
+            if isinstance(fake, torch.Tensor):
+                found[value.name] = (_datatype(fake.dtype), tuple(d if isinstance(d, int) else -1 for d in fake.shape))
+    return found
+
+
+def _leaves(spec, *roots: str) -> list[Leaf]:
+    """The paths of a call spec's leaves, in flattening order. An input spec is (args, kwargs): its
+    roots are ARGS and KWARGS; an output spec has one root, RESULT."""
+    numbered = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    paths = []
+    for keys, _ in pytree.tree_flatten_with_path(numbered)[0]:
+        keys = list(keys)
+        root = roots[keys.pop(0).idx] if len(roots) > 1 else roots[0]
+        paths.append(Leaf(root + "".join(f"[{_key(k)}]" for k in keys)))
+    return paths
+
+
+def _key(key) -> str:
+    for attribute in ("idx", "key", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _position(stem: str, index: int) -> str:
+    return f"{stem}__{index}"
+
+
+def _described(leaf: Leaf) -> str:
+    if leaf.datatype is None:
+        return ""
+    return f": {leaf.datatype} {list(leaf.shape)}"
+
+
+def _sample_shape(shape: tuple[int, ...], rows: int | None) -> tuple[int, ...]:
+    dims = tuple(1 if d < 0 else d for d in shape)
+    return dims if rows is None else (rows, *dims[1:])
+
+
+_TORCH_TYPES = {torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
+                torch.int32: "INT32", torch.int64: "INT64", torch.float16: "FP16", torch.float32: "FP32",
+                torch.float64: "FP64", torch.bfloat16: "BF16"}
+
+
+def _datatype(dtype: torch.dtype) -> str | None:
+    return _TORCH_TYPES.get(dtype)
+
+
+def _config_type(datatype: str) -> str:
+    return f"TYPE_{datatype}"
+
+
+def _package_model(path: Path) -> str:
+    """The name the package keeps its model under (`<archive>/data/aotinductor/<name>/`)."""
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            parts = name.split("/")
+            if len(parts) > 4 and parts[1:3] == ["data", "aotinductor"]:
+                return parts[3]
+    return "model"
+
+
+def _compiled_bytes(path: Path) -> int:
+    """What a package's compiled model holds: its shared libraries, its constants inside them (as
+    packages are compiled by default) or beside them."""
+    with zipfile.ZipFile(path) as archive:
+        return sum(info.file_size for info in archive.infolist()
+                   if info.filename.endswith(".so") or "/data/constants/" in info.filename or "/data/weights/" in info.filename)
+
+
+def _aoti_metadata(path: Path) -> dict[str, str]:
+    """What the package records of its build: the device it was compiled for, among others."""
+    found = read_member(path, lambda name: name.endswith("_metadata.json") and "/data/aotinductor/" in f"/{name}")
+    try:
+        return json.loads(found) if found else {}
+    except ValueError:
+        return {}
+
+
+def _export_torch_version(path: Path) -> str | None:
+    found = read_member(path, is_program)
+    try:
+        return json.loads(found).get("torch_version") if found else None
+    except ValueError:
+        return None

@@ -1,0 +1,265 @@
+"""PyTorch 2's own model files against the real server: an AOTInductor package (`torch_aoti`, compiled
+once for the module with the project's torch and the machine's C++ compiler) and ExportedPrograms
+(`torch_export`), bound by position and by their call's structure, batched, on every protocol, in the
+SageMaker layout, and refused with their reasons when they cannot be served."""
+
+import io
+import json
+import shutil
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from tests.builders import wait_for
+
+BATCH = torch.export.Dim("batch", min=1, max=64)
+
+
+class Classifier(torch.nn.Module):
+    """4 features in, 3 class scores out."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.layer = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.softmax(self.layer(x), dim=-1)
+
+
+class Blend(torch.nn.Module):
+    """A call with structure: a tensor, a dict of tensors and a keyword argument in; a dict holding a
+    tensor and a tuple out."""
+
+    def forward(self, x, weights: dict, *, bias):
+        mixed = x * weights["scale"] + bias
+        return {"mixed": mixed, "parts": (x.sum(dim=1), bias * 2)}
+
+
+def exported(module, args, kwargs=None, shapes=None):
+    return torch.export.export(module.eval(), args, kwargs or {}, dynamic_shapes=shapes)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """The .pt2 files the tests serve, made once: the AOTInductor package compiles in seconds."""
+    directory = tmp_path_factory.mktemp("pt2")
+    x = torch.ones(2, 4)
+    classifier = exported(Classifier(), (x,), shapes={"x": {0: BATCH}})
+    made = {"package": directory / "package.pt2", "program": directory / "program.pt2",
+            "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2"}
+    torch._inductor.aoti_compile_and_package(classifier, package_path=str(made["package"]))
+    torch.export.save(classifier, made["program"])
+    torch.export.save(exported(Classifier(), (x,)), made["fixed"])
+    torch.export.save(exported(Blend(), (x, {"scale": torch.full((4,), 2.0)}), {"bias": torch.ones(2, 4)},
+                               shapes={"x": {0: BATCH}, "weights": {"scale": None}, "bias": {0: BATCH}}), made["blend"])
+    return made
+
+
+def triton_model(root: Path, name: str, file: Path, config: dict | None) -> Path:
+    (root / name / "1").mkdir(parents=True)
+    shutil.copy(file, root / name / "1" / "model.pt2")
+    if config is not None:
+        (root / name / "config.json").write_text(json.dumps({"name": name, **config}))
+    return root / name
+
+
+def classifier_config(platform: str, **more) -> dict:
+    return {"platform": platform, "max_batch_size": 8,
+            "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [3]}], **more}
+
+
+def expected(rows: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return Classifier()(torch.from_numpy(rows)).numpy()
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory, files):
+    root = tmp_path_factory.mktemp("models")
+    triton_model(root, "aoti", files["package"], classifier_config("torch_aoti"))
+    triton_model(root, "aoti_batched", files["package"], classifier_config(
+        "torch_aoti", dynamic_batching={"max_queue_delay_microseconds": 200_000, "preferred_batch_size": [4]}))
+    triton_model(root, "program", files["program"], classifier_config("torch_export"))
+    triton_model(root, "bare", files["program"], None)
+    triton_model(root, "blend", files["blend"], {
+        "platform": "torch_export", "max_batch_size": 0,
+        "input": [{"name": "ARGS[0]", "data_type": "TYPE_FP32", "dims": [-1, 4]},
+                  {"name": "ARGS[1][scale]", "data_type": "TYPE_FP32", "dims": [4]},
+                  {"name": "KWARGS[bias]", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
+        "output": [{"name": "RESULT[mixed]", "data_type": "TYPE_FP32", "dims": [-1, 4]},
+                   {"name": "RESULT[parts][1]", "data_type": "TYPE_FP32", "dims": [-1, 4]}]})
+    (root / "sagemaker").mkdir()
+    shutil.copy(files["package"], root / "sagemaker" / "model.pt2")
+    server = start_server(root, SERVE_HTTP_WORKERS="0")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")
+    return server
+
+
+def ensure(server, name: str) -> None:
+    """`name` loaded, by this test or one before it."""
+    assert server.load(name).status_code in (200, 409)
+
+
+def v2(server, name: str, inputs: dict) -> dict:
+    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist()}
+                       for n, v in inputs.items()]}
+    answer = server.request("POST", f"/v2/models/{name}/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    return {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in answer.json()["outputs"]}
+
+
+ROWS = np.array([[1, 2, 3, 4], [0.5, 0, -1, 2]], np.float32)
+
+
+@pytest.mark.parametrize("name", ["aoti", "program", "bare"])
+def test_a_package_and_a_program_answer_over_v2_as_the_module_does(server, name):
+    ensure(server, name)
+    output = "OUTPUT__0"
+    np.testing.assert_allclose(v2(server, name, {"INPUT__0": ROWS})[output], expected(ROWS), rtol=1e-5)
+
+
+def test_a_config_left_out_is_completed_from_the_programs_record(server):
+    ensure(server, "bare")
+    config = server.request("GET", "/v2/models/bare/config").json()
+    assert config["platform"] == "torch_export"
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"] + config["output"]] == [
+        ("INPUT__0", "TYPE_FP32", [-1, 4]), ("OUTPUT__0", "TYPE_FP32", [-1, 3])]
+
+
+def test_tensors_bind_to_the_calls_structure_by_path(server):
+    ensure(server, "blend")
+    x, scale, bias = ROWS, np.array([1, 2, 3, 4], np.float32), np.ones((2, 4), np.float32)
+    answer = v2(server, "blend", {"ARGS[0]": x, "ARGS[1][scale]": scale, "KWARGS[bias]": bias})
+    np.testing.assert_allclose(answer["RESULT[mixed]"], x * scale + bias)
+    np.testing.assert_allclose(answer["RESULT[parts][1]"], bias * 2)
+    assert set(answer) == {"RESULT[mixed]", "RESULT[parts][1]"}  # an output the config leaves out is not sent
+
+
+def test_the_package_answers_grpc_invoke_and_tf_serving_alike(server):
+    ensure(server, "aoti")
+    want = expected(ROWS)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT__0", list(ROWS.shape), "FP32")
+        tensor.set_data_from_numpy(ROWS)
+        np.testing.assert_allclose(client.infer("aoti", [tensor]).as_numpy("OUTPUT__0"), want, rtol=1e-5)
+    invoked = server.invoke("aoti", ROWS.tolist())
+    assert invoked.status_code == 200, invoked.text
+    np.testing.assert_allclose(np.array(invoked.json(), np.float32), want, rtol=1e-5)
+    predicted = server.request("POST", "/v1/models/aoti:predict", json={"instances": ROWS.tolist()})
+    np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), want, rtol=1e-5)
+
+
+def test_concurrent_requests_to_a_package_form_batches(server):
+    ensure(server, "aoti_batched")
+    rows = [np.full((1, 4), n, np.float32) for n in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda row: v2(server, "aoti_batched", {"INPUT__0": row}), rows, timeout=60))
+    for row, answer in zip(rows, answers, strict=True):
+        np.testing.assert_allclose(answer["OUTPUT__0"], expected(row), rtol=1e-5)
+    counted = server.request("GET", "/v2/models/aoti_batched/stats").json()["model_stats"][0]
+    assert counted["inference_count"] == 8 and counted["execution_count"] < 8
+
+
+def test_a_sagemaker_directory_with_model_pt2_is_served_by_the_default_model_fn(server):
+    ensure(server, "sagemaker")
+    answer = server.invoke("sagemaker", ROWS.tolist())
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(np.array(answer.json(), np.float32), expected(ROWS), rtol=1e-5)
+
+
+def test_a_package_is_charged_unloaded_and_loaded_again(server):
+    ensure(server, "aoti")
+    charged = server.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", "aoti")))]
+    assert charged > 0
+    assert server.request("DELETE", "/models/aoti").status_code == 200
+    assert server.request("POST", "/v2/models/aoti/infer", json={"inputs": []}).status_code == 404
+    assert server.load("aoti").status_code == 200
+    np.testing.assert_allclose(v2(server, "aoti", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
+
+
+# -- what cannot be served -------------------------------------------------------------------------------
+
+
+def rewritten(source: Path, target: Path, change) -> Path:
+    """A copy of the archive `source` whose members `change(name, data)` rewrites (None drops one)."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for info in old.infolist():
+            data = change(info.filename, old.read(info.filename))
+            if data is not None:
+                new.writestr(info.filename, data)
+    return target
+
+
+def other_torch(name: str, data: bytes) -> bytes:
+    if name.endswith(".json") and "/models/" in name:
+        document = json.loads(data)
+        document["torch_version"] = "2.6.0+cpu"
+        return json.dumps(document).encode()
+    return data
+
+
+@pytest.fixture(scope="module")
+def refusals(start_server, tmp_path_factory, files):
+    root = tmp_path_factory.mktemp("refused")
+    scratch = tmp_path_factory.mktemp("scratch")
+    data = files["program"].read_bytes()
+    cases = {
+        "corrupt": (scratch / "corrupt.pt2", "torch_export"),
+        "truncated": (scratch / "truncated.pt2", "torch_export"),
+        "old_torch": (rewritten(files["program"], scratch / "old.pt2", other_torch), "torch_export"),
+        "not_a_package": (files["program"], "torch_aoti"),
+        "escapes": (scratch / "escapes.pt2", "torch_export"),
+        "fixed_batch": (files["fixed"], "torch_export"),
+    }
+    (scratch / "corrupt.pt2").write_bytes(b"not a zip at all" * 64)
+    (scratch / "truncated.pt2").write_bytes(data[: len(data) // 2])
+    escaping = io.BytesIO()
+    with zipfile.ZipFile(files["program"]) as old, zipfile.ZipFile(escaping, "w") as new:
+        for info in old.infolist():
+            new.writestr(info.filename, old.read(info.filename))
+        new.writestr("program/../../outside.txt", b"x")
+    (scratch / "escapes.pt2").write_bytes(escaping.getvalue())
+    for name, (file, platform) in cases.items():
+        triton_model(root, name, file, classifier_config(platform))
+    triton_model(root, "wrong_type", files["program"], classifier_config("torch_export", input=[
+        {"name": "INPUT__0", "data_type": "TYPE_INT32", "dims": [4]}]))
+    triton_model(root, "wrong_package_type", files["package"], classifier_config("torch_aoti", input=[
+        {"name": "INPUT__0", "data_type": "TYPE_INT64", "dims": [4]}]))
+    triton_model(root, "wrong_names", files["program"], classifier_config("torch_export", input=[
+        {"name": "features", "data_type": "TYPE_FP32", "dims": [4]}]))
+    return start_server(root, SERVE_HTTP_WORKERS="0")
+
+
+@pytest.mark.parametrize("name, words", [
+    ("corrupt", "1/model.pt2 is not a .pt2 archive"),
+    ("truncated", "1/model.pt2 is not a .pt2 archive"),
+    ("old_torch", "was exported by torch 2.6.0+cpu; this server runs torch"),
+    ("not_a_package", "is an ExportedProgram without AOTInductor data: serve it with platform 'torch_export'"),
+    ("escapes", "escapes the archive's directory"),
+    ("fixed_batch", "was exported for a fixed number of rows, so max_batch_size 8 cannot batch it: export it with a "
+                    "dynamic first dimension"),
+    ("wrong_type", "input 'INPUT__0' is INT32 in the config; the program's ARGS[0] is FP32"),
+    ("wrong_package_type", "does not run on the config's tensors"),
+    ("wrong_names", "do not name the program's: INPUT__0 (ARGS[0]: FP32 [-1, 4])"),
+])
+def test_what_cannot_be_served_is_a_400_with_its_reason_and_leaves_nothing(refusals, name, words):
+    answer = refusals.load(name)
+    assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    assert name not in refusals.loaded()
+    assert refusals.request("GET", "/ping").status_code == 200
+
+
+def test_a_pt2_from_a_client_is_refused_unless_model_files_are_allowed(server, files):
+    import base64
+
+    body = {"parameters": {"config": json.dumps(classifier_config("torch_aoti")),
+                           "file:1/model.pt2": base64.b64encode(files["package"].read_bytes()).decode()}}
+    answer = server.request("POST", "/v2/repository/models/uploaded/load", json=body)
+    assert answer.status_code == 403 and "SERVE_ALLOW_MODEL_FILES" in answer.json()["error"]
