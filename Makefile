@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
-	examples/models/half_plus_three/123/model.pt
+	examples/models/half_plus_three/123/model.pt examples/models/mlp_export/1/model.pt2
 
 .PHONY: install lock tools serve lint test examples bench bench-triton image clean
 

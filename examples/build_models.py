@@ -1,5 +1,6 @@
-"""Writes the TorchScript files of the example repository (`make examples`): configs are committed,
-weights are built, so the repository holds no binaries."""
+"""Writes the model files of the example repository (`make examples`): TorchScript, and the MLP again as
+PyTorch 2 exports it (an ExportedProgram, `model.pt2`). Configs are committed, weights are built, so the
+repository holds no binaries."""
 
 import sys
 from pathlib import Path
@@ -49,6 +50,12 @@ def main(root: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.jit.script(module).save(str(path))
         print(f"wrote {path}")
+    exported = root / "mlp_export/1/model.pt2"
+    exported.parent.mkdir(parents=True, exist_ok=True)
+    rows = torch.export.Dim("rows", min=1, max=1024)  # a dynamic first dimension: the server may batch it
+    torch.export.save(torch.export.export(builds["mlp/1/model.pt"].eval(), (torch.zeros(2, 4),),
+                                          dynamic_shapes={"INPUT0": {0: rows}}), exported)
+    print(f"wrote {exported}")
 
 
 if __name__ == "__main__":
