@@ -32,7 +32,7 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
     """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
     layout = source.layout
     if isinstance(layout, TritonLayout) and layout.kind in (ENSEMBLE_PLATFORM, PYTHON_BACKEND) and layout.config.model_warmup:
-        log.warning("model_warmup runs for TorchScript models only; this model serves without it",
+        log.warning("model_warmup runs for TorchScript and .pt2 models only; this model serves without it",
                     extra={"fields": {"model": name, "kind": layout.kind}})
     if isinstance(layout, TritonLayout) and layout.kind == ENSEMBLE_PLATFORM:
         return {version: Ensemble(name, layout.config) for version in layout.versions}
@@ -41,32 +41,35 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
     if isinstance(layout, TritonLayout) and layout.kind == PT2:
         return _pt2_versions(name, source, device)
     if isinstance(layout, TritonLayout):
-        log.warning("TorchScript is deprecated by PyTorch (torch.jit.load warns so since 2.11): export the model "
-                    "with torch.export and serve it as model.pt2 (platform torch_export, or torch_aoti once compiled "
-                    "with torch._inductor.aoti_compile_and_package); docs/models.md shows how",
-                    extra={"fields": {"model": name, "torch": torch.__version__}})
-        loaded = {}
-        placed = instance_gpus(layout.config)
-        named = list(dict.fromkeys(placed))
-        devices = named if device.startswith("cuda") and len(named) > 1 else [device]
-        samples = warmup_samples(source.directory, layout.config)
-        try:
-            for version, path in sorted(layout.versions.items()):
-                copies = []
-                try:
-                    copies += [TorchScriptModel(name, path, layout.signature, d) for d in devices]
-                except BaseException:
-                    for copy in copies:
-                        copy.close()
-                    raise
-                loaded[version] = copies[0] if len(copies) == 1 else Replicas(copies, [named.index(d) for d in placed])
-                warm(loaded[version], samples, layout.signature)
-        except BaseException:
-            for backend in loaded.values():
-                backend.close()
-            raise
-        return loaded
+        return _torchscript_versions(name, source, device)
     return {1: HandlerWorker(name, source.directory, device, options)}
+
+
+def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
+    """A TorchScript model's versions, each copied onto every GPU its instance groups name."""
+    layout = source.layout
+    log.warning("TorchScript is deprecated by PyTorch (torch.jit.load warns so since 2.11): export the model "
+                "with torch.export and serve it as model.pt2 (platform torch_export, or torch_aoti once compiled "
+                "with torch._inductor.aoti_compile_and_package); docs/models.md shows how",
+                extra={"fields": {"model": name, "torch": torch.__version__}})
+    placed = instance_gpus(layout.config)
+    named = list(dict.fromkeys(placed))
+    devices = named if device.startswith("cuda") and len(named) > 1 else [device]
+    samples = warmup_samples(source.directory, layout.config)
+
+    def torchscript(version: int, path) -> object:
+        copies = []
+        try:
+            copies += [TorchScriptModel(name, path, layout.signature, d) for d in devices]
+        except BaseException:
+            for copy in copies:
+                copy.close()
+            raise
+        loaded = copies[0] if len(copies) == 1 else Replicas(copies, [named.index(d) for d in placed])
+        warm(loaded, samples, layout.signature)
+        return loaded
+
+    return _each_version(layout, torchscript)
 
 
 def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
@@ -76,26 +79,29 @@ def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, obje
     if layout.signature is None:
         layout.complete(pt2.completed(layout.config, layout.versions[max(layout.versions)]))
     samples = warmup_samples(source.directory, layout.config)
-    loaded = {}
-    try:
-        for version, path in sorted(layout.versions.items()):
-            loaded[version] = pt2.Pt2Model(name, path, layout.config.platform, layout.signature, device)
-            warm(loaded[version], samples, layout.signature)
-    except BaseException:
-        for backend in loaded.values():
-            backend.close()
-        raise
-    return loaded
+
+    def program(version: int, path) -> object:
+        loaded = pt2.Pt2Model(name, path, layout.config.platform, layout.signature, device)
+        warm(loaded, samples, layout.signature)
+        return loaded
+
+    return _each_version(layout, program)
 
 
 def _python_versions(name: str, layout: TritonLayout, device: str, options: WorkerOptions) -> dict[int, object]:
     """A python model's versions, once its `auto_complete_config` has completed the config (with the
     latest version's `model.py`, as Triton does)."""
     layout.complete(python_backend.complete_config(name, layout.versions[max(layout.versions)], layout.config, options))
+    return _each_version(layout, lambda version, path: python_backend.PythonBackend(name, version, path, layout.config,
+                                                                                  device, options))
+
+
+def _each_version(layout: TritonLayout, load) -> dict[int, object]:
+    """`load(version, path)` of every served version; all of them closed if one fails."""
     loaded = {}
     try:
         for version, path in sorted(layout.versions.items()):
-            loaded[version] = python_backend.PythonBackend(name, version, path, layout.config, device, options)
+            loaded[version] = load(version, path)
     except BaseException:
         for backend in loaded.values():
             backend.close()

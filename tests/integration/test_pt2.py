@@ -263,3 +263,29 @@ def test_a_pt2_from_a_client_is_refused_unless_model_files_are_allowed(server, f
                            "file:1/model.pt2": base64.b64encode(files["package"].read_bytes()).decode()}}
     answer = server.request("POST", "/v2/repository/models/uploaded/load", json=body)
     assert answer.status_code == 403 and "SERVE_ALLOW_MODEL_FILES" in answer.json()["error"]
+
+
+# -- on the GPU --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_a_package_compiled_for_cuda_runs_on_the_gpu_its_group_names_and_a_cpu_one_is_refused_there(
+        start_server, tmp_path, files):
+    package = tmp_path / "cuda.pt2"
+    module = Classifier().cuda()
+    program = exported(module, (torch.ones(2, 4, device="cuda"),), shapes={"x": {0: BATCH}})
+    torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+    on_gpu = {"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}]}
+    triton_model(tmp_path / "models", "cuda", package, classifier_config("torch_aoti", **on_gpu))
+    triton_model(tmp_path / "models", "cpu_on_gpu", files["package"], classifier_config("torch_aoti", **on_gpu))
+    triton_model(tmp_path / "models", "cuda_on_cpu", package, classifier_config(
+        "torch_aoti", instance_group=[{"kind": "KIND_CPU", "count": 1}]))
+    server = start_server(tmp_path / "models", SERVE_HTTP_WORKERS="0")
+    assert server.load("cuda").status_code == 200
+    np.testing.assert_allclose(v2(server, "cuda", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-4)
+    charged = server.metrics()[("serve_model_memory_bytes", (("device", "cuda:0"), ("model", "cuda")))]
+    assert charged > 0
+    refused = server.load("cpu_on_gpu")
+    assert refused.status_code == 400 and "was compiled for cpu; its instance group places it on cuda:0" in refused.text
+    refused = server.load("cuda_on_cpu")
+    assert refused.status_code == 400 and "was compiled for cuda; its instance group places it on cpu" in refused.text
