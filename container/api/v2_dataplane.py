@@ -192,8 +192,12 @@ def _version(text: str | None) -> int | None:
     if text is None or text == "":  # gRPC's empty model_version: the latest, as no version in a URL
         return None
     number = whole_number(text)
-    if number is None:
-        raise InvalidRequest(f"version {text[:40]!r} must be a whole number in ASCII digits")
+    if number is None:  # Triton's words, which clients match (its std::stol names itself in the details)
+        shown = text[:256]
+        if shown.startswith("-") and whole_number(shown[1:]) is not None:
+            raise InvalidRequest(f"invalid model version specified '{shown}' , version should be an integral value > 0")
+        raise InvalidRequest(f"failed to get model version from specified version string '{shown}' (details: stol), "
+                             f"version should be an integral value > 0")
     return number
 
 

@@ -542,7 +542,7 @@ def test_generate_stream_sends_each_response_or_error_as_an_event(server, x, sta
 @pytest.mark.parametrize("path, body, status, message", [
     ("/v2/models/nobody/generate_stream", {"x": [1, 2, 3, 4]}, 404, "Request for unknown model: 'nobody' is not found"),
     ("/v2/models/decoupled/generate_stream", {"x": [1, 2]}, 400, "input 'x': 2 value(s) do not fill its shape [4]"),
-    ("/v2/models/decoupled/versions/x/generate_stream", {}, 400, "version 'x' must be a whole number in ASCII digits"),
+    ("/v2/models/decoupled/versions/x/generate_stream", {}, 400, "failed to get model version from specified version string 'x' (details: stol), version should be an integral value > 0"),
 ])
 def test_a_stream_refused_before_its_first_response_is_an_error_answer(server, path, body, status, message):
     reply = server.request("POST", path, json=body)
