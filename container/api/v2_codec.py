@@ -81,12 +81,21 @@ def decode_inputs(document: dict, binary: memoryview, signature: Signature, shar
     return inputs
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def _claimed_bytes(name: str, shape: list[int], datatype: str, parameters: dict) -> int:
     """What an input will occupy once decoded: its shape's worth of elements, or for BYTES the data
     that carries them (the elements cannot outgrow it)."""
     if datatype == "BYTES":
         return max(_size(parameters, "binary_data_size", name), _size(parameters, "shared_memory_byte_size", name))
-    return math.prod(shape) * numpy_dtype(datatype).itemsize  # BF16 decodes to float32
+    count = math.prod(shape)
+    if count > _INT64_MAX:  # Triton's words: its element count is an int64
+        raise InvalidInput(f"input '{name}' shape {shape} causes total element count to exceed maximum size of {_INT64_MAX}")
+    size = count * numpy_dtype(datatype).itemsize  # BF16 decodes to float32
+    if size > _INT64_MAX:
+        raise InvalidInput(f"byte size overflow for input '{name}'")
+    return size
 
 
 def raw_request(signature: Signature, size: int, model: str = "") -> dict:

@@ -246,6 +246,19 @@ def test_a_message_over_the_size_limit_is_resource_exhausted(client):
     assert client.is_server_ready()
 
 
+@pytest.mark.parametrize("shape, words", [
+    ([16, 2**60 + 2], "causes total element count to exceed maximum size of"),
+    ([4, 2**60 + 2], "byte size overflow for input 'x'"),
+])
+def test_a_shape_past_int64_is_invalid_argument_in_tritons_words(server, shape, words):
+    request = pb.ModelInferRequest(model_name="echo_fp32", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=shape)], raw_input_contents=[b"\0" * 4])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_requests_are_read(client, algorithm):
     array = np.arange(4, dtype=np.float32).reshape(1, 4)

@@ -228,6 +228,11 @@ JSON_X = '{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}'
     ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2]}]}', 400, "2 values for shape [1, 3]"),
     ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [5, 1], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]}', 400, "batch size 5 is outside 1..4"),
     ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": []}]}', 400, "non-negative"),
+    # Triton's words for shapes past int64 (its L0_http test_buffer_size_overflow)
+    ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [16, %d], "datatype": "FP32", "data": [1]}]}' % (2**60 + 2),
+     400, "causes total element count to exceed maximum size of"),
+    ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [4, %d], "datatype": "FP32", "data": [1]}]}' % (2**60 + 2),
+     400, "byte size overflow for input 'x'"),
     ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP99", "data": [1, 2]}]}', 400, "datatype 'FP99'"),
     ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32"}]}', 400, "has no 'data'"),
     ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}, {JSON_X}]}}', 400, "appears twice"),
