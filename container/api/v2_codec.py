@@ -107,13 +107,12 @@ def raw_request(signature: Signature, size: int, model: str = "") -> dict:
                              f"{len(signature.inputs)} inputs in '{model}' model configuration")
     spec = signature.inputs[0]
     dims = list(spec.shape[1:] if signature.max_batch_size else spec.shape)
+    if dims.count(-1) > 1:  # Triton's words, here and below
+        raise InvalidRequest(f"The shape of the raw input '{spec.name}' can not be deduced because there are more than "
+                             f"one variable-sized dimension")
     if spec.datatype == "BYTES":
-        if dims not in ([1], [-1]):
-            raise InvalidRequest(f"a raw binary request for BYTES input '{spec.name}' needs its shape to be [1], not {dims}")
-        dims = [1]
-    elif dims.count(-1) > 1:
-        raise InvalidRequest(f"a raw binary request cannot tell the shape {dims} of input '{spec.name}' from the "
-                             "body's size: at most one dimension may be variable")
+        if -1 in dims or math.prod(dims) != 1:
+            raise InvalidRequest(f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
     elif -1 in dims:
         fixed = math.prod(d for d in dims if d != -1) * _wire_itemsize(spec.datatype)
         if size % fixed:

@@ -167,7 +167,7 @@ def test_handler_errors_are_clear_and_the_model_keeps_serving(server, name, body
 @pytest.mark.parametrize("name, message", [
     ("ambiguous", "transform_fn together with"),
     ("arity", "predict_fn must take 2 argument(s)"),
-    ("nomodel", "needs exactly one .pt or .pth file"),
+    ("nomodel", "needs exactly one .pt, .pth or .pt2 file"),
 ])
 def test_bad_handler_modules_fail_at_load(server, name, message):
     answer = server.load(name)

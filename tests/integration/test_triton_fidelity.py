@@ -15,7 +15,7 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import Upper, tensor, triton_model, wait_for
+from tests.builders import Scale, Upper, tensor, triton_model, wait_for
 
 FOUR = np.array([[1, 2, 3, 4]], np.float32)
 
@@ -148,6 +148,7 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "flags", Flags(), [tensor("FLAGS", "TYPE_BOOL", [-1])], [tensor("NOT", "TYPE_BOOL", [-1])])
     triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("OUT", "TYPE_STRING", [-1])],
                  max_batch_size=8)
+    triton_model(root, "grid", Scale(), [tensor("INPUT0", "TYPE_FP16", [-1, -1])], [tensor("OUTPUT0", "TYPE_FP16", [-1, -1])])
     server = start_server(root, SERVE_LOAD_MODELS="*")
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
     wait_for(client.is_server_ready, message="the models named at start did not load")
@@ -359,6 +360,10 @@ def test_raw_binary_request_is_the_one_inputs_bytes(server):
     ("addsub", b"\0" * 32, "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'addsub' "
                            "model configuration"),
     ("reshape", b"\0" * 15, "input byte size mismatch for input 'INPUT0' for model 'reshape'. Expected 16, got 15"),
+    # Triton's L0_http test_multi_variable_dimensions and test_byte_too_many_elements
+    ("grid", np.ones([2, 2], np.float16).tobytes(),
+     "The shape of the raw input 'INPUT0' can not be deduced because there are more than one variable-sized dimension"),
+    ("upper", b"427", "For BYTE datatype raw input 'TEXT', the model must have input shape [1]"),
     ("flags", b"\1\0\1", None),
 ])
 def test_raw_binary_requests_the_model_cannot_take_say_why(server, model, body, message):
