@@ -36,6 +36,8 @@ def read_config(directory: Path) -> tuple[pb.ModelConfig, dict[str, int]]:
         config = pb.ModelConfig(name=directory.name, backend="pytorch")
     else:
         raise InvalidModel(f"{directory.name}: no config.pbtxt or config.json")
+    if not config.backend and not config.platform and has_python_versions(directory):
+        config.backend = PYTHON_BACKEND  # a config that names no backend (an override, say): the files say which
     if not config.platform and kind_of(config) == "pytorch":
         config.platform = pt2_platform(directory, config) or ""
     check_config(config, complete=not completes_at_load(config))
@@ -164,10 +166,10 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
         raise InvalidModel("max_batch_size must be 0 (no batching) or positive")
     if not complete:
         return
-    if not config.input:
-        raise InvalidModel("the config declares no inputs")
-    if not config.output:
-        raise InvalidModel("the config declares no outputs")
+    if not config.input or not config.output:
+        missing = "inputs" if not config.input else "outputs"
+        raise InvalidModel(f"the config declares no {missing}: declare them (a TorchScript model records no tensor "
+                           f"types to complete them from, and a load's config override replaces the whole config)")
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):

@@ -289,3 +289,13 @@ def test_a_package_compiled_for_cuda_runs_on_the_gpu_its_group_names_and_a_cpu_o
     assert refused.status_code == 400 and "was compiled for cpu; its instance group places it on cuda:0" in refused.text
     refused = server.load("cuda_on_cpu")
     assert refused.status_code == 400 and "was compiled for cuda; its instance group places it on cpu" in refused.text
+
+
+def test_a_load_whose_config_override_leaves_the_tensors_out_is_completed_from_the_program(server):
+    answer = server.request("POST", "/v2/repository/models/program/load",
+                            json={"parameters": {"config": json.dumps({"max_batch_size": 8})}})
+    assert answer.status_code == 200, answer.text
+    config = server.request("GET", "/v2/models/program/config").json()
+    assert (config["platform"], config["max_batch_size"]) == ("torch_export", 8)
+    assert [(t["name"], t["dims"]) for t in config["input"] + config["output"]] == [("INPUT__0", [4]), ("OUTPUT__0", [3])]
+    np.testing.assert_allclose(v2(server, "program", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)

@@ -167,6 +167,26 @@ def test_configs_completed_by_the_model_are_served_as_its_config(repository, mod
     assert means.as_numpy("MEANS").tolist() == [[2.0], [6.0]]
 
 
+def test_a_load_whose_config_override_leaves_the_tensors_out_is_completed_by_the_model(repository):
+    # as Triton's simple_http_model_control.py loads `simple`: a config of max_batch_size alone
+    answer = repository.request("POST", "/v2/repository/models/completed_batched/load",
+                                json={"parameters": {"config": json.dumps({"max_batch_size": 2})}})
+    assert answer.status_code == 200, answer.text
+    config = repository.request("GET", "/v2/models/completed_batched/config").json()
+    assert (config["backend"], [t["name"] for t in config["input"] + config["output"]]) == ("python", ["ROWS", "MEANS"])
+    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+        means = client.infer("completed_batched", tensors(grpcclient, {"ROWS": np.array([[3, 3, 6]], np.float32)}))
+    assert means.as_numpy("MEANS").tolist() == [[4.0]]
+
+
+def test_a_torchscript_override_without_tensors_says_what_to_declare(repository):
+    answer = repository.request("POST", "/v2/repository/models/mix_ts/load",
+                                json={"parameters": {"config": json.dumps({"max_batch_size": 16})}})
+    assert answer.status_code == 400
+    assert "the config declares no inputs: declare them (a TorchScript model records no tensor types" in answer.text
+    assert repository.request("GET", "/v2/models/mix_ts/ready").status_code == 200  # the old config serves on
+
+
 @pytest.mark.parametrize("target", ["mix", "mix_torch", "mix_ts"])
 def test_a_synchronous_bls_call_reaches_python_and_torchscript_models(repository, target):
     with httpclient.InferenceServerClient(repository.url.removeprefix("http://")) as client:
