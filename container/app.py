@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> Flask:
     warm_up()
     gpus = Gpus()
     idle = psutil.Process().memory_full_info()  # the process before any model: torch, the app, CUDA contexts
-    backends = functools.partial(load_backends, options=worker_options(settings, gpus.contexts, channel.socket_path(os.getppid())))
+    backends = functools.partial(load_backends, options=worker_options(settings, gpus, channel.socket_path(os.getppid())))
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
     runtime = Runtime(backends, release_memory, free_memory)
@@ -81,11 +81,12 @@ def create_app(settings: Settings) -> Flask:
     return app
 
 
-def worker_options(settings: Settings, cuda_contexts: dict[str, int], channel_path: str) -> WorkerOptions:
+def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerOptions:
     """`channel_path`: the model process's channel, which python models' BLS calls reach the core by."""
     return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
-                         settings.requirements_cache, torch.get_num_threads(), cuda_contexts, settings.log_level,
-                         settings.load_timeout, settings.python_response_timeout, channel_path)
+                         settings.requirements_cache, torch.get_num_threads(), settings.handler_workers(len(gpus.devices)),
+                         gpus.contexts, settings.log_level, settings.load_timeout, settings.python_response_timeout,
+                         channel_path)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

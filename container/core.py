@@ -374,7 +374,8 @@ class Core:
         try:
             self._compose(model)
             model.scheduler = self._schedulers(model.name, model.config, model.signature,
-                                               lambda device, requested: self._registry.recover(model, device, requested))
+                                               lambda device, requested: self._registry.recover(model, device, requested),
+                                               instances=None if model.config is not None else _workers(model))
         except BaseException as exc:  # a config the scheduler refuses (a queue policy, say)
             self._registry.abandon(model, exc)
             raise
@@ -469,6 +470,11 @@ class Core:
     def model_is_current(self, model: ModelView) -> bool:
         """Whether `model` still serves its name (not replaced, evicted or unloaded)."""
         return self._record(model) is not None
+
+
+def _workers(model: Model) -> int:
+    """Requests a model without a config (a handler model) serves at once: its worker processes."""
+    return max(getattr(backend, "instances", 1) for backend in model.versions.values())
 
 
 def _close_when_gone(model: Model, scheduler) -> None:

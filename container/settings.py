@@ -87,6 +87,12 @@ class Settings:
     model_server_timeout: int = _env(
         "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
     )
+    model_server_workers: int | None = _env(
+        "SAGEMAKER_MODEL_SERVER_WORKERS", "", "Worker processes of each SageMaker handler model, each with the model loaded, serving one request at a time. Unset: one on a multi-model endpoint; on a single-model endpoint `SAGEMAKER_TS_MIN_WORKERS`, else one per CPU of the container's quota (one per GPU where there are GPUs), as SageMaker's PyTorch container sizes TorchServe's workers. Each worker's torch gets its share of the cores."
+    )
+    ts_min_workers: int | None = _env(
+        "SAGEMAKER_TS_MIN_WORKERS", "", "On a single-model endpoint, the handler model's worker processes where `SAGEMAKER_MODEL_SERVER_WORKERS` is unset (the SageMaker PyTorch toolkit's name; ignored on a multi-model endpoint, as there)."
+    )
     load_timeout: int = _env(
         "SERVE_LOAD_TIMEOUT", "300", "Seconds a model's worker process may take to start and load: a handler model's `model_fn` (with its `requirements.txt` install), a python-backend model's `auto_complete_config` and each instance's `initialize`; then the process is killed and the load fails."
     )
@@ -197,6 +203,8 @@ class Settings:
             load_models=tuple(n.strip() for n in raw["load_models"].split(",") if n.strip()),
             log_level=raw["log_level"].upper(),
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
+            model_server_workers=_optional_positive("SAGEMAKER_MODEL_SERVER_WORKERS", raw["model_server_workers"]),
+            ts_min_workers=_optional_positive("SAGEMAKER_TS_MIN_WORKERS", raw["ts_min_workers"]),
             load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
             python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
             default_accept=content.media_type(raw["default_accept"]),
@@ -248,6 +256,14 @@ class Settings:
 
     def gpu_budget(self, total: int) -> int:
         return parse_size(self.gpu_memory_limit, total)
+
+    def handler_workers(self, gpus: int) -> int:
+        """Worker processes of each handler model (SAGEMAKER_MODEL_SERVER_WORKERS says how it is chosen)."""
+        if self.model_server_workers:
+            return self.model_server_workers
+        if self.multi_model:
+            return 1
+        return self.ts_min_workers or gpus or resources.cpu_quota()
 
 
 def _size(name: str, text: str, total: int) -> int:
@@ -394,6 +410,10 @@ def _number(name: str, text: str) -> float:
     if value <= 0:
         raise SettingsError(f"{name}={text!r}: expected a positive number")
     return value
+
+
+def _optional_positive(name: str, text: str) -> int | None:
+    return _positive(name, text) if text.strip() else None
 
 
 def configuration_table() -> str:

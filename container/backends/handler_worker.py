@@ -1,4 +1,4 @@
-"""One worker process per SageMaker handler model, as SageMaker's own container runs them: user code
+"""Worker processes of SageMaker handler models, as SageMaker's own container runs them: user code
 gets its model directory as cwd, its `code/` on sys.path for its whole life, modules of its own names,
 and a crash (a segfault, `os._exit`, the OOM killer) ends only its process.
 
@@ -6,57 +6,112 @@ The process itself is a `worker_process.WorkerProcess`. Requests go over its soc
 handler model takes the request body and returns the response body, so nothing else needs to cross.
 """
 
+import logging
 import os
 import sys
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+from gevent.monkey import get_original
 
 from container.backends import footprint
 from container.backends.handler import HandlerModel, HandlerResponse
 from container.backends.torch_runtime import release_memory
-from container.backends.worker_process import WorkerOptions, WorkerProcess, charged, error_reply, isolate, receive, send
-from container.errors import DeviceFault, DeviceOutOfMemory
+from container.backends.worker_process import (
+    NativeQueue,
+    WorkerOptions,
+    WorkerProcess,
+    charged,
+    error_reply,
+    isolate,
+    receive,
+    send,
+)
+from container.errors import DeviceFault, DeviceOutOfMemory, ServeError
 from container.logs import configure_logging
 from container.models.cache import total_by_device
 
+log = logging.getLogger(__name__)
+
 
 class HandlerWorker:
-    """The server's side of a handler model: starts its process, relays requests, measures and ends it.
-    A worker that died is started again (model_fn included) by the next request."""
+    """The server's side of a handler model: a pool of worker processes, each with the model loaded,
+    as SageMaker's container runs several TorchServe workers per model. Each request takes an idle
+    worker; each worker's torch gets its share of the cores. A worker that died is started again
+    (model_fn included) by the next request that takes it."""
 
     own_process = True  # its memory is outside the server's: measured apart
 
-    def __init__(self, name: str, directory: Path, device: str, options: WorkerOptions):
+    def __init__(self, name: str, directory: Path, device: str, options: WorkerOptions, workers: int = 1):
         self.name, self.device = name, device
-        self._options = options
-        self._worker = WorkerProcess(name, serve, (name, str(directory), device, options))
-        self._device_bytes: dict[str, int] = self._worker.start(options.load_timeout, "model_fn")
+        self._options = replace(options, torch_threads=max(1, options.torch_threads // workers))
+        self._workers = [WorkerProcess(name, serve, (name, str(directory), device, self._options)) for _ in range(workers)]
+        self._device_bytes: dict[WorkerProcess, dict[str, int]] = {}
+        self._idle = NativeQueue()
+        self._closing = False
+        try:
+            self._start(self._workers[0])
+        except BaseException:
+            self.close()
+            raise
+        # the model serves once its first worker has loaded it; the others join as they load it too
+        get_original("_thread", "start_new_thread")(self._start_others, ())  # not threading.Thread: its start waits on an event, patched
+
+    def _start(self, worker: WorkerProcess) -> None:
+        with worker.lock:
+            if self._closing:
+                return
+            self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
+        self._idle.put(worker)
+
+    def _start_others(self) -> None:
+        for worker in self._workers[1:]:
+            try:
+                self._start(worker)
+            except ServeError as exc:  # the pool serves on with the workers it has
+                if not self._closing:
+                    log.warning("a worker of a handler model did not start", extra={"fields": {"model": self.name,
+                                                                                                 "error": str(exc)}})
 
     @property
-    def pid(self) -> int | None:
-        return self._worker.pid
+    def instances(self) -> int:
+        """Requests it serves at once: one a worker."""
+        return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w.pid is not None]
 
     def transform(self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str],
                   request_id: str | None = None) -> HandlerResponse:
-        with self._worker.lock:
-            if not self._worker.running:
-                self._device_bytes = self._worker.start(self._options.load_timeout, "model_fn")
-            response, self._device_bytes = self._worker.ask((body, content_type, accept, headers, request_id),
-                                                            "a request")
+        worker = self._idle.get()
+        try:
+            if not worker.running:
+                self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
+            response, self._device_bytes[worker] = worker.ask((body, content_type, accept, headers, request_id),
+                                                              "a request")
             return response
+        finally:
+            self._idle.put(worker)
 
     def memory(self) -> dict[str, int]:
-        """The worker's own pages (USS: what ending it gives back) plus the most its requests have held
-        above its resident set since it loaded (its activation peak), and torch's peak on its GPU."""
+        """Each worker's own pages (USS: what ending it gives back) plus the most one's requests have
+        held above its resident set since it loaded (their activation peak), and torch's peak on the GPU."""
         measured = self.measured()
         return total_by_device([measured["load"], measured["activation_peak"]])
 
     def measured(self) -> dict[str, dict[str, int]]:
-        return charged([self._worker], self._device_bytes, self._options.cuda_contexts)
+        return charged(self._workers, total_by_device(self._device_bytes.values()), self._options.cuda_contexts)
 
     def close(self) -> None:
-        with self._worker.lock:
-            self._worker.stop()
+        """Every worker ends; one still loading the model is killed at once."""
+        self._closing = True
+        for worker in self._workers:
+            worker.interrupt()  # a start under way holds the worker's lock until its model_fn returns
+        for worker in self._workers:
+            with worker.lock:
+                worker.stop()
 
 
 # -- inside the worker ---------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from gevent.monkey import get_original
 from google.protobuf import json_format
 
 from container.backends import footprint, pb_utils
 from container.backends.worker_process import (
+    NativeQueue,
     WorkerOptions,
     WorkerProcess,
     charged,
@@ -46,7 +46,6 @@ from container.models.cache import total_by_device
 from container.models.config import config_document
 from container.models.triton_schema import model_config_pb2 as pb
 
-_NativeQueue = get_original("queue", "SimpleQueue")
 # A TritonError's code as the error the server answers with (Triton's HTTP statuses for them)
 _BY_CODE = {pb_utils.TritonError.NOT_FOUND: ModelNotFound, pb_utils.TritonError.INVALID_ARG: InvalidRequest,
             pb_utils.TritonError.UNAVAILABLE: Unavailable, pb_utils.TritonError.UNSUPPORTED: Unsupported,
@@ -85,7 +84,7 @@ class PythonBackend:
         self._workers = [WorkerProcess(name, serve, (name, version, str(path), document, device, kind, options))
                          for _ in range(count)]
         self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
-        self._free = _NativeQueue()
+        self._free = NativeQueue()
         try:
             for worker in self._workers:
                 self._reported[worker] = worker.start(options.load_timeout, "initialize")

@@ -30,6 +30,8 @@ _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 # its reducers per message): both ends are this server's code, and a request's costs 20 µs less.
 _PROTOCOL = 5
 _forkserver = ForkServer()  # started by the first worker's start
+# Idle workers wait in one of these for the native threads (instance threads) that take them
+NativeQueue = get_original("queue", "SimpleQueue")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class WorkerOptions:
     default_accept: str = content.JSON
     install_requirements: bool = True
     requirements_cache: str = "/tmp/serve-requirements"
-    torch_threads: int = 1
+    torch_threads: int = 1  # what a pool's workers share
+    handler_workers: int = 1  # worker processes of each handler model
     cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
     log_level: str = "INFO"  # a worker logs to the server's stderr in the server's JSON lines
     load_timeout: float | None = None  # seconds a worker may take to start and load its model
@@ -92,6 +95,13 @@ class WorkerProcess:
         did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
         self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
         return self.reply(doing, timeout)
+
+    def interrupt(self) -> None:
+        """Kill the process now, whoever holds the lock: a start or a request under way ends with the
+        worker's death."""
+        process = self._process
+        if process is not None:
+            process.kill()
 
     def measured(self) -> tuple[int, int]:
         """(its own pages, the most its requests held above its resident set since it loaded); zeros

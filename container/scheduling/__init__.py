@@ -17,11 +17,13 @@ from container.scheduling.sequence import SequenceBatcher
 
 
 def scheduler_for(model_name: str, config=None, signature: Signature | None = None, recover: Recover | None = None,
-                  inline_below_ns: int = 0, wait_limit: float = 60.0):
+                  inline_below_ns: int = 0, wait_limit: float = 60.0, instances: int | None = None):
     """`signature`: the model's, with its implicit states' initial values (default: the config's);
     `recover`: frees device memory after an out-of-memory error (recovery.py); `inline_below_ns`: see
-    inline.py; `wait_limit`: seconds a sequence request may wait for a slot."""
-    instances = instance_count(config) if config is not None else 1
+    inline.py; `wait_limit`: seconds a sequence request may wait for a slot; `instances`: requests it
+    runs at once, for a model without a config (a handler model's workers; default: the config's)."""
+    if instances is None:
+        instances = instance_count(config) if config is not None else 1
     if config is not None and config.backend == PYTHON_BACKEND:
         inline_below_ns = 0  # its executions wait on a process of its own: never on the event loop
     if config is not None and config.HasField("sequence_batching"):

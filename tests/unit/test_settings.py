@@ -149,3 +149,22 @@ def test_an_inline_threshold_that_is_not_auto_or_whole_microseconds_stops_the_se
 def test_http_front_ends_outside_0_to_64_stop_the_server(text):
     with pytest.raises(SettingsError, match="SERVE_HTTP_WORKERS"):
         Settings.from_env({"SERVE_HTTP_WORKERS": text})
+
+
+@pytest.mark.parametrize("env, gpus, workers", [
+    ({}, 0, 1),  # a multi-model endpoint: one worker a model
+    ({"SAGEMAKER_MULTI_MODEL": "false"}, 0, resources.cpu_quota()),  # a single-model endpoint: one per core
+    ({"SAGEMAKER_MULTI_MODEL": "false"}, 4, 4),  # or one per GPU
+    ({"SAGEMAKER_MULTI_MODEL": "false", "SAGEMAKER_TS_MIN_WORKERS": "3"}, 0, 3),
+    ({"SAGEMAKER_TS_MIN_WORKERS": "3"}, 0, 1),  # the toolkit's single-model setting is not a multi-model one
+    ({"SAGEMAKER_MODEL_SERVER_WORKERS": "5", "SAGEMAKER_TS_MIN_WORKERS": "3", "SAGEMAKER_MULTI_MODEL": "false"}, 0, 5),
+    ({"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}, 0, 2),
+])
+def test_handler_models_get_as_many_workers_as_sagemakers_container_gives_them(env, gpus, workers):
+    assert Settings.from_env(env).handler_workers(gpus) == workers
+
+
+@pytest.mark.parametrize("name", ["SAGEMAKER_MODEL_SERVER_WORKERS", "SAGEMAKER_TS_MIN_WORKERS"])
+def test_a_worker_count_that_is_not_a_positive_number_is_refused_by_name(name):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: "0"})
