@@ -47,7 +47,7 @@ RUN lock=server.lock; if [ -n "${CUDA_VERSION:-}" ]; then lock=server-cuda.lock;
     && rm -r "$torch/test" "$torch/include" /tmp/requirements && find "$torch/bin" -type f ! -name torch_shm_manager -delete
 
 # Not editable, no test extras, nothing resolved: the locked setuptools builds it, --no-deps installs it.
-COPY pyproject.toml README.md /tmp/source/
+COPY pyproject.toml README.md LICENSE /tmp/source/
 COPY container/ /tmp/source/container/
 # Then bytecode, only for what the server and its handler workers import at start (the install above
 # wrote none: for the whole environment it would be about 180 MB), and now, as the server's user
