@@ -3,14 +3,14 @@
 The fork server imports torch and the workers' code once, so a worker starts in milliseconds and
 shares their pages. It forks a child for each start it is asked for, writes the child's exit status
 to the status pipe that start brought, and ends when the model process does (its socket reads EOF);
-its children end with it (PR_SET_PDEATHSIG).
+its children end with it (PR_SET_PDEATHSIG, set in each child: its parent is this process's one thread).
 
 Why not multiprocessing's fork server: its client runs under the model process's monkey-patching,
 from several native threads at once (the hub's thread pool, the instances' threads). Its locks, made
 by `threading` when multiprocessing is first imported, are then gevent's, and its socket is gevent's.
 A wake-up lost between threads left one load connected to the fork server without a word sent; the
 fork server, which reads one connection at a time, waited for it for ever, and every later start
-waited behind it (measured at bd38afa: five concurrent handler loads, repeated). Here a start is one
+waited behind it (measured at bd38afa: eight concurrent handler loads hung at the first round). Here a start is one
 message each way on one socket of the unpatched `_socket` module, one start at a time behind a native
 lock, and each wait is bounded: a fork server that does not answer is killed and the next start makes
 a new one.
@@ -18,6 +18,7 @@ a new one.
 
 import atexit
 import os
+import select
 import signal
 import struct
 import sys
@@ -38,7 +39,7 @@ def _readable(fds: list[int], timeout: float | None) -> set[int]:
     waits here block their native thread, never a hub, and a descriptor may be past select's 1024."""
     poller = get_original("select", "poll")()
     for fd in fds:
-        poller.register(fd, 0x001)  # POLLIN (with POLLHUP and POLLERR, which poll always reports)
+        poller.register(fd, select.POLLIN)  # and POLLHUP and POLLERR, which poll always reports
     return {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
 
 
@@ -163,7 +164,8 @@ def main(fd: int) -> None:
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    # Not PR_SET_PDEATHSIG here: it fires when the *thread* that started this process ends (a thread of
+    # the hub's pool); the model process's end reaches this process as its socket's EOF instead.
     control = socket.socket(fileno=fd)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
