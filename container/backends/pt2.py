@@ -30,6 +30,7 @@ from container.errors import InvalidModel, InvalidRequest, ModelError, ServeErro
 from container.models.pt2_archive import AOTI_PLATFORM, EXPORT_PLATFORM, archive_kind, is_program, read_member, where
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
+from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import zeros
 
 EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
@@ -58,8 +59,8 @@ class Pt2Model:
         self._doing = f"running model '{name}'"
         with footprint.load_growth(device, self._grown):
             self.program = load_program(path, platform, device)
-        self._inputs = _bind(signature.inputs, self.program.inputs, "INPUT", "input", self.program)
-        self._outputs = _bind(signature.outputs, self.program.outputs, "OUTPUT", "output", self.program)
+        self._inputs = _bind(signature.inputs, self.program.inputs, "INPUT", "input")
+        self._outputs = _bind(signature.outputs, self.program.outputs, "OUTPUT", "output")
         self._output_names = [s.name for s in signature.outputs]
         if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
             raise self._unbatched()
@@ -209,8 +210,6 @@ def completed(config, path: Path) -> object:
     named by position (`INPUT__n`, `OUTPUT__n`), typed and shaped as the program records them (its
     batch dimension left out where the config batches). A package records no types: its config must
     declare its tensors."""
-    from container.models.triton_schema import model_config_pb2 as pb
-
     if config.input and config.output:
         return config
     kind = archive_kind(path)
@@ -229,14 +228,14 @@ def completed(config, path: Path) -> object:
             if leaf.datatype is None or leaf.shape is None:
                 raise InvalidModel(f"{where(path)} does not record the type of {leaf.path}: declare it in the config")
             dims = list(leaf.shape[1:] if config.max_batch_size else leaf.shape) or [1]
-            field.add(name=_position(stem, i), data_type=pb.DataType.Value(_config_type(leaf.datatype)), dims=dims)
+            field.add(name=_position(stem, i), data_type=pb.DataType.Value(f"TYPE_{leaf.datatype}"), dims=dims)
     return completed
 
 
-def _bind(specs: tuple[TensorSpec, ...], leaves: list[Leaf], stem: str, kind: str, program: Program) -> list:
+def _bind(specs: tuple[TensorSpec, ...], leaves: list[Leaf], stem: str, kind: str) -> list:
     """The config's `specs` in the order of the call's `leaves`: by position (every name `STEM__n`),
     else by path (every name a leaf's path). Inputs must cover every leaf; outputs may leave some out
-    (None in their place). A recorded type or fixed dimension that differs is refused here."""
+    (None in their place). A recorded type that differs is refused here."""
     expected = ", ".join(f"{_position(stem, i)} ({leaf.path}{_described(leaf)})" for i, leaf in enumerate(leaves))
     paths = [leaf.path for leaf in leaves]
     if all(tensor_index(s.name) is not None and s.name.startswith(f"{stem}__") for s in specs):
@@ -315,10 +314,6 @@ _TORCH_TYPES = {torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", to
 
 def _datatype(dtype: torch.dtype) -> str | None:
     return _TORCH_TYPES.get(dtype)
-
-
-def _config_type(datatype: str) -> str:
-    return f"TYPE_{datatype}"
 
 
 def _package_model(path: Path) -> str:
