@@ -86,7 +86,7 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
     return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
                          settings.requirements_cache, torch.get_num_threads(), settings.handler_workers(len(gpus.devices)),
                          gpus.contexts, settings.log_level, settings.load_timeout, settings.python_response_timeout,
-                         channel_path)
+                         settings.ts_response_timeout, channel_path)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

@@ -93,6 +93,9 @@ class Settings:
     ts_min_workers: int | None = _env(
         "SAGEMAKER_TS_MIN_WORKERS", "", "On a single-model endpoint, the handler model's worker processes where `SAGEMAKER_MODEL_SERVER_WORKERS` is unset (the SageMaker PyTorch toolkit's name; ignored on a multi-model endpoint, as there)."
     )
+    ts_response_timeout: int = _env(
+        "SAGEMAKER_TS_RESPONSE_TIMEOUT", "120", "Seconds a handler model's worker may take over one request (TorchServe's default_response_timeout, as SageMaker's toolkit sets it); then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. `SAGEMAKER_MODEL_SERVER_TIMEOUT` bounds the model process itself, not a worker."
+    )
     load_timeout: int = _env(
         "SERVE_LOAD_TIMEOUT", "300", "Seconds a model's worker process may take to start and load: a handler model's `model_fn` (with its `requirements.txt` install), a python-backend model's `auto_complete_config` and each instance's `initialize`; then the process is killed and the load fails."
     )
@@ -205,6 +208,7 @@ class Settings:
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
             model_server_workers=_optional_positive("SAGEMAKER_MODEL_SERVER_WORKERS", raw["model_server_workers"]),
             ts_min_workers=_optional_positive("SAGEMAKER_TS_MIN_WORKERS", raw["ts_min_workers"]),
+            ts_response_timeout=_positive("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw["ts_response_timeout"]),
             load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
             python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
             default_accept=content.media_type(raw["default_accept"]),

@@ -90,7 +90,7 @@ class HandlerWorker:
             if not worker.running:
                 self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
             response, self._device_bytes[worker] = worker.ask((body, content_type, accept, headers, request_id),
-                                                              "a request")
+                                                              "a request", self._options.handler_timeout)
             return response
         finally:
             self._idle.put(worker)

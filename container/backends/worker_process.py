@@ -49,6 +49,7 @@ class WorkerOptions:
     log_level: str = "INFO"  # a worker logs to the server's stderr in the server's JSON lines
     load_timeout: float | None = None  # seconds a worker may take to start and load its model
     response_timeout: float | None = None  # seconds a python model's execute may take
+    handler_timeout: float | None = None  # seconds a handler model's worker may take over one request
     channel: str = ""  # the model process's channel socket (BLS); empty: no BLS
 
 

@@ -22,6 +22,8 @@ def model_fn(model_dir):
 def predict_fn(data, model):
     if data[0][0] < 0:
         os._exit(3)
+    if data[0][0] == 2:
+        open({gate!r}).read()  # held until the test releases it, or the response timeout kills the worker
     if data[0][0] == 0:
         with open({held!r}, "a") as held:
             held.write(f"{{os.getpid()}}\\n")
@@ -106,3 +108,15 @@ def test_a_crash_fails_only_the_request_it_held_and_the_pool_replaces_the_worker
     assert {answer.status_code for answer in answers} == {200}
     after = started(server, 2)
     assert len(set(after) - set(before)) == 1  # one new worker, in the dead one's place
+
+
+def test_a_worker_stuck_past_the_response_timeout_is_replaced_and_its_request_told(start_server, tmp_path, gate):
+    pool_model(tmp_path / "models", "model", gate)
+    server = start_server(tmp_path / "models", SAGEMAKER_TS_RESPONSE_TIMEOUT="2")
+    assert server.load("model").status_code == 200
+    [stuck] = started(server, 1)
+    answer = server.invoke("model", [[2.0]])
+    assert answer.status_code == 500
+    assert answer.json()["error"].startswith("model 'model' did not finish a request within 2 s; its worker process was killed")
+    assert server.invoke("model", [[1.0]]).status_code == 200  # a new worker, started by this request
+    assert started(server, 1) != [stuck]
