@@ -79,10 +79,6 @@ class HandlerWorker:
         """Requests it serves at once: one a worker."""
         return len(self._workers)
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self._workers if w.pid is not None]
-
     def transform(self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str],
                   request_id: str | None = None) -> HandlerResponse:
         worker = self._idle.get()

@@ -27,7 +27,7 @@ from container.backends import footprint
 from container.backends.pytorch import tensor_index, to_numpy, to_torch
 from container.backends.torch_runtime import device_error, device_scope, guarded, last_line
 from container.errors import InvalidModel, InvalidRequest, ModelError, ServeError
-from container.models.pt2_archive import AOTI_PLATFORM, EXPORT_PLATFORM, archive_kind, is_program, read_member, where
+from container.models.pt2_archive import AOTI_PLATFORM, archive_kind, is_program, read_member, where
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
 from container.models.triton_schema import model_config_pb2 as pb
@@ -127,9 +127,8 @@ class Pt2Model:
 class Program:
     """A loaded `.pt2`: the leaves of its call, `run(leaves) -> leaves`, and `call` as its forward."""
 
-    def __init__(self, kind: str, in_spec, out_spec, inputs: list[Leaf], outputs: list[Leaf], run,
-                 constant_bytes: dict[str, int]):
-        self.kind, self.inputs, self.outputs, self.run = kind, inputs, outputs, run
+    def __init__(self, in_spec, out_spec, inputs: list[Leaf], outputs: list[Leaf], run, constant_bytes: dict[str, int]):
+        self.inputs, self.outputs, self.run = inputs, outputs, run
         self._in_spec, self._out_spec = in_spec, out_spec
         self.constant_bytes = constant_bytes
 
@@ -168,8 +167,8 @@ def _load_aoti(path: Path, device: str) -> Program:
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(path), False, 1,
                                                     -1 if index is None else index)
     in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
-    return Program(AOTI_PLATFORM, in_spec, out_spec, _leaves(in_spec, "ARGS", "KWARGS"), _leaves(out_spec, "RESULT"),
-                   loader.run, {device: _compiled_bytes(path)})
+    return Program(in_spec, out_spec, _leaves(in_spec, "ARGS", "KWARGS"), _leaves(out_spec, "RESULT"), loader.run,
+                   {device: _compiled_bytes(path)})
 
 
 def _load_export(path: Path, device: str) -> Program:
@@ -195,7 +194,7 @@ def _load_export(path: Path, device: str) -> Program:
         with torch.inference_mode():
             return pytree.tree_leaves(module(*args, **kwargs))
 
-    return Program(EXPORT_PLATFORM, in_spec, out_spec, inputs, outputs, run, {device: weights})
+    return Program(in_spec, out_spec, inputs, outputs, run, {device: weights})
 
 
 def callable_program(path: Path, device: str):

@@ -93,10 +93,6 @@ class PythonBackend:
             self.close()
             raise
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self._workers if w.pid is not None]
-
     def execute_requests(self, requests: list[tuple], responders: list | None = None) -> list:
         """On an instance thread: (inputs, outputs wanted or None, parameters, id) of each request through a
         free instance's `execute`; each request's outputs, or the error it failed with. A decoupled
