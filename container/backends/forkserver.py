@@ -216,14 +216,17 @@ def _reap(statuses: dict[int, int]) -> None:
 
 
 def _child(connection_fd: int) -> int:
-    """In the forked child: read what to run from the worker's own socket, run it, give its exit code."""
-    import pickle
+    """In the forked child: read what to run from the worker's own socket, run it, give its exit code.
+    The message is unpickled as every message between the server and its workers is (worker_process):
+    the other end of that socket pair is the model process's, made by it; no client reaches it."""
     from multiprocessing.connection import Connection
+
+    from container.backends.worker_process import receive
 
     _die_with_parent()
     connection = Connection(connection_fd)
     try:
-        target, args = pickle.loads(connection.recv_bytes())
+        target, args = receive(connection)
         target(connection, *args)
         code = 0
     except SystemExit as exc:

@@ -27,7 +27,7 @@ from container.backends import footprint
 from container.backends.pytorch import tensor_index, to_numpy, to_torch
 from container.backends.torch_runtime import device_error, device_scope, guarded, last_line
 from container.errors import InvalidModel, InvalidRequest, ModelError, ServeError
-from container.models.pt2_archive import AOTI_PLATFORM, archive_kind, is_program, read_member, where
+from container.models.pt2_archive import AOTI_PLATFORM, archive_kind, is_program, members, read_member, where
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
 from container.models.triton_schema import model_config_pb2 as pb
@@ -64,7 +64,8 @@ class Pt2Model:
         self._output_names = [s.name for s in signature.outputs]
         if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
             raise self._unbatched()
-        self._probe()
+        if any(leaf.datatype is None for leaf in self.program.inputs):  # a package: what it takes is unrecorded
+            self._probe()
 
     def memory(self) -> dict[str, int]:
         return footprint.charged(self.program.constant_bytes, self._grown, self._peak)
@@ -164,11 +165,12 @@ def _load_aoti(path: Path, device: str) -> Program:
     # The loader itself, not aoti_load_package: that compares the package's CPU ISA with this machine's,
     # for a warning, and finds this machine's by compiling probes with a C++ compiler, which the image
     # has none of (and a subprocess, which a thread of the hub's pool may not start).
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(path), False, 1,
+    listed = members(path)
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(listed), False, 1,
                                                     -1 if index is None else index)
     in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
     return Program(in_spec, out_spec, _leaves(in_spec, "ARGS", "KWARGS"), _leaves(out_spec, "RESULT"), loader.run,
-                   {device: _compiled_bytes(path)})
+                   {device: _compiled_bytes(listed)})
 
 
 def _load_export(path: Path, device: str) -> Program:
@@ -315,22 +317,20 @@ def _datatype(dtype: torch.dtype) -> str | None:
     return _TORCH_TYPES.get(dtype)
 
 
-def _package_model(path: Path) -> str:
+def _package_model(listed: list[zipfile.ZipInfo]) -> str:
     """The name the package keeps its model under (`<archive>/data/aotinductor/<name>/`)."""
-    with zipfile.ZipFile(path) as archive:
-        for name in archive.namelist():
-            parts = name.split("/")
-            if len(parts) > 4 and parts[1:3] == ["data", "aotinductor"]:
-                return parts[3]
+    for member in listed:
+        parts = member.filename.split("/")
+        if len(parts) > 4 and parts[1:3] == ["data", "aotinductor"]:
+            return parts[3]
     return "model"
 
 
-def _compiled_bytes(path: Path) -> int:
+def _compiled_bytes(listed: list[zipfile.ZipInfo]) -> int:
     """What a package's compiled model holds: its shared libraries, its constants inside them (as
     packages are compiled by default) or beside them."""
-    with zipfile.ZipFile(path) as archive:
-        return sum(info.file_size for info in archive.infolist()
-                   if info.filename.endswith(".so") or "/data/constants/" in info.filename or "/data/weights/" in info.filename)
+    return sum(member.file_size for member in listed if member.filename.endswith(".so")
+               or "/data/constants/" in member.filename or "/data/weights/" in member.filename)
 
 
 def _aoti_metadata(path: Path) -> dict[str, str]:

@@ -82,10 +82,7 @@ class WorkerProcess:
         self._poller.register(parent.fileno(), select.POLLIN)
         self._poller.register(process.sentinel, select.POLLIN)
         try:
-            try:
-                parent.send_bytes(pickle.dumps((self._target, self._args), _PROTOCOL))  # what it runs
-            except OSError:  # it died before reading it: its reply says how
-                pass
+            send(parent, (self._target, self._args))  # what it runs (one that died first says how in its reply)
             return self.reply(doing, timeout)
         except ServeError:
             self.stop()  # a worker that failed to load is of no further use

@@ -25,13 +25,12 @@ def archive_kind(path: Path) -> str:
 def check_members(path: Path, limits: Limits) -> None:
     """The archive's members stay inside it and within the limits an uploaded archive has: torch
     extracts a package's files before it loads them."""
-    with _open(path) as archive:
-        members = archive.infolist()
-    if len(members) > limits.archive_members:
+    listed = members(path)
+    if len(listed) > limits.archive_members:
         raise InvalidModel(f"{where(path)} holds more than {limits.archive_members} members (SERVE_MAX_ARCHIVE_MEMBERS)")
-    if sum(member.file_size for member in members) > limits.archive_bytes:
+    if sum(member.file_size for member in listed) > limits.archive_bytes:
         raise InvalidModel(f"{where(path)} expands to more than {limits.archive_bytes} bytes (SERVE_MAX_ARCHIVE_SIZE)")
-    for member in members:
+    for member in listed:
         parts = PurePosixPath(member.filename).parts
         if member.filename.startswith("/") or ".." in parts or "\\" in member.filename:
             raise InvalidModel(f"{where(path)}: member {member.filename[:100]!r} escapes the archive's directory")
@@ -55,9 +54,14 @@ def is_program(name: str) -> bool:
     return len(parts) == 3 and parts[1] == "models" and parts[2].endswith(".json")
 
 
-def _names(path: Path) -> list[str]:
+def members(path: Path) -> list[zipfile.ZipInfo]:
+    """The archive's directory: each member's name and size."""
     with _open(path) as archive:
-        return archive.namelist()
+        return archive.infolist()
+
+
+def _names(path: Path) -> list[str]:
+    return [member.filename for member in members(path)]
 
 
 def _open(path: Path) -> zipfile.ZipFile:
