@@ -257,6 +257,7 @@ def test_a_shape_past_int64_is_invalid_argument_in_tritons_words(server, shape, 
         with pytest.raises(grpc.RpcError) as refused:
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
+    assert server.grpc_ready()  # and the server serves on
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
