@@ -14,6 +14,7 @@ many rows when it is to batch: a config that does not bind is refused then, with
 """
 
 import json
+import platform
 import time
 import zipfile
 from dataclasses import dataclass
@@ -161,6 +162,7 @@ def _load_aoti(path: Path, device: str) -> Program:
     if built_for != device.split(":")[0]:
         raise InvalidModel(f"{where(path)} was compiled for {built_for}; its instance group places it on {device}: "
                            f"compile it for {device.split(':')[0]}, or place it there")
+    _check_cpu(path, metadata)
     index = torch.device(device).index if device.startswith("cuda") else -1
     # The loader itself, not aoti_load_package: that compares the package's CPU ISA with this machine's,
     # for a warning, and finds this machine's by compiling probes with a C++ compiler, which the image
@@ -340,6 +342,32 @@ def _aoti_metadata(path: Path) -> dict[str, str]:
         return json.loads(found) if found else {}
     except ValueError:
         return {}
+
+
+def _check_cpu(path: Path, metadata: dict[str, str]) -> None:
+    """Refuse a package whose kernels this CPU cannot run: one compiled on another architecture, or with
+    vector instructions this CPU lacks. Run, they would end this process with SIGILL, every model with it."""
+    machine = metadata.get("AOTI_MACHINE")
+    if machine and machine != platform.machine():
+        raise InvalidModel(f"{where(path)} was compiled on {machine}; this server runs on {platform.machine()}: "
+                           f"compile it on (or for) a machine like this one")
+    if platform.machine() != "x86_64":
+        return
+    has = _x86_extensions()
+    missing = sorted(set(metadata.get("AOTI_CPU_ISA", "").lower().split()) - {"invalid_vec_isa"} - has)
+    if missing:
+        raise InvalidModel(f"{where(path)} was compiled for a CPU with {', '.join(missing)}, which this server's CPU "
+                           f"lacks (it has {', '.join(sorted(has)) or 'none of them'}): compile it on (or for) a "
+                           f"machine like this one")
+
+
+def _x86_extensions() -> set[str]:
+    """The vector extensions Inductor compiles for that this CPU has, named as a package records them
+    (asked of torch's own CPU probes, not by compiling, as Inductor does: the image has no compiler)."""
+    avx512 = torch.cpu._is_avx512_supported()
+    found = {"avx2": torch.cpu._is_avx2_supported(), "avx512": avx512,
+             "avx512_vnni": avx512 and torch.cpu._is_vnni_supported(), "amx_tile": torch.cpu._is_amx_tile_supported()}
+    return {name for name, present in found.items() if present}
 
 
 def _export_torch_version(path: Path) -> str | None:

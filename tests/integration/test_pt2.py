@@ -205,6 +205,15 @@ def other_torch(name: str, data: bytes) -> bytes:
     return data
 
 
+def built_on(**recorded):
+    """A rewrite that makes a package claim it was compiled on another machine."""
+    def change(name: str, data: bytes) -> bytes:
+        if name.endswith("_metadata.json") and "/data/aotinductor/" in name:
+            return json.dumps({**json.loads(data), **recorded}).encode()
+        return data
+    return change
+
+
 @pytest.fixture(scope="module")
 def refusals(start_server, tmp_path_factory, files):
     root = tmp_path_factory.mktemp("refused")
@@ -217,6 +226,9 @@ def refusals(start_server, tmp_path_factory, files):
         "not_a_package": (files["program"], "torch_aoti"),
         "escapes": (scratch / "escapes.pt2", "torch_export"),
         "fixed_batch": (files["fixed"], "torch_export"),
+        "other_machine": (rewritten(files["package"], scratch / "arm.pt2", built_on(AOTI_MACHINE="aarch64")), "torch_aoti"),
+        "other_cpu": (rewritten(files["package"], scratch / "avx10.pt2", built_on(AOTI_CPU_ISA="AVX512 AVX10_2")),
+                      "torch_aoti"),
     }
     (scratch / "corrupt.pt2").write_bytes(b"not a zip at all" * 64)
     (scratch / "truncated.pt2").write_bytes(data[: len(data) // 2])
@@ -245,6 +257,8 @@ def refusals(start_server, tmp_path_factory, files):
     ("escapes", "escapes the archive's directory"),
     ("fixed_batch", "was exported for a fixed number of rows, so max_batch_size 8 cannot batch it: export it with a "
                     "dynamic first dimension"),
+    ("other_machine", "1/model.pt2 was compiled on aarch64; this server runs on x86_64"),
+    ("other_cpu", "1/model.pt2 was compiled for a CPU with avx10_2, which this server's CPU lacks"),
     ("wrong_type", "input 'INPUT__0' is INT32 in the config; the program's ARGS[0] is FP32"),
     ("wrong_package_type", "does not run on the config's tensors"),
     ("wrong_names", "do not name the program's: INPUT__0 (ARGS[0]: FP32 [-1, 4])"),
