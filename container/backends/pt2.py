@@ -60,8 +60,11 @@ class Pt2Model:
         self._doing = f"running model '{name}'"
         with footprint.load_growth(device, self._grown):
             self.program = load_program(path, platform, device)
-        self._inputs = _bind(signature.inputs, self.program.inputs, "INPUT", "input")
-        self._outputs = _bind(signature.outputs, self.program.outputs, "OUTPUT", "output")
+        # a sequence model's control and state tensors are the program's too, named as its inputs and outputs are
+        inputs = (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in signature.states))
+        self._inputs = _bind(inputs, self.program.inputs, "INPUT", "input")
+        self._outputs = _bind((*signature.outputs, *(s.output for s in signature.states)), self.program.outputs,
+                              "OUTPUT", "output")
         self._output_names = [s.name for s in signature.outputs]
         if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
             raise self._unbatched()

@@ -16,6 +16,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from tests.builders import wait_for
+from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (the fixture, shared with this module)
 
 BATCH = torch.export.Dim("batch", min=1, max=64)
 
@@ -30,6 +31,15 @@ class Classifier(torch.nn.Module):
 
     def forward(self, x):
         return torch.softmax(self.layer(x), dim=-1)
+
+
+class Accumulator(torch.nn.Module):
+    """A sequence's running total, kept in Triton's implicit state: a value, the sequence's START flag and
+    the state in; the total and the next state out."""
+
+    def forward(self, value, start, state):
+        total = torch.where(start > 0, torch.zeros_like(state), state) + value
+        return total, total.clone()
 
 
 class Blend(torch.nn.Module):
@@ -52,8 +62,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     x = torch.ones(2, 4)
     classifier = exported(Classifier(), (x,), shapes={"x": {0: BATCH}})
     made = {"package": directory / "package.pt2", "program": directory / "program.pt2",
-            "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2"}
+            "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2", "accumulator": directory / "accumulator.pt2"}
     torch._inductor.aoti_compile_and_package(classifier, package_path=str(made["package"]))
+    accumulator = exported(Accumulator(), (torch.ones(2, 1), torch.ones(2, 1, dtype=torch.int32), torch.zeros(2, 1)),
+                           shapes={"value": {0: BATCH}, "start": {0: BATCH}, "state": {0: BATCH}})
+    torch._inductor.aoti_compile_and_package(accumulator, package_path=str(made["accumulator"]))
     torch.export.save(classifier, made["program"])
     torch.export.save(exported(Classifier(), (x,)), made["fixed"])
     torch.export.save(exported(Blend(), (x, {"scale": torch.full((4,), 2.0)}), {"bias": torch.ones(2, 4)},
@@ -313,3 +326,105 @@ def test_a_load_whose_config_override_leaves_the_tensors_out_is_completed_from_t
     assert (config["platform"], config["max_batch_size"]) == ("torch_export", 8)
     assert [(t["name"], t["dims"]) for t in config["input"] + config["output"]] == [("INPUT__0", [4]), ("OUTPUT__0", [3])]
     np.testing.assert_allclose(v2(server, "program", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
+
+
+# -- what a TorchScript model has, a package has too --------------------------------------------------
+
+
+SEQUENCE = {
+    "max_sequence_idle_microseconds": 60_000_000,
+    "control_input": [{"name": "INPUT__1", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
+    "state": [{"input_name": "INPUT__2", "output_name": "OUTPUT__1", "data_type": "TYPE_FP32", "dims": [1],
+               "initial_state": [{"data_type": "TYPE_FP32", "dims": [1], "zero_data": True, "name": "zeros"}]}]}
+
+
+@pytest.fixture(scope="module")
+def policies(start_server, tmp_path_factory, files):
+    """A package under two served versions (of three on disk), priorities and a warmup; the
+    accumulator under the sequence batcher; a package with a warmup it cannot run."""
+    root = tmp_path_factory.mktemp("policies")
+    warmup = [{"name": "two rows of zeros", "batch_size": 2,
+               "inputs": {"INPUT__0": {"data_type": "TYPE_FP32", "dims": [4], "zero_data": True}}}]
+    model = triton_model(root, "versions", files["package"], classifier_config(
+        "torch_aoti", version_policy={"specific": {"versions": [1, 2]}}, model_warmup=warmup,
+        dynamic_batching={"priority_levels": 2, "default_priority_level": 2}))
+    for version in ("2", "3"):
+        (model / version).mkdir()
+        shutil.copy(files["package"], model / version / "model.pt2")
+    triton_model(root, "bad_warmup", files["package"], classifier_config("torch_aoti", model_warmup=[
+        {"name": "five features", "batch_size": 1, "inputs": {"INPUT__0": {"data_type": "TYPE_FP32", "dims": [5],
+                                                                           "zero_data": True}}}]))
+    triton_model(root, "running_total", files["accumulator"], {
+        "platform": "torch_aoti", "max_batch_size": 8, "sequence_batching": SEQUENCE,
+        "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [1]}]})
+    return start_server(root, SERVE_HTTP_WORKERS="0", SERVE_ALLOW_CLIENT_SHM="true")
+
+
+def test_version_policies_priorities_and_warmup_apply_to_a_package(policies):
+    assert policies.load("versions").status_code == 200
+    served = policies.request("GET", "/v2/models/versions/stats").json()["model_stats"]
+    assert sorted(entry["version"] for entry in served) == ["1", "2"]
+    body = {"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [2, 4], "data": ROWS.ravel().tolist()}]}
+    for version, priority in (("1", 1), ("2", 2)):
+        answer = policies.request("POST", f"/v2/models/versions/versions/{version}/infer",
+                                  json={**body, "parameters": {"priority": priority}})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(np.array(answer.json()["outputs"][0]["data"]).reshape(2, 3), expected(ROWS), rtol=1e-5)
+    assert policies.request("POST", "/v2/models/versions/versions/3/infer", json=body).status_code == 404
+    refused = policies.request("POST", "/v2/models/versions/infer", json={**body, "parameters": {"priority": 3}})
+    assert refused.status_code == 400 and "priority 3 is outside 1..2" in refused.json()["error"]
+
+
+def test_a_warmup_the_package_cannot_run_fails_its_load(policies):
+    answer = policies.load("bad_warmup")
+    assert answer.status_code == 400 and "five features" in answer.json()["error"], answer.text
+    assert "bad_warmup" not in policies.loaded()
+
+
+def test_sequences_keep_their_own_state_in_a_package_side_by_side(policies):
+    """Two sequences at once: each total is its own, however the batcher groups their steps."""
+    loaded = policies.load("running_total")
+    assert loaded.status_code == 200, loaded.text
+
+    def run(sequence_id: int) -> list[float]:
+        totals = []
+        for step, value in enumerate([1.0, 2.0, 3.0, 4.0]):
+            parameters = {"sequence_id": sequence_id, "sequence_start": step == 0, "sequence_end": step == 3}
+            answer = policies.request("POST", "/v2/models/running_total/infer", json={"parameters": parameters, "inputs": [
+                {"name": "INPUT__0", "datatype": "FP32", "shape": [1, 1], "data": [value * sequence_id]}]})
+            assert answer.status_code == 200, answer.text
+            totals.append(answer.json()["outputs"][0]["data"][0])
+        return totals
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(run, (1, 10), timeout=60)
+    assert (first, second) == ([1.0, 3.0, 6.0, 10.0], [10.0, 30.0, 60.0, 100.0])
+
+
+def test_shared_memory_carries_a_packages_tensors(policies):
+    import tritonclient.http as http
+    import tritonclient.utils.shared_memory as shm
+
+    assert policies.load("versions").status_code in (200, 409)
+    size = ROWS.nbytes
+    handle = shm.create_shared_memory_region("rows", f"/pt2_rows_{policies.port}", size)
+    try:
+        shm.set_shared_memory_region(handle, [ROWS])
+        with http.InferenceServerClient(policies.url.removeprefix("http://"), network_timeout=60) as client:
+            client.register_system_shared_memory("rows", f"/pt2_rows_{policies.port}", size)
+            tensor = http.InferInput("INPUT__0", list(ROWS.shape), "FP32")
+            tensor.set_shared_memory("rows", size)
+            np.testing.assert_allclose(client.infer("versions", [tensor]).as_numpy("OUTPUT__0"), expected(ROWS), rtol=1e-5)
+            client.unregister_system_shared_memory("rows")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_a_package_loads_from_s3(start_server, s3, files, tmp_path):
+    model = triton_model(tmp_path / "upload", "from_s3", files["package"], classifier_config("torch_aoti"))
+    upload_directory(s3.client, model, "pt2/from_s3")
+    server = start_server(tmp_path / "local", **s3.env())
+    answer = server.load("from_s3", "s3://models/pt2/from_s3")
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(v2(server, "from_s3", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
