@@ -16,7 +16,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from tests.builders import wait_for
-from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (the fixture, shared with this module)
+from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (a fixture this module uses too)
 
 BATCH = torch.export.Dim("batch", min=1, max=64)
 
@@ -421,7 +421,7 @@ def test_shared_memory_carries_a_packages_tensors(policies):
         shm.destroy_shared_memory_region(handle)
 
 
-def test_a_package_loads_from_s3(start_server, s3, files, tmp_path):
+def test_a_package_loads_from_s3(start_server, s3, files, tmp_path):  # noqa: F811 (the fixture imported above)
     model = triton_model(tmp_path / "upload", "from_s3", files["package"], classifier_config("torch_aoti"))
     upload_directory(s3.client, model, "pt2/from_s3")
     server = start_server(tmp_path / "local", **s3.env())
