@@ -281,11 +281,12 @@ def _parse(output: str) -> Load:
     return Load(rate, latency("50"), latency("99"), errors)
 
 
-def v2_binary_request(name: str, array) -> tuple[bytes, dict[str, str]]:
-    """A V2 infer body with one binary input, and the header that says where its JSON ends."""
+def v2_binary_request(name: str, array, output: str = "OUTPUT0") -> tuple[bytes, dict[str, str]]:
+    """A V2 infer body with one binary input, asking for `output` in binary, and the header that says
+    where its JSON ends."""
     header = json.dumps({"inputs": [{"name": name, "shape": list(array.shape), "datatype": "FP32",
                                      "parameters": {"binary_data_size": array.nbytes}}],
-                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+                         "outputs": [{"name": output, "parameters": {"binary_data": True}}]}).encode()
     return header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
 
 
