@@ -7,6 +7,7 @@ from container.errors import InsufficientMemory, InvalidModel, InvalidRequest, P
 
 MAX_NAME_BYTES = 255  # a model name may become a directory name: NAME_MAX on every Linux file system
 MAX_DIMS = 32  # numpy refuses more than 64; no served model takes more than a handful
+MAX_JSON_NESTING = 100  # Triton's HTTP_MAX_JSON_NESTING_DEPTH: V2 "data" may nest this deep whatever its shape
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ class Limits:
                                      f"{self.total_instances} (SERVE_MAX_TOTAL_INSTANCES): unload a model first")
 
 
-def too_deep(name: str) -> str:
-    """Values nested deeper than a tensor may have dimensions, in Triton's words (its limit is 100)."""
-    return (f"JSON nesting depth exceeds maximum allowed limit ({MAX_DIMS}): the values of input '{name}' nest "
-            f"deeper than a tensor's {MAX_DIMS} dimensions")
+def too_deep(name: str, limit: int = MAX_DIMS) -> str:
+    """Values nested deeper than `limit`, in Triton's words: a tensor's dimensions where the nesting is
+    its shape, MAX_JSON_NESTING for V2 data, whose shape is given beside it."""
+    return f"JSON nesting depth exceeds maximum allowed limit ({limit}): the values of input '{name}' nest deeper"
 
 
 def check_name(name) -> str:

@@ -103,14 +103,15 @@ class SharedMemory:
         _check_sizes(offset=offset, byte_size=byte_size)
         try:  # O_NOFOLLOW: a symlink planted in /dev/shm must not lead the server's writes elsewhere
             fd = os.open(self._root / key.strip("/"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise InvalidRequest(f"cannot open shared memory object {key!r}: {exc.strerror}") from None
+        except OSError as exc:  # Triton's words, then why
+            raise InvalidRequest(f"Unable to open shared memory region: '{key}' ({exc.strerror})") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidRequest(f"{key!r} is not a shared memory object")
-            if offset + byte_size > info.st_size or byte_size == 0:
-                raise InvalidRequest(f"region [{offset}, {offset + byte_size}) does not fit the {info.st_size}-byte object {key!r}")
+            if offset + byte_size > info.st_size or byte_size == 0:  # Triton's words, then why
+                raise InvalidRequest(f"failed to register shared memory region '{name}': invalid args ([{offset}, "
+                                     f"{offset + byte_size}) does not fit the {info.st_size}-byte object '{key}')")
         except BaseException:
             os.close(fd)
             raise
@@ -151,10 +152,16 @@ class SharedMemory:
                 region.close()
 
     def status(self, kind: str, name: str | None = None) -> list[dict]:
-        regions = [r for r in self._regions.values() if isinstance(r, _KINDS[kind]) and name in (None, r.name)]
-        if name is not None and not regions:
-            raise RegionNotFound(f"{kind} shared memory region '{name}' is not registered")
-        return [r.status() for r in regions]
+        if name is None:
+            return [r.status() for r in self._regions.values() if isinstance(r, _KINDS[kind])]
+        region = self._regions.get(name)
+        if region is None:  # Triton's words, here and below
+            raise RegionNotFound(f"Unable to find {kind} shared memory region: '{name}'")
+        if not isinstance(region, _KINDS[kind]):
+            other = "system" if kind == "cuda" else "CUDA"
+            raise RegionNotFound(f"The region named '{name}' is registered as {other} shared memory, not "
+                                 f"{'CUDA' if kind == 'cuda' else 'system'} shared memory")
+        return [region.status()]
 
     def read(self, name: str, offset: int, byte_size: int) -> bytes:
         return self._region(name, offset, byte_size).read(offset, byte_size)
@@ -167,10 +174,13 @@ class SharedMemory:
     def _region(self, name: str, offset: int, byte_size: int):
         """The region, once its registered size holds `byte_size` bytes at `offset`."""
         region = self._regions.get(name)
-        if region is None:
-            raise InvalidRequest(f"shared memory region '{name}' is not registered")
-        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-            raise InvalidRequest(f"Invalid offset + byte size for shared memory region: '{name}' "  # Triton's words
+        if region is None:  # Triton's words, here and below, then where
+            raise RegionNotFound(f"Unable to find shared memory region: '{name}'")
+        if not 0 <= offset < region.byte_size:
+            raise InvalidRequest(f"Invalid offset for shared memory region: '{name}' (offset {offset} of its "
+                                 f"{region.byte_size} bytes)")
+        if not 0 <= byte_size <= region.byte_size - offset:
+            raise InvalidRequest(f"Invalid offset + byte size for shared memory region: '{name}' "
                                  f"([{offset}, {offset + byte_size}) lies outside its {region.byte_size} bytes)")
         return region
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from container import content
 from container.errors import InvalidInput, InvalidRequest
-from container.limits import MAX_DIMS, Limits, whole_number
+from container.limits import MAX_DIMS, MAX_JSON_NESTING, Limits, too_deep, whole_number
 from container.models.signature import Signature, TensorSpec
 from container.tensors import DATATYPES, as_datatype, little_endian, numpy_dtype, pack_strings, unpack_strings
 
@@ -69,8 +69,9 @@ def decode_inputs(document: dict, binary: memoryview, signature: Signature, shar
             offset += size
         elif "shared_memory_region" in parameters:
             region, region_offset, size = _shared_memory_parameters(parameters, name)
-            if datatype != "BYTES":
-                _check_size(name, size, datatype, shape, model)  # before a byte of the region is read
+            expected = _wire_size(datatype, shape)
+            if datatype != "BYTES" and size != expected:  # Triton's words; checked before a byte of the region is read
+                raise InvalidInput(f"unexpected total byte size {size} for input '{name}', expecting {expected}")
             inputs[name] = from_binary(name, shared_memory.read(region, region_offset, size), datatype, shape, model)
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
@@ -182,8 +183,12 @@ def from_binary(name: str, data, datatype: str, shape: list[int], model: str = "
     return np.frombuffer(data, little_endian(datatype)).reshape(shape)
 
 
+def _wire_size(datatype: str, shape: list[int]) -> int:
+    return math.prod(shape) * _wire_itemsize(datatype)
+
+
 def _check_size(name: str, size: int, datatype: str, shape: list[int], model: str) -> None:
-    expected = math.prod(shape) * _wire_itemsize(datatype)
+    expected = _wire_size(datatype, shape)
     if size != expected:  # Triton's words, which its clients' tests match
         raise InvalidInput(f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
                            f"got {size} (the data of {datatype}{shape})")
@@ -248,10 +253,37 @@ def _tensor_header(entry) -> tuple[str, list[int], str, dict]:
 
 
 def _from_json(name: str, data, datatype: str, shape: list[int]) -> np.ndarray:
+    depth = _nesting(data)
+    if depth >= MAX_JSON_NESTING:
+        raise InvalidInput(too_deep(name, MAX_JSON_NESTING))
+    if depth > MAX_DIMS:  # deeper than a tensor's dimensions: Triton reads the values in order, as its shape says
+        data = _flattened(name, data)
     array = as_datatype(name, data, datatype)
     if array.size != math.prod(shape):
         raise InvalidInput(f"input '{name}': {array.size} values for shape {shape} ({math.prod(shape)} expected)")
     return array.reshape(shape)
+
+
+def _nesting(data) -> int:
+    """How deep `data`'s first values nest (the rest must match them, or the values are ragged)."""
+    depth = 0
+    while isinstance(data, list) and depth <= MAX_JSON_NESTING:
+        depth += 1
+        data = data[0] if data else None
+    return depth
+
+
+def _flattened(name: str, data: list, depth: int = 1) -> list:
+    """The values in order, however they nest, up to MAX_JSON_NESTING deep."""
+    if depth >= MAX_JSON_NESTING:
+        raise InvalidInput(too_deep(name, MAX_JSON_NESTING))
+    values = []
+    for value in data:
+        if isinstance(value, list):
+            values.extend(_flattened(name, value, depth + 1))
+        else:
+            values.append(value)
+    return values
 
 
 def _wire_itemsize(datatype: str) -> int:

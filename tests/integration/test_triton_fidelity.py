@@ -416,6 +416,23 @@ def test_requests_triton_refuses_are_refused_in_its_words(server, document, mess
     assert response.status_code == 400 and response.json()["error"] == message
 
 
+@pytest.mark.parametrize("model, datatype, shape, values", [
+    ("upper", "BYTES", [1, 1], ["hello"]), ("reshape", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0])])
+@pytest.mark.parametrize("depth, accepted", [(50, True), (98, True), (99, False), (120, False)])
+def test_v2_data_nests_as_deep_as_tritons_limit_whatever_its_shape(server, model, datatype, shape, values, depth, accepted):
+    """Triton reads "data" in order however it nests, up to 100 arrays deep (the values' own array included)."""
+    data = values
+    for _ in range(depth):
+        data = [data]
+    body = {"inputs": [{"name": "TEXT" if model == "upper" else "INPUT0", "datatype": datatype, "shape": shape, "data": data}]}
+    response = requests.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
+    if accepted:
+        assert response.status_code == 200, response.text
+    else:
+        assert response.status_code == 400
+        assert "JSON nesting depth exceeds maximum allowed limit (100)" in response.json()["error"]
+
+
 @pytest.mark.parametrize("binary", [False, True])
 def test_zero_element_bool_input(client, binary):
     inputs = [http.InferInput("FLAGS", [0], "BOOL")]

@@ -57,7 +57,7 @@ def test_inputs_and_outputs_travel_through_shared_memory(server, regions):
     assert np.array_equal(shm.get_contents_as_numpy(output_handle, np.float32, [2, 4]), values * 2)
     client.unregister_system_shared_memory("input")
     assert [r["name"] for r in client.get_system_shared_memory_status()] == ["output"]
-    with pytest.raises(InferenceServerException, match="'input' is not registered"):
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'input'"):
         infer_through_shared_memory(client)  # an unregistered region is never read again
 
 
@@ -75,10 +75,55 @@ def test_offsets_and_sizes_are_checked_against_the_region(server, regions):
         client.infer("double", [tensor_in], outputs=[small])
 
 
+@pytest.mark.parametrize("offset, byte_size", [(0, BYTES + 1), (1, BYTES), (BYTES, 1), (BYTES + 1, 0)])
+def test_a_registration_past_the_objects_end_is_refused_in_tritons_words(server, regions, offset, byte_size):
+    """Triton's L0_shared_memory edge cases: the registered [offset, offset + byte_size) must lie in the object."""
+    client, _ = regions
+    with pytest.raises(InferenceServerException, match="failed to register shared memory region.*invalid args"):
+        client.register_system_shared_memory("edge", f"/test_input_{server.port}", byte_size, offset=offset)
+
+
+@pytest.mark.parametrize("protocol, offset", [("http", 2**64 - 32), ("grpc", BYTES)])
+def test_an_output_offset_past_the_region_is_refused_in_tritons_words(server, regions, protocol, offset):
+    """Over HTTP, Triton's QA sends 2**64 - 32 (-32 to a signed 64-bit reader); over gRPC, one past the end."""
+    import tritonclient.grpc as grpc
+
+    module = http if protocol == "http" else grpc
+    client = regions[0] if protocol == "http" else grpc.InferenceServerClient(server.grpc_url)
+    deadline = {} if protocol == "http" else {"client_timeout": 60}  # the HTTP client's is its network_timeout, 60 s
+    for name in ("input", "output"):
+        client.register_system_shared_memory(name, f"/test_{name}_{server.port}", BYTES)
+    tensor_in = module.InferInput("x", [2, 4], "FP32")
+    tensor_in.set_shared_memory("input", BYTES)
+    tensor_out = module.InferRequestedOutput("y")
+    tensor_out.set_shared_memory("output", BYTES, offset=offset)
+    with pytest.raises(InferenceServerException, match="Invalid offset for shared memory region: 'output'"):
+        client.infer("double", [tensor_in], outputs=[tensor_out], **deadline)
+    assert client.infer("double", [tensor_in], **deadline).as_numpy("y").shape == (2, 4)  # served on
+    if client is not regions[0]:
+        client.close()
+
+
+def test_an_input_region_larger_than_its_tensor_is_refused_in_tritons_words(server, regions):
+    client, _ = regions
+    client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
+    tensor_in = http.InferInput("x", [1, 4], "FP32")
+    tensor_in.set_shared_memory("input", BYTES)
+    with pytest.raises(InferenceServerException, match="unexpected total byte size 32 for input 'x', expecting 16"):
+        client.infer("double", [tensor_in])
+
+
+def test_unregistering_a_region_never_registered_is_not_an_error(server, regions):
+    client, _ = regions
+    client.unregister_system_shared_memory("never")
+    assert client.get_system_shared_memory_status() == []
+
+
 @pytest.mark.parametrize("body, message", [
-    ({"key": "/no_such_object", "offset": 0, "byte_size": 8}, "cannot open shared memory object"),
+    ({"key": "/no_such_object", "offset": 0, "byte_size": 8}, "Unable to open shared memory region: '/no_such_object'"),
     ({"key": "/../../etc/passwd", "offset": 0, "byte_size": 8}, "must name a POSIX shared memory object"),
-    ({"key": "/test_input_PORT", "offset": 0, "byte_size": BYTES + 1}, "does not fit"),
+    ({"key": "/test_input_PORT", "offset": 0, "byte_size": BYTES + 1},
+     "failed to register shared memory region 'bad': invalid args ([0, 33) does not fit the 32-byte object"),
     ({"key": "/test_input_PORT", "offset": -1, "byte_size": 8}, "'offset' must be a non-negative"),
     ({"key": "/test_input_PORT"}, "'byte_size' must be a non-negative"),
 ])
@@ -94,7 +139,10 @@ def test_duplicate_registration_and_unknown_status(server, regions):
     with pytest.raises(InferenceServerException, match="shared memory region 'input' already in manager"):
         client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
     answer = requests.get(server.url + "/v2/systemsharedmemory/region/nothing/status")
-    assert answer.status_code == 404 and "'nothing' is not registered" in answer.json()["error"]
+    assert answer.status_code == 404 and answer.json()["error"] == "Unable to find system shared memory region: 'nothing'"
+    answer = requests.get(server.url + "/v2/cudasharedmemory/region/input/status")
+    assert answer.status_code == 404
+    assert answer.json()["error"] == "The region named 'input' is registered as system shared memory, not CUDA shared memory"
 
 
 def test_client_shared_memory_is_off_by_default(start_server, tmp_path):
@@ -109,7 +157,7 @@ def test_client_shared_memory_is_off_by_default(start_server, tmp_path):
         assert response.status_code == 400 and response.json()["error"] == disabled, path
     assert server.request("GET", "/v2/systemsharedmemory/status").json() == []
     client = http.InferenceServerClient(server.url.removeprefix("http://"))
-    with pytest.raises(InferenceServerException, match="region 'input' is not registered"):
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'input'"):
         infer_through_shared_memory(client)
     client.close()
 
