@@ -85,7 +85,8 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
     """`channel_path`: the model process's channel, which python models' BLS calls reach the core by."""
     return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
                          settings.requirements_cache, torch.get_num_threads(), settings.handler_workers(len(gpus.devices)),
-                         gpus.contexts, settings.log_level, settings.load_timeout, settings.python_response_timeout,
+                         settings.handler_max_workers(len(gpus.devices)), settings.handler_idle_seconds, gpus.contexts,
+                         settings.log_level, settings.load_timeout, settings.python_response_timeout,
                          settings.ts_response_timeout, channel_path)
 
 

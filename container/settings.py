@@ -93,6 +93,12 @@ class Settings:
     ts_min_workers: int | None = _env(
         "SAGEMAKER_TS_MIN_WORKERS", "", "On a single-model endpoint, the handler model's worker processes where `SAGEMAKER_MODEL_SERVER_WORKERS` is unset (the SageMaker PyTorch toolkit's name; ignored on a multi-model endpoint, as there)."
     )
+    ts_max_workers: int | None = _env(
+        "SAGEMAKER_TS_MAX_WORKERS", "", "The most worker processes a handler model's pool grows to while requests wait for one, on either kind of endpoint, as far as the memory budget has room (the SageMaker PyTorch toolkit's name; TorchServe itself never grows a pool). Unset, or below the starting count: the pool keeps its starting count."
+    )
+    handler_idle_seconds: int = _env(
+        "SERVE_HANDLER_IDLE_SECONDS", "60", "Seconds a handler model's worker beyond its starting count may stay idle before it ends. Idle extra workers also end at once when another model needs their memory, before any model is evicted."
+    )
     ts_response_timeout: int = _env(
         "SAGEMAKER_TS_RESPONSE_TIMEOUT", "120", "Seconds a handler model's worker may take over one request (TorchServe's default_response_timeout, as SageMaker's toolkit sets it); then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. `SAGEMAKER_MODEL_SERVER_TIMEOUT` bounds the model process itself, not a worker."
     )
@@ -208,6 +214,8 @@ class Settings:
             model_server_timeout=_integer("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw["model_server_timeout"]),
             model_server_workers=_optional_positive("SAGEMAKER_MODEL_SERVER_WORKERS", raw["model_server_workers"]),
             ts_min_workers=_optional_positive("SAGEMAKER_TS_MIN_WORKERS", raw["ts_min_workers"]),
+            ts_max_workers=_optional_positive("SAGEMAKER_TS_MAX_WORKERS", raw["ts_max_workers"]),
+            handler_idle_seconds=_positive("SERVE_HANDLER_IDLE_SECONDS", raw["handler_idle_seconds"]),
             ts_response_timeout=_positive("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw["ts_response_timeout"]),
             load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
             python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
@@ -268,6 +276,10 @@ class Settings:
         if self.multi_model:
             return 1
         return self.ts_min_workers or gpus or resources.cpu_quota()
+
+    def handler_max_workers(self, gpus: int) -> int:
+        """The most worker processes each handler model's pool grows to (SAGEMAKER_TS_MAX_WORKERS)."""
+        return max(self.ts_max_workers or 0, self.handler_workers(gpus))
 
 
 def _size(name: str, text: str, total: int) -> int:

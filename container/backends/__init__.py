@@ -42,7 +42,7 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
         return _pt2_versions(name, source, device)
     if isinstance(layout, TritonLayout):
         return _torchscript_versions(name, source, device)
-    return {1: HandlerWorker(name, source.directory, device, options, options.handler_workers)}
+    return {1: HandlerWorker(name, source.directory, device, options)}
 
 
 def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:

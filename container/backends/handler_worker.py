@@ -9,6 +9,8 @@ handler model takes the request body and returns the response body, so nothing e
 import logging
 import os
 import sys
+import time
+from _queue import Empty  # what the native queue raises
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,50 +40,79 @@ log = logging.getLogger(__name__)
 class HandlerWorker:
     """The server's side of a handler model: a pool of worker processes, each with the model loaded,
     as SageMaker's container runs several TorchServe workers per model. Each request takes an idle
-    worker; each worker's torch gets its share of the cores. A worker that died is started again
-    (model_fn included) by the next request that takes it."""
+    worker; each worker's torch gets its share of the cores (the cores over the most workers the pool
+    may have, so a full pool never oversubscribes them). A worker that died is started again
+    (model_fn included) by the next request that takes it.
+
+    Beyond TorchServe, the pool follows the load between its least and most workers: a request that
+    finds no idle worker starts one more, while the memory budget allows (`allow`), and a worker
+    beyond the least that stays idle `idle_seconds` ends, as do idle extra workers when the server
+    needs their memory (`shed`)."""
 
     own_process = True  # its memory is outside the server's: measured apart
 
-    def __init__(self, name: str, directory: Path, device: str, options: WorkerOptions, workers: int = 1):
+    def __init__(self, name: str, directory: Path, device: str, options: WorkerOptions):
         self.name, self.device = name, device
-        self._options = replace(options, torch_threads=max(1, options.torch_threads // workers))
-        self._workers = [WorkerProcess(name, serve, (name, str(directory), device, self._options)) for _ in range(workers)]
+        self._least = options.handler_workers
+        self._most = max(options.handler_max_workers, self._least)
+        self._options = replace(options, torch_threads=max(1, options.torch_threads // self._most))
+        self._args = (name, str(directory), device, self._options)
+        self._workers = [WorkerProcess(name, serve, self._args) for _ in range(self._least)]
         self._device_bytes: dict[WorkerProcess, dict[str, int]] = {}
+        self._last_used: dict[WorkerProcess, float] = {}
         self._idle = NativeQueue()
+        self._members = _native_lock()  # guards _workers: instance threads grow it, the reaper shrinks it
+        self._allowed = self._most - self._least  # extra workers the budget has room for (the registry says)
         self._closing = False
+        self._closed = _native_lock()
+        self._closed.acquire()  # released by close(): the reaper's sleep ends at once
+        self.resized = False  # set when workers come or go, so the registry measures the pool again
         try:
             self._start(self._workers[0])
         except BaseException:
             self.close()
             raise
         # the model serves once its first worker has loaded it; the others join as they load it too
-        get_original("_thread", "start_new_thread")(self._start_others, ())  # not threading.Thread: its start waits on an event, patched
+        _spawn(self._start_others, self._workers[1:])
+        if self._most > self._least:
+            _spawn(self._reap_idle)
 
     def _start(self, worker: WorkerProcess) -> None:
         with worker.lock:
             if self._closing:
                 return
             self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
+        self._last_used[worker] = time.monotonic()
+        self.resized = True
         self._idle.put(worker)
 
-    def _start_others(self) -> None:
-        for worker in self._workers[1:]:
+    def _start_others(self, workers: list[WorkerProcess]) -> None:
+        for worker in workers:
             try:
                 self._start(worker)
             except ServeError as exc:  # the pool serves on with the workers it has
+                if len(self._workers) > self._least:  # one it grew by: a request may start it later otherwise
+                    self._forget(worker)
                 if not self._closing:
                     log.warning("a worker of a handler model did not start", extra={"fields": {"model": self.name,
                                                                                                  "error": str(exc)}})
 
     @property
     def instances(self) -> int:
-        """Requests it serves at once: one a worker."""
+        """Requests it serves at once: one a worker, as many as it may grow to."""
+        return self._most
+
+    @property
+    def workers(self) -> int:
         return len(self._workers)
+
+    def allow(self, extra: int) -> None:
+        """How many workers beyond its least the memory budget has room for now (the registry's word)."""
+        self._allowed = max(0, min(extra, self._most - self._least))
 
     def transform(self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str],
                   request_id: str | None = None) -> HandlerResponse:
-        worker = self._idle.get()
+        worker = self._take()
         try:
             if not worker.running:
                 self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
@@ -89,7 +120,58 @@ class HandlerWorker:
                                                               "a request", self._options.handler_timeout)
             return response
         finally:
+            self._last_used[worker] = time.monotonic()
             self._idle.put(worker)
+
+    def _take(self) -> WorkerProcess:
+        """An idle worker; when there is none, one more is started (room allowing) and the request
+        takes whichever worker comes free first."""
+        try:
+            return self._idle.get(block=False)
+        except Empty:
+            pass
+        with self._members:
+            if not self._closing and len(self._workers) < self._least + self._allowed:
+                worker = WorkerProcess(self.name, serve, self._args)
+                self._workers.append(worker)
+                _spawn(self._start_others, [worker])
+        return self._idle.get()
+
+    def shed(self) -> int:
+        """End the idle workers beyond the least, for their memory; returns how many ended."""
+        return self._end_idle(0.0)
+
+    def _reap_idle(self) -> None:
+        seconds = self._options.handler_idle_seconds
+        while not self._closed.acquire(timeout=seconds / 2):
+            self._end_idle(seconds)
+
+    def _end_idle(self, seconds: float) -> int:
+        """End the workers beyond the least that have been idle `seconds` or longer."""
+        taken, ended = [], 0
+        while True:
+            try:
+                taken.append(self._idle.get(block=False))
+            except Empty:
+                break
+        now = time.monotonic()
+        for worker in sorted(taken, key=lambda w: self._last_used.get(w, now)):  # the longest idle first
+            if len(self._workers) > self._least and now - self._last_used.get(worker, now) >= seconds:
+                self._forget(worker)
+                with worker.lock:
+                    worker.stop()
+                ended += 1
+            else:
+                self._idle.put(worker)
+        return ended
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        with self._members:
+            if worker in self._workers:
+                self._workers.remove(worker)
+        self._device_bytes.pop(worker, None)
+        self._last_used.pop(worker, None)
+        self.resized = True
 
     def memory(self) -> dict[str, int]:
         """Each worker's own pages (USS: what ending it gives back) plus the most one's requests have
@@ -98,16 +180,29 @@ class HandlerWorker:
         return total_by_device([measured["load"], measured["activation_peak"]])
 
     def measured(self) -> dict[str, dict[str, int]]:
-        return charged(self._workers, total_by_device(self._device_bytes.values()), self._options.cuda_contexts)
+        self.resized = False
+        workers = list(self._workers)
+        return charged(workers, total_by_device([self._device_bytes.get(w, {}) for w in workers]), self._options.cuda_contexts)
 
     def close(self) -> None:
         """Every worker ends; one still loading the model is killed at once."""
         self._closing = True
-        for worker in self._workers:
+        self._closed.release()
+        with self._members:
+            workers = list(self._workers)
+        for worker in workers:
             worker.interrupt()  # a start under way holds the worker's lock until its model_fn returns
-        for worker in self._workers:
+        for worker in workers:
             with worker.lock:
                 worker.stop()
+
+
+def _native_lock():
+    return get_original("threading", "Lock")()  # taken by native threads: gevent's would park them
+
+
+def _spawn(function, *args) -> None:
+    get_original("_thread", "start_new_thread")(function, args)  # not threading.Thread: its start waits on an event, patched
 
 
 # -- inside the worker ---------------------------------------------------------------------------------

@@ -44,7 +44,9 @@ class WorkerOptions:
     install_requirements: bool = True
     requirements_cache: str = "/tmp/serve-requirements"
     torch_threads: int = 1  # what a pool's workers share
-    handler_workers: int = 1  # worker processes of each handler model
+    handler_workers: int = 1  # worker processes of each handler model, at least
+    handler_max_workers: int = 1  # ... and at most, while requests wait for one
+    handler_idle_seconds: float = 60.0  # how long a worker beyond the least may stay idle
     cuda_contexts: dict[str, int] = field(default_factory=dict)  # device → what a CUDA context takes there
     log_level: str = "INFO"  # a worker logs to the server's stderr in the server's JSON lines
     load_timeout: float | None = None  # seconds a worker may take to start and load its model

@@ -43,6 +43,11 @@ class MemoryCache:
         self._sizes.move_to_end(name)
         return victims
 
+    def fits(self, name: Hashable, sizes: dict[str, int]) -> bool:
+        """Whether `sizes` for `name` (in place of what it holds now) fit every budget without evicting."""
+        held = self._sizes.get(name, {})
+        return all(self.used(d) - held.get(d, 0) + need <= self.budgets[d] for d, need in sizes.items() if d in self.budgets)
+
     def charge(self, name: Hashable, sizes: dict[str, int]) -> None:
         """Account `sizes` for `name` as they are, whether they fit or not (a model measured bigger than
         its estimate while it serves)."""

@@ -313,11 +313,13 @@ class Registry:
         model.statistics = {version: Statistics() for version in backends}
 
     def remeasure(self, model: Model) -> None:
-        """While the model's cost settles, charge what its backends measure now. A model that grew past
-        the budget makes room like a load; with no room it stays charged its true size, over budget."""
-        if model.remeasures <= 0 or model.state is not State.READY:
+        """While the model's cost settles, or after its worker pool grew or shrank, charge what its
+        backends measure now. A model that grew past the budget makes room like a load; with no room it
+        stays charged its true size, over budget."""
+        resized = any(getattr(backend, "resized", False) for backend in model.versions.values())
+        if (model.remeasures <= 0 and not resized) or model.state is not State.READY:
             return
-        model.remeasures -= 1
+        model.remeasures = max(model.remeasures - 1, 0)
         # on a thread: a handler model's worker is measured through /proc, milliseconds the hub must not wait
         sizes = self._pool.apply(_memory, (list(model.versions.values()),))
         if sizes == self.cache.size_of(model):
@@ -336,8 +338,35 @@ class Registry:
         self._discard(model)
 
     def _make_room(self, model: Model, sizes: dict[str, int]) -> None:
+        """Charge `sizes` to `model`: idle extra workers of handler pools end first where the budget
+        lacks room, then idle models are evicted, least recently used first. The pools then learn how
+        many more workers the room left allows."""
+        if not self.cache.fits(model, sizes):
+            sizes = self._shed_extra_workers(model, sizes)
         victims = self.cache.reserve(model, sizes, idle=self._evictable)
         self._evict(victims, f"to make room for '{model.name}'")
+        self._allow_growth()
+
+    def _shed_extra_workers(self, model: Model, sizes: dict[str, int]) -> dict[str, int]:
+        """Ends the idle workers beyond their pool's least, each pool charged again; returns `model`'s
+        own sizes, measured again if its pool shed some."""
+        for pool_model in [m for m in self.ready() if _pools(m)]:
+            if sum(self._pool.apply(pool.shed) for pool in _pools(pool_model)):
+                measured = self._pool.apply(_memory, (list(pool_model.versions.values()),))
+                if pool_model is model:
+                    sizes = measured
+                else:
+                    self.cache.charge(pool_model, measured)
+        return sizes
+
+    def _allow_growth(self) -> None:
+        """Tell each handler pool how many more workers the budget's room holds now, at what one of its
+        workers costs."""
+        room = {device: budget - self.cache.used(device) for device, budget in self.cache.budgets.items()}
+        for model in self.ready():
+            for pool in _pools(model):
+                each = {d: n // max(pool.workers, 1) for d, n in self.cache.size_of(model).items() if n}
+                pool.allow(min((room.get(d, n) // n for d, n in each.items() if d in room), default=pool.instances))
 
     def recover(self, model: Model, device: str, requested: int) -> None:
         """After `model` ran out of memory on `device` asking for `requested` bytes: drop cached blocks,
@@ -411,6 +440,11 @@ def place(config, cache: MemoryCache) -> tuple[str, str]:
     if absent:
         raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
     return max(named or gpus, key=lambda d: cache.budgets[d] - cache.used(d)), ""
+
+
+def _pools(model: Model) -> list:
+    """The model's handler worker pools (backends that grow and shed workers)."""
+    return [backend for backend in model.versions.values() if hasattr(backend, "shed")]
 
 
 def _memory(backends: list) -> dict[str, int]:

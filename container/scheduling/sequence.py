@@ -103,7 +103,8 @@ class SequenceBatcher(Scheduler):
     def infer(self, job: Job) -> tuple[dict, Phases]:
         sequence_id, start, end = self._flags(job)
         if job.items != 1:
-            raise InvalidRequest(f"a request to sequence model '{self.model_name}' carries one item, not {job.items}")
+            raise InvalidRequest(f"inference request to model '{self.model_name}' must specify batch-size 1 due to "
+                                 f"requirements of sequence batcher (this one has {job.items})")  # Triton's words, then why
         sequence = self.sequences.get(sequence_id)
         if sequence is None and start:  # a restart keeps the sequence (its slot, its order) and resets its state
             sequence = self.sequences[sequence_id] = Sequence(self._initial_state())

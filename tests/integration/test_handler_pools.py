@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from container.resources import cpu_quota
-from tests.builders import handler_model, wait_for
+from tests.builders import handler_model, sized_model, wait_for
 
 # predict_fn answers with its worker's pid; a row of [-1] makes the worker die mid-request, and [0] holds
 # it at a gate: its pid goes to a file, then it waits for the FIFO beside it to be opened for writing.
@@ -17,7 +17,7 @@ HANDLER = """
 import os
 
 def model_fn(model_dir):
-    return None
+    return b"x" * ({ballast} << 20)  # pages the worker touches: its own memory, charged to the model
 
 def predict_fn(data, model):
     if data[0][0] < 0:
@@ -39,9 +39,9 @@ def gate(tmp_path):
     return fifo, tmp_path / "held"
 
 
-def pool_model(root, name, gate) -> None:
+def pool_model(root, name, gate, ballast_mib: int = 0) -> None:
     fifo, held = gate
-    handler_model(root, name, HANDLER.format(held=str(held), gate=str(fifo)))
+    handler_model(root, name, HANDLER.format(held=str(held), gate=str(fifo), ballast=ballast_mib))
 
 
 def workers(server) -> list[int]:
@@ -58,6 +58,24 @@ def started(server, count: int) -> list[int]:
 
 def release(fifo) -> None:
     os.close(os.open(fifo, os.O_WRONLY))
+
+
+def release_all(fifo, answers) -> list:
+    """Open the gate until every held request has answered: a request that reaches the gate after an
+    opening waits for the next one. Returns the answers' pids."""
+    def released() -> bool:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: nobody waits at the gate right now
+            pass
+        return all(answer.done() for answer in answers)
+
+    wait_for(released, 60, "the held requests did not answer")
+    return [answer.result().json()[0][0] for answer in answers]
+
+
+def holding(held, count: int) -> None:
+    wait_for(lambda: held.exists() and len(held.read_text().split()) == count, 60, f"{count} requests were not held at once")
 
 
 def test_a_single_model_endpoint_has_a_worker_per_core_and_requests_spread_over_them(start_server, tmp_path, gate):
@@ -120,3 +138,54 @@ def test_a_worker_stuck_past_the_response_timeout_is_replaced_and_its_request_to
     assert answer.json()["error"].startswith("model 'model' did not finish a request within 2 s; its worker process was killed")
     assert server.invoke("model", [[1.0]]).status_code == 200  # a new worker, started by this request
     assert started(server, 1) != [stuck]
+
+
+def test_a_pool_grows_while_requests_wait_and_its_idle_extra_workers_end(start_server, tmp_path, gate):
+    """SAGEMAKER_TS_MAX_WORKERS above the starting one: three requests held at once are three workers;
+    once idle past SERVE_HANDLER_IDLE_SECONDS, the pool is back to one."""
+    fifo, held = gate
+    pool_model(tmp_path / "models", "model", gate)
+    server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_HANDLER_IDLE_SECONDS="1")
+    assert server.load("model").status_code == 200
+    [first] = started(server, 1)
+    with ThreadPoolExecutor(3) as clients:
+        answers = [clients.submit(server.invoke, "model", [[0.0]]) for _ in range(3)]
+        holding(held, 3)
+        assert len(workers(server)) == 3
+        pids = release_all(fifo, answers)
+    assert len(set(pids)) == 3 and first in pids
+    wait_for(lambda: len(workers(server)) == 1, 60, "the extra workers did not end once idle")
+    assert server.invoke("model", [[1.0]]).status_code == 200
+
+
+def test_a_pool_grows_only_as_far_as_the_budget_has_room(start_server, tmp_path, gate):
+    """Workers of about 55 MiB each under a 140 MiB budget: room for two, though three may be asked for."""
+    fifo, held = gate
+    pool_model(tmp_path / "models", "model", gate, ballast_mib=45)
+    server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="140MiB")
+    assert server.load("model").status_code == 200
+    started(server, 1)
+    assert server.invoke("model", [[1.0]]).status_code == 200  # measured: the room now counts in its workers
+    with ThreadPoolExecutor(3) as clients:
+        answers = [clients.submit(server.invoke, "model", [[0.0]]) for _ in range(3)]
+        holding(held, 2)
+        pids = release_all(fifo, answers)
+    assert len(set(pids)) == 2 and len(workers(server)) == 2
+
+
+def test_idle_extra_workers_end_before_another_model_is_evicted(start_server, tmp_path, gate):
+    """A pool of three workers of about 55 MiB under a 300 MiB budget; a 150 MiB model then fits only
+    once the two extra workers end: it loads, and the pool's model serves on with its one worker."""
+    fifo, held = gate
+    pool_model(tmp_path / "models", "pool", gate, ballast_mib=45)
+    sized_model(tmp_path / "models", "big", 150)
+    server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="300MiB")
+    assert server.load("pool").status_code == 200
+    with ThreadPoolExecutor(3) as clients:
+        answers = [clients.submit(server.invoke, "pool", [[0.0]]) for _ in range(3)]
+        holding(held, 3)
+        release_all(fifo, answers)
+    assert len(workers(server)) == 3
+    assert server.load("big").status_code == 200
+    assert set(server.loaded()) == {"pool", "big"} and len(workers(server)) == 1
+    assert server.invoke("pool", [[1.0]]).status_code == 200

@@ -203,11 +203,30 @@ def test_sequence_errors(server, parameters, message):
     assert answer.status_code == 400 and message in answer.json()["error"]
 
 
-def test_a_batch_of_several_items_is_refused_for_a_sequence(server):
-    body = {"parameters": {"sequence_id": 9, "sequence_start": True},
-            "inputs": [{"name": "INPUT", "shape": [2, 1], "datatype": "FP32", "data": [1, 2]}]}
-    answer = requests.post(server.url + "/v2/models/accumulate/infer", json=body)
-    assert answer.status_code == 400 and "carries one item" in answer.json()["error"]
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_batch_of_several_items_is_refused_for_a_sequence_in_tritons_words(server, protocol):
+    """Triton's L0_sequence_batcher test_batch_size: a sequence model with max_batch_size 4 and one
+    instance, sent a sequence whose requests carry two items each. The refused start starts nothing."""
+    import tritonclient.grpc as grpc
+
+    module = http if protocol == "http" else grpc
+    client = (http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=60) if protocol == "http"
+              else grpc.InferenceServerClient(server.grpc_url))
+    deadline = {} if protocol == "http" else {"client_timeout": 60}
+
+    def send(rows: int, **flags):
+        value = module.InferInput("INPUT", [rows, 1], "FP32")
+        value.set_data_from_numpy(np.ones((rows, 1), np.float32))
+        return client.infer("accumulate", [value], sequence_id=27, **flags, **deadline)
+
+    with pytest.raises(InferenceServerException) as refused:
+        send(2, sequence_start=True)
+    assert refused.value.message().startswith(
+        "inference request to model 'accumulate' must specify batch-size 1 due to requirements of sequence batcher")
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        send(1, sequence_end=True)
+    assert send(1, sequence_start=True, sequence_end=True).as_numpy("OUTPUT").tolist() == [[1.0]]
+    client.close()
 
 
 def active_sequences(server) -> float:
