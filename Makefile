@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt examples/models/mlp_export/1/model.pt2
 
-.PHONY: install lock tools serve lint test examples bench bench-triton image clean
+.PHONY: install lock tools serve lint test examples bench bench-triton bench-torchserve image clean
 
 install: $(VENV)/.installed
 
@@ -79,6 +79,14 @@ TRITON_VENV ?= bench/.triton
 bench-triton: install tools
 	test -x $(TRITON_VENV)/bin/python || $(BIN)/python -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==0.7.0 torch==2.13.0
+
+# SageMaker's PyTorch serving stack for the bench's handler scenario: TorchServe (whose workers import
+# yaml without declaring it) and the toolkit's handler service; Java comes from the machine.
+TORCHSERVE_VENV ?= bench/.torchserve
+bench-torchserve: install
+	test -x $(TORCHSERVE_VENV)/bin/python || $(BIN)/python -m venv $(TORCHSERVE_VENV)
+	$(TORCHSERVE_VENV)/bin/pip install --quiet torchserve==0.12.0 torch-model-archiver==0.12.0 \
+		sagemaker-pytorch-inference==2.0.25 torch==2.13.0 Pillow==13.0.0 PyYAML==6.0.4
 
 # The image, with the Docker engine where one runs, else with buildah (rootless machines, CI without
 # Docker). IMAGE_ARGS passes more, e.g. IMAGE_ARGS="--build-arg RUNTIME_IMAGE=nvidia/cuda:…" for the GPU image;
