@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,9 @@ class Server:
             **env,
         }
         environment = {k: str(v) for k, v in environment.items() if v is not None}  # NAME=None: left unset
-        self.log = model_root.parent / f"server-{self.port}.log"
-        with self.log.open("wb") as log:
+        # in the temporary directory, not beside the model root: that may be the repository's own examples/
+        with tempfile.NamedTemporaryFile(prefix=f"server-{self.port}-", suffix=".log", delete=False) as log:
+            self.log = Path(log.name)
             self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
