@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from _queue import Empty  # what the native queue raises
+from collections import Counter
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -56,8 +57,10 @@ class HandlerWorker:
         self._least = options.handler_workers
         self._most = max(options.handler_max_workers, self._least)
         self._options = replace(options, torch_threads=max(1, options.torch_threads // self._most))
-        self._args = (name, str(directory), device, self._options)
-        self._workers = [WorkerProcess(name, serve, self._args) for _ in range(self._least)]
+        self._devices = spread(device, list(options.cuda_contexts))
+        self._device_of: dict[WorkerProcess, str] = {}
+        self._directory = str(directory)
+        self._workers = [self._new_worker() for _ in range(self._least)]
         self._device_bytes: dict[WorkerProcess, dict[str, int]] = {}
         self._last_used: dict[WorkerProcess, float] = {}
         self._idle = NativeQueue()
@@ -76,6 +79,14 @@ class HandlerWorker:
         _spawn(self._start_others, self._workers[1:])
         if self._most > self._least:
             _spawn(self._reap_idle)
+
+    def _new_worker(self) -> WorkerProcess:
+        """A worker on the GPU with the fewest of the pool's workers (on a GPU server), or on the model's device."""
+        held = Counter(self._device_of.values())
+        device = min(self._devices, key=lambda d: held[d])  # the first of the least held: the model's own GPU first
+        worker = WorkerProcess(self.name, serve, (self.name, self._directory, device, self._options))
+        self._device_of[worker] = device
+        return worker
 
     def _start(self, worker: WorkerProcess) -> None:
         with worker.lock:
@@ -132,7 +143,7 @@ class HandlerWorker:
             pass
         with self._members:
             if not self._closing and len(self._workers) < self._least + self._allowed:
-                worker = WorkerProcess(self.name, serve, self._args)
+                worker = self._new_worker()
                 self._workers.append(worker)
                 _spawn(self._start_others, [worker])
         return self._idle.get()
@@ -171,6 +182,7 @@ class HandlerWorker:
                 self._workers.remove(worker)
         self._device_bytes.pop(worker, None)
         self._last_used.pop(worker, None)
+        self._device_of.pop(worker, None)
         self.resized = True
 
     def memory(self) -> dict[str, int]:
@@ -182,7 +194,8 @@ class HandlerWorker:
     def measured(self) -> dict[str, dict[str, int]]:
         self.resized = False
         workers = list(self._workers)
-        return charged(workers, total_by_device([self._device_bytes.get(w, {}) for w in workers]), self._options.cuda_contexts)
+        return charged(workers, total_by_device([self._device_bytes.get(w, {}) for w in workers]), self._options.cuda_contexts,
+                       [self._device_of.get(w, self.device) for w in workers])
 
     def close(self) -> None:
         """Every worker ends; one still loading the model is killed at once."""
@@ -195,6 +208,16 @@ class HandlerWorker:
         for worker in workers:
             with worker.lock:
                 worker.stop()
+
+
+def spread(device: str, gpus: list[str]) -> list[str]:
+    """The devices a pool's workers take in turn: every GPU of the server from the one the model was
+    placed on (so each GPU's context and copy of the model is charged where it is), or `device` alone."""
+    if not device.startswith("cuda") or device not in gpus:
+        return [device]
+    ordered = sorted(gpus, key=lambda d: int(d.split(":")[1]))
+    start = ordered.index(device)
+    return ordered[start:] + ordered[:start]
 
 
 def _native_lock():

@@ -145,7 +145,7 @@ class PythonBackend:
 
     def measured(self) -> dict[str, dict[str, int]]:
         gpu = total_by_device([device_bytes for device_bytes, _ in self._reported.values()])
-        return charged(self._workers, gpu, self._options.cuda_contexts)
+        return charged(self._workers, gpu, self._options.cuda_contexts, [self.device] * len(self._workers))
 
     def metrics(self) -> list[list]:
         """Each instance's custom metric families, as it reported them last (MetricFamily.snapshot)."""

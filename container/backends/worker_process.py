@@ -172,11 +172,12 @@ def _death(exit_code: int | None) -> str:
     return f"exited with code {exit_code}"
 
 
-def charged(workers: list[WorkerProcess], device_bytes: dict[str, int], cuda_contexts: dict[str, int]) -> dict:
+def charged(workers: list[WorkerProcess], device_bytes: dict[str, int], cuda_contexts: dict[str, int],
+            devices: list[str]) -> dict:
     """What `workers` cost, kind → device → bytes: their own pages and GPU bytes with a CUDA context
-    each on their GPU ("load"), and their activation peaks."""
+    each on its GPU (`devices`: each worker's, in order) ("load"), and their activation peaks."""
     sizes = [w.measured() for w in workers]
-    contexts = {d: cuda_contexts.get(d, 0) * len(workers) for d in device_bytes}
+    contexts = total_by_device({d: cuda_contexts[d]} for d in devices if d in cuda_contexts)
     return {"load": total_by_device([{"cpu": sum(s[0] for s in sizes)}, device_bytes, contexts]),
             "activation_peak": {"cpu": max((s[1] for s in sizes), default=0)}}
 

@@ -111,3 +111,34 @@ def _answer(server, name: str, rows):
         return server.invoke(name, rows, timeout=5).json()
     except (requests.RequestException, ValueError):
         return None
+
+
+WHERE = """
+import os
+import torch
+def model_fn(model_dir):
+    return torch.ones(1 << 20, device="cuda")  # 4 MiB on the worker's GPU
+def predict_fn(data, model):
+    return [[os.getpid(), torch.cuda.current_device()]]
+"""
+
+
+def test_a_handler_pool_spreads_over_the_gpus_and_each_worker_is_charged_there(start_server, tmp_path):
+    """Two workers a GPU: requests taken in turn by the idle workers reach every one of them; each GPU has
+    two, and is charged at least their two CUDA contexts and copies of the model."""
+    gpus = torch.cuda.device_count()
+    handler_model(tmp_path / "models", "spread", WHERE)
+    server = start_server(tmp_path / "models", SAGEMAKER_MODEL_SERVER_WORKERS=str(2 * gpus))
+    assert server.load("spread").status_code == 200
+    gpu_of: dict[int, int] = {}  # worker pid → its GPU
+
+    def every_worker_answered() -> bool:
+        pid, gpu = server.invoke("spread", [[0]]).json()[0]
+        gpu_of[pid] = gpu
+        return len(gpu_of) == 2 * gpus
+
+    wait_for(every_worker_answered, 120, "every worker did not answer")
+    assert sorted(gpu_of.values()) == sorted(list(range(gpus)) * 2)
+    metrics = server.metrics()
+    for index in range(gpus):
+        assert metrics[("serve_model_memory_bytes", (("device", f"cuda:{index}"), ("model", "spread")))] >= 2 * (4 << 20)
