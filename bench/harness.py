@@ -114,6 +114,25 @@ class Server:
         os.unlink(self.log.name)
 
 
+def end_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group a peer server started in, then SIGKILL to what is left after a
+    minute; returns once every process of the group has gone (TorchServe's Java outlives its launcher by
+    seconds, and must not run into the next measurement)."""
+    deadline, signalled = time.monotonic() + 60, signal.SIGTERM
+    try:
+        os.killpg(process.pid, signalled)
+        while True:
+            process.poll()  # reaps the leader; the others are reaped by init
+            os.killpg(process.pid, 0)  # raises once no process of the group is left
+            if time.monotonic() > deadline and signalled is signal.SIGTERM:
+                signalled = signal.SIGKILL
+                os.killpg(process.pid, signalled)
+            time.sleep(0.1)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 def ratio(value: float, reference: float) -> str:
     """`value / reference` as a table cell; a reference that served nothing (a smoke run's second) has none."""
     return f"{value / reference:.2f}×" if reference else "—"

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.harness import CORES, PROJECT, free_port, starting_on
+from bench.harness import CORES, PROJECT, end_group, free_port, starting_on
 
 VENV = Path(os.environ.get("TORCHSERVE_VENV", PROJECT / "bench" / ".torchserve"))
 MISSING = "TorchServe: not installed here (`make bench-torchserve` installs it, with Java on the machine), so its rows are left out."
@@ -76,11 +76,5 @@ class TorchServe:
         raise RuntimeError(f"TorchServe did not start {workers} worker(s):\n{tail}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait()
+        end_group(self.process)
         self._scratch.cleanup()

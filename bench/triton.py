@@ -22,6 +22,7 @@ from bench.harness import (
     Load,
     Server,
     cpu_seconds,
+    end_group,
     free_port,
     pin_apart,
     ratio,
@@ -229,11 +230,5 @@ class Triton:
         pin_apart(self.process.pid)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait()
+        end_group(self.process)
         self._scratch.cleanup()
