@@ -65,7 +65,7 @@ class HandlerWorker:
         self._last_used: dict[WorkerProcess, float] = {}
         self._idle = NativeQueue()
         self._members = _native_lock()  # guards _workers: instance threads grow it, the reaper shrinks it
-        self._allowed = self._most - self._least  # extra workers the budget has room for (the registry says)
+        self._allowed = 0  # extra workers the budget has room for: none until the registry says
         self._closing = False
         self._closed = _native_lock()
         self._closed.acquire()  # released by close(): the reaper's sleep ends at once
@@ -115,7 +115,8 @@ class HandlerWorker:
 
     @property
     def workers(self) -> int:
-        return len(self._workers)
+        """Workers that have started (what the pool's measured size is the size of)."""
+        return len(self._device_bytes)
 
     def allow(self, extra: int) -> None:
         """How many workers beyond its least the memory budget has room for now (the registry's word)."""
@@ -199,8 +200,9 @@ class HandlerWorker:
 
     def close(self) -> None:
         """Every worker ends; one still loading the model is killed at once."""
-        self._closing = True
-        self._closed.release()
+        if not self._closing:
+            self._closing = True
+            self._closed.release()
         with self._members:
             workers = list(self._workers)
         for worker in workers:

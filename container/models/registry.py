@@ -182,6 +182,7 @@ class Registry:
         model.state, model.replaces = State.READY, None
         self.models[name] = model
         model.loaded.set(model)
+        self._allow_growth()
         log.info("loaded model", extra={"fields": {"model": name, "url": model.url, "bytes": self.cache.size_of(model),
                                                    "seconds": round(time.monotonic() - model.started, 3)}})
         if current is not None:

@@ -165,7 +165,6 @@ def test_a_pool_grows_only_as_far_as_the_budget_has_room(start_server, tmp_path,
     server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="140MiB")
     assert server.load("model").status_code == 200
     started(server, 1)
-    assert server.invoke("model", [[1.0]]).status_code == 200  # measured: the room now counts in its workers
     with ThreadPoolExecutor(3) as clients:
         answers = [clients.submit(server.invoke, "model", [[0.0]]) for _ in range(3)]
         holding(held, 2)
