@@ -142,7 +142,11 @@ class HandlerWorker:
             return self._idle.get(block=False)
         except Empty:
             pass
-        with self._members:
+        with self._members:  # the reaper holds it while idle workers are out of the queue for a look
+            try:
+                return self._idle.get(block=False)
+            except Empty:
+                pass
             if not self._closing and len(self._workers) < self._least + self._allowed:
                 worker = self._new_worker()
                 self._workers.append(worker)
@@ -160,22 +164,26 @@ class HandlerWorker:
 
     def _end_idle(self, seconds: float) -> int:
         """End the workers beyond the least that have been idle `seconds` or longer."""
-        taken, ended = [], 0
-        while True:
-            try:
-                taken.append(self._idle.get(block=False))
-            except Empty:
-                break
-        now = time.monotonic()
-        for worker in sorted(taken, key=lambda w: self._last_used.get(w, now)):  # the longest idle first
-            if len(self._workers) > self._least and now - self._last_used.get(worker, now) >= seconds:
-                self._forget(worker)
-                with worker.lock:
-                    worker.stop()
-                ended += 1
-            else:
-                self._idle.put(worker)
-        return ended
+        ending = []
+        with self._members:
+            taken = []
+            while True:
+                try:
+                    taken.append(self._idle.get(block=False))
+                except Empty:
+                    break
+            now = time.monotonic()
+            for worker in sorted(taken, key=lambda w: self._last_used.get(w, now)):  # the longest idle first
+                if len(self._workers) > self._least and now - self._last_used.get(worker, now) >= seconds:
+                    self._workers.remove(worker)
+                    ending.append(worker)
+                else:
+                    self._idle.put(worker)
+        for worker in ending:
+            self._forget(worker)
+            with worker.lock:
+                worker.stop()
+        return len(ending)
 
     def _forget(self, worker: WorkerProcess) -> None:
         with self._members:
