@@ -6,12 +6,14 @@ SageMaker layout, and refused with their reasons when they cannot be served."""
 import io
 import json
 import shutil
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import torch
 import tritonclient.grpc as grpcclient
 
@@ -170,14 +172,35 @@ def test_the_package_answers_grpc_invoke_and_tf_serving_alike(server):
 
 
 def test_concurrent_requests_to_a_package_form_batches(server):
+    """Eight clients on connections the server has answered before: the batcher expects each back, so
+    their requests, sent together, wait for one another (a lone request, or one on a connection the
+    server has never answered, runs at once)."""
     ensure(server, "aoti_batched")
     rows = [np.full((1, 4), n, np.float32) for n in range(8)]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda row: v2(server, "aoti_batched", {"INPUT__0": row}), rows, timeout=60))
+
+    def counts() -> tuple[int, int]:
+        counted = server.request("GET", "/v2/models/aoti_batched/stats").json()["model_stats"][0]
+        return counted["inference_count"], counted["execution_count"]
+
+    before = []
+    together = threading.Barrier(len(rows), action=lambda: before.append(counts()), timeout=60)
+
+    def client(row: np.ndarray) -> np.ndarray:
+        with requests.Session() as session:
+            body = {"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [1, 4], "data": row.ravel().tolist()}]}
+            url = f"{server.url}/v2/models/aoti_batched/infer"
+            assert session.post(url, json=body, timeout=60).status_code == 200  # the connection is known from now on
+            together.wait()  # every warm-up answered, and counted
+            answer = session.post(url, json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return np.array(answer.json()["outputs"][0]["data"], np.float32).reshape(1, 3)
+
+    with ThreadPoolExecutor(len(rows)) as pool:
+        answers = list(pool.map(client, rows, timeout=120))
     for row, answer in zip(rows, answers, strict=True):
-        np.testing.assert_allclose(answer["OUTPUT__0"], expected(row), rtol=1e-5)
-    counted = server.request("GET", "/v2/models/aoti_batched/stats").json()["model_stats"][0]
-    assert counted["inference_count"] == 8 and counted["execution_count"] < 8
+        np.testing.assert_allclose(answer, expected(row), rtol=1e-5)
+    inferences, executions = (after - start for after, start in zip(counts(), before[0], strict=True))
+    assert inferences == 8 and executions < 8
 
 
 def test_a_sagemaker_directory_with_model_pt2_is_served_by_the_default_model_fn(server):
