@@ -159,10 +159,11 @@ def test_a_pool_grows_while_requests_wait_and_its_idle_extra_workers_end(start_s
 
 
 def test_a_pool_grows_only_as_far_as_the_budget_has_room(start_server, tmp_path, gate):
-    """Workers of about 55 MiB each under a 140 MiB budget: room for two, though three may be asked for."""
+    """Workers of about 70 MiB each under a 160 MiB budget: room for two, though three may be asked for
+    (and so whether a worker weighs 56 MiB or 80)."""
     fifo, held = gate
-    pool_model(tmp_path / "models", "model", gate, ballast_mib=45)
-    server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="140MiB")
+    pool_model(tmp_path / "models", "model", gate, ballast_mib=60)
+    server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="160MiB")
     assert server.load("model").status_code == 200
     started(server, 1)
     with ThreadPoolExecutor(3) as clients:
@@ -173,11 +174,12 @@ def test_a_pool_grows_only_as_far_as_the_budget_has_room(start_server, tmp_path,
 
 
 def test_idle_extra_workers_end_before_another_model_is_evicted(start_server, tmp_path, gate):
-    """A pool of three workers of about 55 MiB under a 300 MiB budget; a 150 MiB model then fits only
-    once the two extra workers end: it loads, and the pool's model serves on with its one worker."""
+    """A pool of three workers of about 55 MiB under a 300 MiB budget; a 200 MiB model then fits only
+    once the two extra workers end (with room to spare either way, should a worker weigh 45 or 70 MiB):
+    it loads, and the pool's model serves on with its one worker."""
     fifo, held = gate
     pool_model(tmp_path / "models", "pool", gate, ballast_mib=45)
-    sized_model(tmp_path / "models", "big", 150)
+    sized_model(tmp_path / "models", "big", 200)
     server = start_server(tmp_path / "models", SAGEMAKER_TS_MAX_WORKERS="3", SERVE_MEMORY_LIMIT="300MiB")
     assert server.load("pool").status_code == 200
     with ThreadPoolExecutor(3) as clients:
