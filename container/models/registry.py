@@ -367,7 +367,7 @@ class Registry:
         for model in self.ready():
             for pool in _pools(model):
                 each = {d: n // max(pool.workers, 1) for d, n in self.cache.size_of(model).items() if n}
-                pool.allow(min((room.get(d, n) // n for d, n in each.items() if d in room), default=pool.instances))
+                pool.allow(min((room[d] // n for d, n in each.items() if d in room), default=pool.instances))
 
     def recover(self, model: Model, device: str, requested: int) -> None:
         """After `model` ran out of memory on `device` asking for `requested` bytes: drop cached blocks,
