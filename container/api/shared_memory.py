@@ -158,9 +158,9 @@ class SharedMemory:
         if region is None:  # Triton's words, here and below
             raise RegionNotFound(f"Unable to find {kind} shared memory region: '{name}'")
         if not isinstance(region, _KINDS[kind]):
-            other = "system" if kind == "cuda" else "CUDA"
-            raise RegionNotFound(f"The region named '{name}' is registered as {other} shared memory, not "
-                                 f"{'CUDA' if kind == 'cuda' else 'system'} shared memory")
+            wanted, registered = ("CUDA", "system") if kind == "cuda" else ("system", "CUDA")
+            raise RegionNotFound(f"The region named '{name}' is registered as {registered} shared memory, not "
+                                 f"{wanted} shared memory")
         return [region.status()]
 
     def read(self, name: str, offset: int, byte_size: int) -> bytes:

@@ -59,6 +59,7 @@ class Model:
     state: State = State.LOADING
     source: ModelSource | None = None
     versions: dict = field(default_factory=dict)  # version → backend object
+    pools: list = field(default_factory=list)  # its backends that are handler worker pools (grow, shed, resize)
     config: object = None  # the Triton ModelConfig; None for SageMaker handler models
     signature: Signature | None = None  # None for SageMaker handler models (bytes in, bytes out)
     version_labels: dict[str, int] = field(default_factory=dict)  # from config.json's version_labels
@@ -303,6 +304,7 @@ class Registry:
         if not ok:
             raise backends
         model.versions = backends
+        model.pools = [backend for backend in backends.values() if hasattr(backend, "shed")]
         measured = self._pool.apply(_memory, (list(backends.values()),)) or {device: source.estimated_bytes()}
         self._make_room(model, measured)
         self._measured[str(path)] = measured
@@ -317,7 +319,7 @@ class Registry:
         """While the model's cost settles, or after its worker pool grew or shrank, charge what its
         backends measure now. A model that grew past the budget makes room like a load; with no room it
         stays charged its true size, over budget."""
-        resized = any(getattr(backend, "resized", False) for backend in model.versions.values())
+        resized = any(pool.resized for pool in model.pools)  # per request: no backend but a pool is looked at
         if (model.remeasures <= 0 and not resized) or model.state is not State.READY:
             return
         model.remeasures = max(model.remeasures - 1, 0)
@@ -351,8 +353,8 @@ class Registry:
     def _shed_extra_workers(self, model: Model, sizes: dict[str, int]) -> dict[str, int]:
         """Ends the idle workers beyond their pool's least, each pool charged again; returns `model`'s
         own sizes, measured again if its pool shed some."""
-        for pool_model in [m for m in self.ready() if _pools(m)]:
-            if sum(self._pool.apply(pool.shed) for pool in _pools(pool_model)):
+        for pool_model in [m for m in self.ready() if m.pools]:
+            if sum(self._pool.apply(pool.shed) for pool in pool_model.pools):
                 measured = self._pool.apply(_memory, (list(pool_model.versions.values()),))
                 if pool_model is model:
                     sizes = measured
@@ -365,7 +367,7 @@ class Registry:
         workers costs."""
         room = {device: budget - self.cache.used(device) for device, budget in self.cache.budgets.items()}
         for model in self.ready():
-            for pool in _pools(model):
+            for pool in model.pools:
                 each = {d: n // max(pool.workers, 1) for d, n in self.cache.size_of(model).items() if n}
                 pool.allow(min((room[d] // n for d, n in each.items() if d in room), default=pool.instances))
 
@@ -441,11 +443,6 @@ def place(config, cache: MemoryCache) -> tuple[str, str]:
     if absent:
         raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
     return max(named or gpus, key=lambda d: cache.budgets[d] - cache.used(d)), ""
-
-
-def _pools(model: Model) -> list:
-    """The model's handler worker pools (backends that grow and shed workers)."""
-    return [backend for backend in model.versions.values() if hasattr(backend, "shed")]
 
 
 def _memory(backends: list) -> dict[str, int]:
