@@ -210,6 +210,8 @@ def test_a_batch_of_several_items_is_refused_for_a_sequence_in_tritons_words(ser
     import tritonclient.grpc as grpc
 
     module = http if protocol == "http" else grpc
+    if protocol == "grpc":
+        wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
     client = (http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=60) if protocol == "http"
               else grpc.InferenceServerClient(server.grpc_url))
     deadline = {} if protocol == "http" else {"client_timeout": 60}

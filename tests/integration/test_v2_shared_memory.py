@@ -10,7 +10,7 @@ import tritonclient.http as http
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import fp32_model
+from tests.builders import fp32_model, wait_for
 
 BYTES = 2 * 4 * 4  # FP32 [2, 4]
 
@@ -89,6 +89,8 @@ def test_an_output_offset_past_the_region_is_refused_in_tritons_words(server, re
     import tritonclient.grpc as grpc
 
     module = http if protocol == "http" else grpc
+    if protocol == "grpc":
+        wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
     client = regions[0] if protocol == "http" else grpc.InferenceServerClient(server.grpc_url)
     deadline = {} if protocol == "http" else {"client_timeout": 60}  # the HTTP client's is its network_timeout, 60 s
     for name in ("input", "output"):
