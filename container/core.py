@@ -5,11 +5,12 @@ executions, by the scheduler that batches them). The core makes each model's sch
 registry has loaded it, and closes it once the registry has freed it. Front-ends read a `ModelView`,
 never the registry's records."""
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import gevent
 import gevent.queue
@@ -33,10 +34,12 @@ from container.models.registry import Model, Registry, State
 from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
+from container.scheduling.base import as_done
 from container.tensors import decoded_size
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
+_generations = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,14 @@ class ModelView:
     output_labels: Mapping[str, tuple[str, ...]]  # output → class labels
     placement: str  # why the model runs where it runs, when not where its config asks
     decoupled: bool  # it answers a request with any number of responses (its transaction policy)
+    generation: int  # this load's number, never given to another: what a front-end's copy of the signature names
 
     @classmethod
     def of(cls, model: Model) -> "ModelView":
         return cls(model.name, model.url, tuple(sorted(model.versions)), model.config, model.signature,
                    MappingProxyType(dict(model.version_labels)),
                    MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement,
-                   model.config is not None and model.config.model_transaction_policy.decoupled)
+                   model.config is not None and model.config.model_transaction_policy.decoupled, next(_generations))
 
     @property
     def latest(self) -> int:
@@ -173,28 +177,65 @@ class Core:
                 return Lease(self._registry, model, max(model.versions), client)
         raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
 
+    def leases(self, name: str, version: int | None, clients: list[Client | None], *,
+               not_found: Callable[..., Exception] | None = None) -> list[Lease]:
+        """`lease` for requests to one model and version that arrived together, one from each of `clients`:
+        the model resolved once."""
+        first = self.lease(name, version, not_found=not_found, client=clients[0])
+        return [first, *(Lease(self._registry, first.model, first.version, client) for client in clients[1:])]
+
     def infer(self, lease: Lease, request: InferRequest) -> InferResponse:
         """Tensors in, tensors out, through the leased model's scheduler: the inputs checked against its
         signature here, for every protocol."""
-        model, version, signature = lease.model, lease.version, lease.signature
+        [(_, result)] = self.infer_all([lease], [request])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def infer_all(self, leases: list[Lease], requests: list[InferRequest]) -> Iterator[tuple[int, object]]:
+        """`infer` for requests to one model and version that arrived together, each under its own lease
+        (`leases`): (position, its InferResponse or the exception it failed with), as each finishes. The
+        scheduler takes them together, so a batcher sees them all at once."""
+        model, version, signature = leases[0].model, leases[0].version, leases[0].signature
         backend, statistics = model.versions[version], model.statistics[version]
         start = time.perf_counter_ns()
+        jobs, positions = [], []
+        for position, request in enumerate(requests):
+            try:
+                jobs.append(self._job(signature, backend, statistics, request))
+                positions.append(position)
+            except Exception as exc:
+                self._failed(statistics, start, exc)
+                yield position, exc
+        if not jobs:
+            return
+        pending = set(range(len(jobs)))
+        run = model.scheduler.infer_all if not isinstance(backend, Ensemble) else \
+            (lambda batch: as_done(lambda job: (ensembles.run(backend, job.inputs, job.outputs, self._infer_step), Phases()), batch))
         try:
-            self.limits.check_decoded(decoded_size(request.inputs.values()))
-            signature.check_inputs(request.inputs)
-            if request.outputs:
-                signature.check_outputs(request.outputs)
-            items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
-            if isinstance(backend, Ensemble):
-                outputs, phases = ensembles.run(backend, request.inputs, request.outputs, self._infer_step), Phases()
-            else:
-                outputs, phases = model.scheduler.infer(new_job(backend, statistics, request, items))
-        except BaseException as exc:
-            self._failed(statistics, start, exc)
+            for index, result in run(jobs):
+                pending.discard(index)
+                if isinstance(result, Exception):
+                    self._failed(statistics, start, result)
+                    yield positions[index], result
+                    continue
+                outputs, phases = result
+                statistics.record_success(jobs[index].items, time.perf_counter_ns() - start, phases)
+                yield positions[index], InferResponse(model.name, version, outputs)
+        except BaseException as exc:  # the caller went away, or the process is stopping
+            for _ in pending:
+                self._failed(statistics, start, exc)
             raise
-        statistics.record_success(items, time.perf_counter_ns() - start, phases)
         self._registry.remeasure(model)
-        return InferResponse(model.name, version, outputs)
+
+    def _job(self, signature: Signature, backend, statistics: Statistics, request: InferRequest):
+        """A request as its scheduler takes it, once its inputs pass the model's signature and the limits."""
+        self.limits.check_decoded(decoded_size(request.inputs.values()))
+        signature.check_inputs(request.inputs)
+        if request.outputs:
+            signature.check_outputs(request.outputs)
+        items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
+        return new_job(backend, statistics, request, items)
 
     def responses(self, lease: Lease, request: InferRequest):
         """`infer` as its responses, each as it is sent: (outputs, or the error it carries, or None for a

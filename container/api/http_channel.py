@@ -8,12 +8,13 @@ the front-end itself is gone). V2 inference is the exception: a front-end serves
 
 from typing import Callable
 
-from container.api import v2_dataplane
+from container.api import v2_dataplane, v2_views
 from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
+from container.channel import wire
 from container.channel.blobs import large
 from container.core import Core
-from container.inference import Client
+from container.inference import Client, InferRequest
 
 
 class FrontEndClients:
@@ -49,24 +50,65 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         response = dispatcher.serve(request)
         return [response.status, response.headers, large(response.body)]
 
-    def v2_infer(front_end: int, number: int, requests: int, name: str, version: str | None, header_length: str | None,
-                 document: dict | None, data, heavy: bool) -> list:
-        """A V2 inference, answered with the response's body and headers: `document` is the request's JSON,
-        which the front-end parsed, and `data` the binary part after it; or None and the whole body, when
-        the front-end could not parse it (a raw binary request, or a malformed one): parsed here once the
-        model is leased, so errors come in the order one process gives them."""
-        def parsed(_signature):
-            return document, memoryview(data)
+    def v2_infer(front_end: int, name: str, version: str | None, calls: list[list]):
+        """V2 inferences of one model and version that a front-end received together and leaves to this
+        process to decode, each [its connection's number, the requests that connection has carried, its
+        Inference-Header-Content-Length, document, data, heavy]: `document` is the request's JSON, which
+        the front-end parsed, and `data` the binary part after it; or None and the whole body, when the
+        front-end could not parse it (a raw binary request, or a malformed one): parsed here once the
+        model is leased, so errors come in the order one process gives them. Yields [position, None, the
+        answer's body, its headers] for each, or [position, error], as each is done."""
+        requests = [(v2_dataplane.document_request(core, shared_memory, _parser(name, header_length, document, data, heavy),
+                                                   heavy), clients.get(front_end, number, count))
+                    for number, count, header_length, document, data, heavy in calls]
+        for position, result in v2_dataplane.infer_group(core, name, version, requests):
+            if isinstance(result, Exception):
+                yield [position, wire.error_of(result)]
+                continue
+            body, headers = answer_body(*result, calls[position][5])
+            yield [position, None, large(body), headers]
 
-        parse = parsed if document is not None else parser(name, data if isinstance(data, bytes) else bytes(data),
-                                                           header_length, heavy)
-        answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, parse,
-                                            clients.get(front_end, number, requests), heavy)
-        body, headers = answer_body(answer, chunks, heavy)
-        return [large(body), headers]
+    def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
+        """V2 inferences a front-end received together and decoded itself against the model's view
+        (v2_views.py), each [connection number, its requests, the view's generation, inputs, the outputs
+        asked for (None: all), parameters, request id]. Yields [position, None, the version that ran,
+        its outputs] for each, or [position, error], or [position, None] when the model's load is no longer
+        the view's: the front-end fetches the view again and decodes anew."""
+        requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
+                     clients.get(front_end, number, count))
+                    for number, count, generation, inputs, outputs, parameters, request_id in calls]
+        for position, result in v2_dataplane.infer_group(core, name, version, requests):
+            if isinstance(result, _Stale):
+                yield [position, None]
+            elif isinstance(result, Exception):
+                yield [position, wire.error_of(result)]
+            else:
+                yield [position, None, result.model_version, result.outputs]
 
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
-    return {"http": http, "v2_infer": v2_infer, "connection_closed": clients.close, "probes": probes}
+    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors,
+            "v2_view": lambda name: v2_views.description(core.ready_model(name)), "connection_closed": clients.close, "probes": probes}
+
+
+class _Stale(Exception):
+    """A request decoded against a view of a load that no longer serves."""
+
+
+def _tensor_request(generation: int, request: InferRequest):
+    """`decode` for infer_group: a request a front-end decoded, answered with the core's response."""
+
+    def decode(lease):
+        if lease.view.generation != generation:
+            raise _Stale()
+        return request, lambda response: response
+
+    return decode
+
+
+def _parser(name: str, header_length: str | None, document: dict | None, data, heavy: bool):
+    if document is None:
+        return parser(name, data if isinstance(data, bytes) else bytes(data), header_length, heavy)
+    return lambda _signature: (document, memoryview(data))

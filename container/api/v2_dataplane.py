@@ -4,14 +4,14 @@ is V2's JSON-shaped document (decoded from JSON, or built from protobuf) with it
 the answers are documents too, and each protocol writes them its own way."""
 
 from importlib.metadata import version as package_version
+from typing import Iterator
 
 from container import errors
-from container.api import offload, v2_codec
+from container.api import v2_codec, v2_requests
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
-from container.inference import Client, InferRequest
+from container.inference import Client
 from container.limits import check_name, whole_number
-from container.models.signature import Signature
 from container.models.statistics import Duration, Statistics
 
 EXTENSIONS = [
@@ -19,8 +19,6 @@ EXTENSIONS = [
     "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
     "statistics", "logging",
 ]
-SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
-                         "priority": (int,), "timeout": (int,)}
 PLATFORMS = {"pytorch": "pytorch_libtorch", "python": "python"}
 
 
@@ -78,12 +76,65 @@ def infer(core: Core, shared_memory, name: str, version: str | None, parse, clie
     thread, off the hub (a large request, or one that reads shared memory). Returns the answer's document and
     the binary data of its outputs sent as binary, in order. `decoupled`: the refusal a decoupled model's
     request gets, in the words of the transport's Triton endpoint."""
-    with _lease(core, name, version, client) as lease:
-        if lease.view.decoupled:
+    [(_, result)] = infer_group(core, name, version, [(document_request(core, shared_memory, parse, heavy), client)],
+                                decoupled)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def infer_group(core: Core, name: str, version: str | None, requests: list[tuple],
+                decoupled: str = HTTP_DECOUPLED) -> Iterator[tuple[int, object]]:
+    """Inferences of one model and version that arrived together, each (decode, client): the model leased
+    once for them all, each request's `decode(lease)` → (InferRequest, finish), and their inferences handed
+    to its scheduler together. Yields (position, `finish(response)` or the exception it failed with) for
+    each, as each is done; one request's failure is its own."""
+    try:
+        leases = _leases(core, name, version, [client for _, client in requests])
+        if leases[0].view.decoupled:
             raise InvalidRequest(decoupled)
-        document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
-        response = core.infer(lease, request)
-        return _answer(document, request, response.model_version, response.outputs, requested, lease, shared_memory)
+    except Exception as exc:  # the model, or the version, is not there: each request is told
+        yield from ((position, exc) for position in range(len(requests)))
+        return
+    held = dict(enumerate(leases))
+    for lease in leases:
+        lease.__enter__()
+    try:
+        decoded, positions = [], []
+        for position, (decode, _) in enumerate(requests):
+            try:
+                decoded.append(decode(leases[position]))
+                positions.append(position)
+            except Exception as exc:
+                held.pop(position).__exit__()
+                yield position, exc
+        running = core.infer_all([leases[p] for p in positions], [request for request, _ in decoded]) if decoded else ()
+        for index, response in running:
+            position, finish = positions[index], decoded[index][1]
+            try:
+                result = response if isinstance(response, Exception) else finish(response)
+            except Exception as exc:
+                result = exc
+            held.pop(position).__exit__()
+            yield position, result
+    finally:
+        for lease in held.values():
+            lease.__exit__()
+
+
+def document_request(core: Core, shared_memory, parse, heavy: bool):
+    """`decode` for infer_group: a request's document and binary data (`parse(signature)`), decoded here and
+    answered with the answer's document and binary chunks."""
+
+    def decode(lease):
+        document, binary = parse(lease.signature)
+        request, requested = v2_requests.decode_request(document, binary, lease.signature, shared_memory, core.limits, lease.name, heavy)
+        view = lease.view
+        return request, lambda response: v2_requests.answer(document, request, response.model_name, response.model_version,
+                                                response.outputs, requested, view.signature, view.output_labels,
+                                                shared_memory)
+
+    return decode
 
 
 def infer_stream(core: Core, shared_memory, name: str, version: str | None, parse, heavy: bool = False):
@@ -91,45 +142,25 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
     A decoupled model's responses come each as it sends it (a final flag without a response is an item
     with no answer); any other model's one answer is one final item."""
     with _lease(core, name, version) as lease:
-        document, request, requested = _decode(core, shared_memory, lease, parse, heavy)
-        version = lease.version
+        document, binary = parse(lease.signature)
+        request, requested = v2_requests.decode_request(document, binary, lease.signature, shared_memory, core.limits, lease.name, heavy)
+        view, version = lease.view, lease.version
         for outcome, final in core.responses(lease, request):
             if isinstance(outcome, Exception):
                 yield None, [], final, outcome
             elif outcome is None:
                 yield None, [], final, None
             else:
-                yield *_answer(document, request, version, outcome, requested, lease, shared_memory), final, None
+                yield *v2_requests.answer(document, request, view.name, version, outcome, requested, view.signature,
+                              view.output_labels, shared_memory), final, None
 
 
 def _lease(core: Core, name: str, version: str | None, client: Client | None = None):
     return core.lease(name, _version(version), not_found=lambda _, *v: _unknown(core, name, *v), client=client)
 
 
-def _decode(core: Core, shared_memory, lease, parse, heavy: bool) -> tuple[dict, InferRequest, list]:
-    """The request's document, the core's request, and the outputs it asks for."""
-    signature: Signature = lease.signature
-    document, binary = parse(signature)
-    parameters = _request_parameters(document)
-    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, core.limits, lease.name)
-    requested = v2_codec.requested_outputs(document)
-    names = [r["name"] for r in requested] if requested else None
-    request_id = document.get("id", "")
-    return document, InferRequest(inputs, names, parameters, request_id=request_id if isinstance(request_id, str) else ""), requested
-
-
-def _answer(document: dict, request: InferRequest, version: int, outputs: dict, requested, lease,
-            shared_memory) -> tuple[dict, list[bytes]]:
-    answer = {"model_name": lease.name, "model_version": str(version)}
-    if "id" in document:
-        answer["id"] = document["id"]
-    binary = request.parameters.get("binary_data_output", False)
-    entries, chunks = offload.encode(_encode, outputs, requested, binary, lease.view, shared_memory)
-    return {**answer, "outputs": entries}, chunks
-
-
-def _encode(outputs: dict, requested, binary: bool, view: ModelView, shared_memory):
-    return v2_codec.encode_outputs(outputs, requested, binary, view.signature, view.output_labels, shared_memory)
+def _leases(core: Core, name: str, version: str | None, clients: list[Client | None]):
+    return core.leases(name, _version(version), clients, not_found=lambda _, *v: _unknown(core, name, *v))
 
 
 def repository_index(core: Core, ready_only) -> list[dict]:
@@ -212,25 +243,6 @@ def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound
     if version is not None:
         return ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
     return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
-
-
-def _request_parameters(document: dict) -> dict:
-    parameters = document.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise InvalidRequest("'parameters' must be an object")
-    if not parameters:  # most requests: nothing to check
-        return parameters
-    for key, types in SCHEDULING_PARAMETERS.items():
-        value = parameters.get(key)
-        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
-            raise InvalidRequest(f"parameter '{key}' must be {' or '.join(t.__name__ for t in types)}")
-        if key in ("priority", "timeout") and value is not None and value < 0:
-            raise InvalidRequest(f"parameter '{key}' must not be negative")
-    if not isinstance(parameters.get("binary_data_output", False), bool):
-        raise InvalidRequest("parameter 'binary_data_output' must be true or false")
-    if any(key.startswith("triton_") for key in parameters):
-        raise InvalidRequest("parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
-    return parameters
 
 
 def _model_statistics(view: ModelView, version: int, stats: Statistics) -> dict:

@@ -95,11 +95,8 @@ class ChannelServer:
                     outbox.send(wire.pack([call_id, wire.ITEM, item], self.blobs))
                 result = None
             answer = [call_id, wire.ANSWER, result]
-        except ServeError as exc:
+        except Exception as exc:
             answer = [call_id, wire.ERROR, wire.error_of(exc)]
-        except Exception:
-            log.exception("channel call failed", extra={"fields": {"call": call_id}})
-            answer = [call_id, wire.ERROR, ["ServeError", "internal error in the model process; see its log", 500]]
         try:
             data = wire.pack(answer, self.blobs)
         except (ServeError, TypeError, ValueError) as exc:

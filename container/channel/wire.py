@@ -7,6 +7,7 @@ makes only plain values and numeric arrays (no code runs, no object dtype from t
 peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels
 beside the frame, in shared memory (blobs.py), and arrives as a read-only memoryview."""
 
+import logging
 import math
 import struct
 
@@ -18,6 +19,7 @@ from container.channel.blobs import Blobs, Large
 from container.errors import PayloadTooLarge, ServeError
 from container.tensors import DATATYPES, little_endian, pack_strings, unpack_strings
 
+log = logging.getLogger(__name__)
 LENGTH = struct.Struct("<I")
 ANSWER, ERROR, ITEM = 0, 1, 2  # what a frame from the model process carries
 MAX_FRAME = (1 << 32) - 1
@@ -61,8 +63,13 @@ def unpack(body, blobs: Blobs | None = None) -> object:
     return msgpack.unpackb(body, ext_hook=extension, raw=False, strict_map_key=False, use_list=True)
 
 
-def error_of(exc: ServeError) -> list:
-    return [type(exc).__name__, str(exc), exc.status]
+def error_of(exc: Exception) -> list:
+    """`exc` as the peer raises it again; an exception outside the tree is a bug here, logged with its
+    traceback and sent as a 500 that shows nothing of it."""
+    if isinstance(exc, ServeError):
+        return [type(exc).__name__, str(exc), exc.status]
+    log.error("channel call failed", exc_info=exc)
+    return ["ServeError", "internal error in the model process; see its log", 500]
 
 
 def raise_error(name: str, message: str, status: int) -> None:

@@ -27,17 +27,17 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from werkzeug.exceptions import HTTPException
 
-from container.api import offload, v2_codec
 from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
 from container.api.tfserving_json import MOUNT
 from container.api.v2_generate_stream import stream_routes
-from container.api.v2_infer import infer_routes, is_raw
+from container.api.v2_infer import infer_routes
 from container.channel import max_call
 from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
-from container.errors import InvalidRequest, PayloadTooLarge, ServeError, Unavailable
+from container.errors import ServeError, Unavailable
+from container.http_frontend.inference import RemoteInference
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -64,12 +64,12 @@ class ChannelDispatcher:
     here (the `local` pipeline, with the inference over the channel); refusals render here."""
 
     def __init__(self, settings: Settings, channel_path: str):
-        self.local = Dispatcher(Routes([*infer_routes(self._infer, settings.max_payload_bytes),
+        self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
+        self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, settings.limits), settings.max_payload_bytes),
                                         *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
         self.too_large, self.refuse = self.local.too_large, self.local.refuse
-        self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
         self.probes = Routes([])
         self.ready = Event()  # set once the probes are known: then this process accepts connections
         self._connections = 0
@@ -95,29 +95,6 @@ class ChannelDispatcher:
         except (HTTPException, ServeError):  # a miss, in werkzeug's words or a mount's (TF Serving's)
             return False
         return True
-
-    def _infer(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
-        """The inference of a V2 request whose HTTP is served here: its JSON parsed here, or, when it does
-        not parse (a raw binary request needs the model's signature; a malformed one is refused after the
-        model's own checks, as in one process), its whole body parsed by the model process."""
-        header_length = request.header(v2_codec.HEADER_LENGTH)
-        document, data = None, body
-        if not is_raw(header_length):
-            try:
-                document, data = offload.run(heavy, _parse, body, header_length)
-            except InvalidRequest:
-                pass
-        client = request.client
-        call = ("v2_infer", os.getpid(), client.number, client.requests, request.params["name"], request.params.get("version"),
-                header_length)
-        try:
-            return self.channel.call(*call, document, large(data), heavy)
-        except PayloadTooLarge:
-            if document is None:
-                raise
-        # Parsed, it is too large to cross (JSON's numbers as msgpack's, up to 9 bytes each): the body is
-        # not, as its limit is the call's, so the model process parses it as one process would.
-        return self.channel.call(*call, None, large(body), heavy)
 
     def _generate_events(self, name: str, version: str | None, body: dict):
         return self.channel.stream("generate_stream", name, version, body)
@@ -158,12 +135,6 @@ class ChannelDispatcher:
             self.probes = Routes([Route(method, template, None, "health", {}) for method, template in routes])
             self.ready.set()
             return
-
-
-def _parse(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
-    """A V2 request's document, its JSON data already typed, and the binary data after it."""
-    document, data = v2_codec.split(body, header_length)
-    return v2_codec.typed_data(document), data
 
 
 def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_timeout: float, fds: list[int]) -> None:

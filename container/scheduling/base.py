@@ -7,9 +7,11 @@ before the next one is read, and batches would never form."""
 
 import time
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Iterator
 
+import gevent
 from gevent.event import Event
+from gevent.queue import Queue
 
 from container.inference import Client
 
@@ -31,6 +33,11 @@ class Scheduler:
             yield
         finally:
             self.request_left(client)
+
+    def infer_all(self, jobs: list) -> Iterator[tuple[int, object]]:
+        """For jobs that arrived together: (position, (outputs, phases) or the exception it failed with) for
+        each, as each finishes; each runs as a request of its own would (`infer`)."""
+        return as_done(self.infer, jobs)
 
     def request_arrived(self, client: Client | None = None) -> None:
         self.requests += 1
@@ -85,3 +92,24 @@ class Scheduler:
     def sequences_active(self) -> int:
         """Sequences holding state (only the sequence batcher has any)."""
         return 0
+
+
+def as_done(function: Callable, items: list) -> Iterator[tuple[int, object]]:
+    """(position, `function(item)` or the Exception it raised) for each of `items`, as each returns: each
+    called in a greenlet of its own, so that they wait for what they wait for together."""
+    if len(items) == 1:
+        yield 0, outcome(function, items[0])
+        return
+    done = Queue()
+    for position, item in enumerate(items):
+        gevent.spawn_raw(lambda p, i: done.put((p, outcome(function, i))), position, item)
+    for _ in items:
+        yield done.get()
+
+
+def outcome(function: Callable, *args):
+    """`function(*args)`, or the Exception it raised."""
+    try:
+        return function(*args)
+    except Exception as exc:
+        return exc

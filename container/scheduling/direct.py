@@ -3,12 +3,13 @@ threads), waited on without blocking the gevent hub — or, for a model whose re
 shorter than a thread hand-off is worth, on the hub itself (inline.py)."""
 
 import time
+from typing import Iterator
 
 from gevent.event import Event
 
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
-from container.scheduling.base import Scheduler
+from container.scheduling.base import Scheduler, outcome
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, call, on_loop, on_thread, run_batch
@@ -42,6 +43,15 @@ class DirectScheduler(Scheduler):
         if isinstance(outputs, Exception):
             raise outputs
         return outputs, phases
+
+    def infer_all(self, jobs: list[Job]) -> Iterator[tuple[int, object]]:
+        """Jobs of a model that runs on the loop run one after another, each answered as it finishes: the
+        loop would run them one at a time anyway, and needs no greenlet for each."""
+        if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
+            yield from super().infer_all(jobs)
+            return
+        for position, job in enumerate(jobs):
+            yield position, outcome(self.infer, job)
 
     def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
         """A handler model's request: `fn(*args)` on an instance thread."""

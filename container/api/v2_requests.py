@@ -1,0 +1,54 @@
+"""V2 documents as the core's requests, and the core's responses as V2 documents: the decoding and
+encoding that an HTTP front-end does itself, against the view it holds of the model (v2_views.py), and
+that the model process does for every other request (v2_dataplane.py). Nothing here knows the core."""
+
+from container.api import offload, v2_codec
+from container.errors import InvalidRequest
+from container.inference import InferRequest
+from container.limits import Limits
+from container.models.signature import Signature
+
+SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
+                         "priority": (int,), "timeout": (int,)}
+
+
+def decode_request(document: dict, binary, signature: Signature, shared_memory, limits: Limits, name: str,
+                   heavy: bool = False) -> tuple[InferRequest, list[dict] | None]:
+    """The core's request for a V2 document and its binary data, checked against `signature`, and the
+    outputs it asks for. An HTTP front-end decodes here with the signature it holds (shared_memory None)."""
+    parameters = request_parameters(document)
+    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, limits, name)
+    requested = v2_codec.requested_outputs(document)
+    names = [r["name"] for r in requested] if requested else None
+    request_id = document.get("id", "")
+    return InferRequest(inputs, names, parameters, request_id=request_id if isinstance(request_id, str) else ""), requested
+
+
+def answer(document: dict, request: InferRequest, name: str, version: int, outputs: dict, requested,
+           signature: Signature, labels, shared_memory) -> tuple[dict, list[bytes]]:
+    """The answer's document and the binary chunks after it; `labels`: the model's output labels."""
+    head = {"model_name": name, "model_version": str(version)}
+    if "id" in document:
+        head["id"] = document["id"]
+    binary = request.parameters.get("binary_data_output", False)
+    entries, chunks = offload.encode(v2_codec.encode_outputs, outputs, requested, binary, signature, labels, shared_memory)
+    return {**head, "outputs": entries}, chunks
+
+
+def request_parameters(document: dict) -> dict:
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidRequest("'parameters' must be an object")
+    if not parameters:  # most requests: nothing to check
+        return parameters
+    for key, types in SCHEDULING_PARAMETERS.items():
+        value = parameters.get(key)
+        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
+            raise InvalidRequest(f"parameter '{key}' must be {' or '.join(t.__name__ for t in types)}")
+        if key in ("priority", "timeout") and value is not None and value < 0:
+            raise InvalidRequest(f"parameter '{key}' must not be negative")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidRequest("parameter 'binary_data_output' must be true or false")
+    if any(key.startswith("triton_") for key in parameters):
+        raise InvalidRequest("parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
+    return parameters
