@@ -35,7 +35,6 @@ from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.scheduling.base import as_done
-from container.tensors import decoded_size
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
@@ -230,10 +229,8 @@ class Core:
 
     def _job(self, signature: Signature, backend, statistics: Statistics, request: InferRequest):
         """A request as its scheduler takes it, once its inputs pass the model's signature and the limits."""
-        self.limits.check_decoded(decoded_size(request.inputs.values()))
-        signature.check_inputs(request.inputs)
-        if request.outputs:
-            signature.check_outputs(request.outputs)
+        if not request.checked:
+            signature.check(request.inputs, request.outputs, self.limits)
         items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
         return new_job(backend, statistics, request, items)
 

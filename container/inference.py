@@ -17,6 +17,8 @@ class InferRequest:
     # for none; final); called on the event loop. None: the request takes one response only.
     respond: Callable[[dict | Exception | None, bool], None] | None = None
     request_id: str = ""  # the client's id for it (V2's `id`), as python models see it
+    # checked already (Signature.check), by a front-end against its view of the very load that runs it
+    checked: bool = False
 
 
 @dataclass

@@ -69,8 +69,8 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
             yield [position, None, large(body), headers]
 
     def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
-        """V2 inferences a front-end received together and decoded itself against the model's view
-        (v2_views.py), each [connection number, its requests, the view's generation, inputs, the outputs
+        """V2 inferences a front-end received together, decoded and checked (Signature.check) against its
+        view of the model (v2_views.py), each [connection number, its requests, the view's generation, inputs, the outputs
         asked for (None: all), parameters, request id]. Yields [position, None, the version that ran,
         its outputs] for each, or [position, error], or [position, None] when the model's load is no longer
         the view's: the front-end fetches the view again and decodes anew."""
@@ -103,6 +103,7 @@ def _tensor_request(generation: int, request: InferRequest):
     def decode(lease):
         if lease.view.generation != generation:
             raise _Stale()
+        request.checked = True  # against this load's signature, by the front-end
         return request, lambda response: response
 
     return decode

@@ -47,6 +47,7 @@ class RemoteInference:
             try:
                 document, binary = _parse(body, header_length, view, name)
                 decoded, requested = v2_requests.decode_request(document, binary, view.signature, None, self.limits, name)
+                view.signature.check(decoded.inputs, decoded.outputs, self.limits)
             except Exception:  # refused (or a bug) here: the model process answers as one process does
                 break
             client = request.client

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from container.errors import InvalidInput, InvalidModel
+from container.limits import Limits
 from container.models.triton_schema import model_config_pb2 as pb
-from container.tensors import datatype_of, from_config
+from container.tensors import datatype_of, decoded_size, from_config
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,14 @@ class Signature:
             if spec.name == name:
                 return spec
         raise InvalidInput(f"unknown input '{name}'; the model takes {self._names(self.inputs)}")
+
+    def check(self, inputs: dict[str, np.ndarray], outputs: list[str] | None, limits: Limits) -> None:
+        """What a request passes before the model runs it: its tensors within the decoded-size limit, its
+        inputs and the outputs it asks for (None: all) the model's."""
+        limits.check_decoded(decoded_size(inputs.values()))
+        self.check_inputs(inputs)
+        if outputs:
+            self.check_outputs(outputs)
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> None:
         """Names, datatypes, shapes and batch size, with a message that says what to send instead."""
