@@ -10,6 +10,7 @@ base.py). With preserve_ordering, responses leave in the order the requests arri
 
 import itertools
 import time
+from typing import Iterator
 
 import gevent
 from gevent import Timeout
@@ -18,7 +19,7 @@ from gevent.lock import Semaphore
 from container.errors import QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases
-from container.scheduling.base import Scheduler
+from container.scheduling.base import Scheduler, as_done
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
@@ -49,10 +50,34 @@ class DynamicBatcher(Scheduler):
         self.queue.level_of(job)  # a priority outside the levels is refused, queued or not
         if not len(self.queue) and not self.preserve_ordering and self._alone() and self._free.acquire(blocking=False):
             return self._run_now(job)
+        timeout = self._enqueue(job)
+        self._arrived.set()
+        return self._wait(job, timeout)
+
+    def infer_all(self, jobs: list[Job]) -> Iterator[tuple[int, object]]:
+        """Jobs that arrived together queue together before any of them runs, so that the first batch is
+        cut from them all (by priority, then order of arrival), as from requests that came at once."""
+        if len(jobs) == 1:
+            yield from super().infer_all(jobs)
+            return
+        queued = []
+        for position, job in enumerate(jobs):
+            try:
+                queued.append((position, job, self._enqueue(job)))
+            except Exception as exc:  # a priority outside the levels, or a full queue
+                yield position, exc
+        self._arrived.set()
+        for index, result in as_done(lambda entry: self._wait(*entry[1:]), queued):
+            yield queued[index][0], result
+
+    def _enqueue(self, job: Job) -> float | None:
+        """Queue `job`; returns its queue timeout in seconds (None: none)."""
         timeout = self.queue.put(job)
         if self.preserve_ordering:
             self._pending.append(job.order)
-        self._arrived.set()
+        return timeout
+
+    def _wait(self, job: Job, timeout: float | None) -> tuple[dict, Phases]:
         try:
             try:
                 return job.result.get(timeout=timeout)

@@ -1,0 +1,174 @@
+"""Requests that cross the channel as one group keep each its own meaning: in a group, one request's
+failure is its own, priorities order executions and queue timeouts expire as they do for requests that
+came apart, and a sequence keeps its order whichever front-ends its requests come through. The groups
+here are sent over the real model process's channel by this test acting as front-ends, so that their
+makeup is the test's, not the timing's; the HTTP tests send a burst through a real front-end."""
+
+import itertools
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from container.channel import socket_path, wire
+from tests.builders import Scale, fp32_model, tensor, triton_model, wait_for
+from tests.integration.test_scheduling import SEQUENCE, Accumulate
+
+DOCUMENT = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+
+
+class FrontEnd:
+    """This test as a front-end process of `server`: calls over the model process's channel, each front-end
+    known to it by a number of its own (a front-end's pid)."""
+
+    def __init__(self, server, number: int):
+        self.number = number
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(socket_path(server.process.pid))
+        self._ids = itertools.count()
+        self._buffer = b""
+
+    def group(self, op: str, name: str, calls: list) -> list:
+        """The items of `op`'s answer to one group of `calls`, in the order the model process sent them."""
+        return self._exchange(op, [self.number, name, None, calls])[0]
+
+    def call(self, op: str, *args):
+        return self._exchange(op, list(args))[1]
+
+    def _exchange(self, op: str, args: list) -> tuple[list, object]:
+        call_id = next(self._ids)
+        self.sock.sendall(wire.pack([call_id, op, args]))
+        items = []
+        while True:
+            answered, kind, result = wire.unpack(self._frame())
+            assert answered == call_id
+            if kind != wire.ITEM:
+                assert kind == wire.ANSWER, result
+                return items, result
+            items.append(result)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _frame(self) -> bytes:
+        while len(self._buffer) < wire.LENGTH.size or \
+                len(self._buffer) < wire.LENGTH.size + wire.LENGTH.unpack_from(self._buffer)[0]:
+            data = self.sock.recv(1 << 16)
+            assert data, "the model process closed the channel"
+            self._buffer += data
+        (length,) = wire.LENGTH.unpack_from(self._buffer)
+        frame, self._buffer = self._buffer[4:4 + length], self._buffer[4 + length:]
+        return frame
+
+
+def document_call(connection: int, document: dict | None = None, body: bytes = b"") -> list:
+    """One request of a `v2_infer` group: its document, or None and a body for the model process to parse."""
+    return [connection, 2, None, document, body, False]
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "double", Scale())
+    # one request per execution and one instance: the queue's order is the order of execution
+    fp32_model(root, "queued", Scale(), max_batch_size=1,
+               dynamic_batching={"priority_levels": 2, "default_priority_level": 2,
+                                 "default_queue_policy": {"allow_timeout_override": True}})
+    triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
+                 [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
+                 sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 60_000_000})
+    server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate", SERVE_HTTP_WORKERS="1")
+    wait_for(server.ready, 60, "the models did not load")
+    return server
+
+
+@pytest.fixture
+def front_ends(server):
+    made = [FrontEnd(server, number) for number in (os.getpid(), os.getpid() + 1_000_000)]
+    yield made
+    for front_end in made:
+        front_end.close()
+
+
+def test_in_a_group_a_malformed_request_and_a_missing_input_fail_alone(front_ends):
+    missing = {"inputs": [{"name": "z", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    items = front_ends[0].group("v2_infer", "double", [document_call(1, DOCUMENT), document_call(2, None, b"{not json"),
+                                                       document_call(3, missing), document_call(4, DOCUMENT)])
+    by_position = {item[0]: item[1:] for item in items}
+    assert sorted(by_position) == [0, 1, 2, 3]
+    for position in (0, 3):
+        error, body, headers = by_position[position]
+        assert error is None and json.loads(body)["outputs"][0]["data"] == [2, 4, 6, 8]
+    assert by_position[1][0][0] == "InvalidRequest" and "malformed JSON" in by_position[1][0][1]
+    assert by_position[2][0][2] == 400 and "'z'" in by_position[2][0][1]
+
+
+def test_a_group_for_a_model_that_is_not_there_is_told_so_request_by_request(front_ends):
+    items = front_ends[0].group("v2_infer", "nobody", [document_call(1, DOCUMENT), document_call(2, None, b"{not json")])
+    assert [(position, error[2]) for position, error in items] == [(0, 404), (1, 404)]
+
+
+def test_priorities_order_the_executions_of_one_group(front_ends):
+    high = {**DOCUMENT, "parameters": {"priority": 1}}
+    items = front_ends[0].group("v2_infer", "queued", [document_call(n, DOCUMENT) for n in (1, 2)] + [document_call(3, high)])
+    assert [item[0] for item in items] == [2, 0, 1]
+    assert all(item[1] is None for item in items)
+
+
+def test_a_queue_timeout_in_a_group_expires_that_request_alone(front_ends):
+    hurried = {**DOCUMENT, "parameters": {"timeout": 1}}  # µs: it expires while the first request runs
+    items = dict((item[0], item[1:]) for item in front_ends[0].group(
+        "v2_infer", "queued", [document_call(1, DOCUMENT), document_call(2, hurried), document_call(3, DOCUMENT)]))
+    assert items[0][0] is None and items[2][0] is None
+    assert items[1][0][0] == "QueueTimeout"
+
+
+def test_a_sequence_keeps_its_order_through_different_front_ends(front_ends):
+    totals = []
+    for step in range(8):
+        parameters = {"sequence_id": 77, "sequence_start": step == 0, "sequence_end": step == 7}
+        document = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [step + 1]}],
+                    "outputs": [{"name": "OUTPUT"}], "parameters": parameters}
+        [(_, error, body, _)] = front_ends[step % 2].group("v2_infer", "accumulate", [document_call(1, document)])
+        assert error is None
+        totals.append(json.loads(body)["outputs"][0]["data"][0])
+    assert totals == list(itertools.accumulate(range(1, 9)))
+
+
+def test_in_a_burst_through_a_front_end_a_malformed_request_and_a_client_that_hung_up_lose_the_others_nothing(server):
+    body = json.dumps(DOCUMENT).encode()
+    requests = [body, b"{not json", body, body, body]
+    connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in requests]
+    for sock, payload in zip(connections, requests, strict=True):
+        sock.sendall(b"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    connections[2].close()  # hung up before its answer
+    statuses = [_status(sock) for position, sock in enumerate(connections) if position != 2]
+    assert statuses == [200, 400, 200, 200]
+    for position, sock in enumerate(connections):
+        if position != 2:
+            sock.close()
+    assert server.request("POST", "/v2/models/double/infer", json=DOCUMENT).json()["outputs"][0]["data"] == [2, 4, 6, 8]
+
+
+def _status(sock: socket.socket) -> int:
+    head = b""
+    while b"\r\n" not in head:
+        data = sock.recv(1024)
+        assert data, "the connection closed without an answer"
+        head += data
+    return int(head.split(b" ", 2)[1])
+
+
+def test_tensors_decoded_by_a_front_end_against_an_earlier_load_are_decoded_again(server, front_ends):
+    """A front-end's view names the load it was made from; a call decoded against another load is not run
+    but answered as stale, so that the front-end fetches the view again."""
+    generation, *_ = front_ends[0].call("v2_view", "double")
+    x = np.ones((1, 4), np.float32)
+    items = front_ends[0].group("v2_infer_tensors", "double", [[1, 2, generation, {"x": x}, None, {}, ""],
+                                                               [2, 2, generation + 1000, {"x": x}, None, {}, ""]])
+    by_position = {item[0]: item[1:] for item in items}
+    assert by_position[0][0] is None and np.array_equal(by_position[0][2]["y"], 2 * x)
+    assert by_position[1] == [None]

@@ -1,0 +1,116 @@
+"""Calls that arrive together cross the channel together (channel/groups.py): a front-end's calls for
+one key made in one turn of its hub go as one call of the group operation, each caller answered as its
+own item comes back, over a real Unix socket to a real ChannelServer on this test's hub."""
+
+import gevent
+import pytest
+from gevent.event import Event
+
+from container.channel.groups import MOST_BYTES, MOST_CALLS, Groups
+from container.channel.hub_client import HubChannelClient
+from container.channel.server import ChannelServer
+from container.errors import InvalidInput, PayloadTooLarge, Unavailable
+from tests.builders import poll
+
+LIMIT = 64 << 10  # the largest call this test's model process reads
+
+
+@pytest.fixture
+def channel(tmp_path):
+    """A model process whose `group(key, calls)` records each group it gets, answers each call [n] with
+    n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, and fails the whole
+    call at [n, "fail"]."""
+    groups, gate = [], Event()
+
+    def group(key: str, calls: list):
+        groups.append((key, [call[0] for call in calls]))
+        held = []
+        for position, (number, *how) in enumerate(calls):
+            if how == ["gated"]:
+                held.append((position, number))
+            elif how == ["fail"]:
+                raise Unavailable("the model process is stopping")
+            elif number < 0:
+                yield [position, ["InvalidInput", f"{number} is negative", 400]]
+            else:
+                yield [position, None, number * 2]
+        if held:
+            gate.wait(10)
+        for position, number in held:
+            yield [position, None, number * 2]
+
+    server = ChannelServer(str(tmp_path / "models.sock"), {"group": group}, LIMIT)
+    server.start()
+    client = HubChannelClient(server.path, max_call=LIMIT)
+    client.start()
+    poll(lambda: client.connected, 10, "the client did not connect")
+    yield Groups(client, "group"), groups, gate
+    server.drain(1)
+
+
+def call_together(groups: Groups, calls: list, key=("a",), size: int = 8) -> list[gevent.Greenlet]:
+    """`calls`, each from a greenlet of its own, all made in one turn of the hub."""
+    return [gevent.spawn(groups.call, key, call, size) for call in calls]
+
+
+def test_calls_made_in_one_turn_cross_as_one_call_and_each_gets_its_own_answer(channel):
+    groups, seen, _ = channel
+    callers = call_together(groups, [[n] for n in range(5)])
+    gevent.joinall(callers, timeout=10, raise_error=True)
+    assert [caller.value for caller in callers] == [[n * 2] for n in range(5)]
+    assert seen == [("a", [0, 1, 2, 3, 4])]
+
+
+def test_calls_for_another_key_or_a_later_turn_go_in_calls_of_their_own(channel):
+    groups, seen, _ = channel
+    gevent.joinall(call_together(groups, [[1], [2]]) + call_together(groups, [[3]], key=("b",)), timeout=10,
+                   raise_error=True)
+    assert groups.call(("a",), [4], 8) == [8]
+    assert sorted(seen) == [("a", [1, 2]), ("a", [4]), ("b", [3])]
+
+
+def test_a_refused_call_fails_alone(channel):
+    groups, _, _ = channel
+    callers = call_together(groups, [[1], [-1], [2]])
+    gevent.joinall(callers, timeout=10)
+    assert callers[0].value == [2] and callers[2].value == [4]
+    assert isinstance(callers[1].exception, InvalidInput) and str(callers[1].exception) == "-1 is negative"
+
+
+def test_each_call_is_answered_as_its_item_comes_not_when_its_group_is_done(channel):
+    groups, seen, gate = channel
+    slow, fast = call_together(groups, [[1, "gated"], [2]])
+    poll(lambda: fast.ready(), 10, "the fast call waited for the slow one")
+    assert fast.value == [4] and not slow.ready() and seen == [("a", [1, 2])]
+    gate.set()
+    assert slow.get(timeout=10) == [2]
+
+
+def test_a_group_holds_at_most_its_bound_of_calls_and_a_large_call_goes_alone(channel):
+    groups, seen, _ = channel
+    gevent.joinall(call_together(groups, [[n] for n in range(MOST_CALLS + 1)]), timeout=10, raise_error=True)
+    assert [len(numbers) for _, numbers in seen] == [MOST_CALLS, 1]
+    del seen[:]
+    small, large, other = (gevent.spawn(groups.call, ("a",), [n], size) for n, size in ((1, 8), (2, MOST_BYTES), (3, 8)))
+    gevent.joinall([small, large, other], timeout=10, raise_error=True)
+    assert sorted(numbers for _, numbers in seen) == [[1, 3], [2]]
+
+
+def test_a_group_past_what_the_model_process_reads_is_sent_again_call_by_call(channel):
+    groups, seen, _ = channel
+    padding = "x" * (LIMIT // 3)
+    callers = call_together(groups, [[n, padding] for n in range(3)])
+    gevent.joinall(callers, timeout=10, raise_error=True)
+    assert [caller.value for caller in callers] == [[0], [2], [4]]
+    assert sorted(numbers for _, numbers in seen) == [[0], [1], [2]]
+    with pytest.raises(PayloadTooLarge):
+        groups.call(("a",), [1, "x" * LIMIT], 8)
+
+
+def test_when_the_whole_call_fails_every_caller_not_yet_answered_hears_why(channel):
+    groups, _, _ = channel
+    answered, failing, after = call_together(groups, [[1], [2, "fail"], [3]])
+    gevent.joinall([answered, failing, after], timeout=10)
+    assert answered.value == [2]
+    assert all(isinstance(c.exception, Unavailable) and str(c.exception) == "the model process is stopping"
+               for c in (failing, after))
