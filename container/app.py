@@ -76,7 +76,7 @@ def create_app(settings: Settings) -> Flask:
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
     app.extensions.update(registry=registry, core=core, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
-                          channel={**channel_operations(core, shared_memory, settings.log_level), **http_operations(dispatcher, clients, core, shared_memory)},
+                          channel={**channel_operations(core, shared_memory, clients, settings.log_level), **http_operations(dispatcher, clients, core, shared_memory)},
                           front_end_gone=clients.close_all)
     return app
 

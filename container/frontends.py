@@ -1,10 +1,12 @@
 """Front-end processes the gunicorn master runs beside its worker (the HTTP front-ends and the gRPC
-one), each restarted when it dies. They hold no model, so a restart loses none; they reach the worker, the one
+ones), each restarted when it dies. They hold no model, so a restart loses none; they reach the worker, the one
 process that owns the models, over the channel. The master starts them before its worker and stops
 them when it exits."""
 
+import errno
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -76,11 +78,38 @@ class FrontEnd:
 
 def memory(http_workers: int, grpc: bool) -> int:
     """Bytes the front-end processes hold beside the model process."""
-    return http_workers * HTTP_FRONT_END_BYTES + (GRPC_FRONT_END_BYTES if grpc else 0)
+    return http_workers * HTTP_FRONT_END_BYTES + (grpc_workers(http_workers) * GRPC_FRONT_END_BYTES if grpc else 0)
 
 
-def grpc_front_end(channel: str, log) -> FrontEnd:
-    return FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel], log)
+def grpc_workers(http_workers: int) -> int:
+    """gRPC front-ends: as many as HTTP ones, so that gRPC is served on as many cores; one at least."""
+    return max(http_workers, 1)
+
+
+def grpc_front_ends(http_workers: int, port: int, channel: str, log) -> list[FrontEnd]:
+    """The gRPC front-ends, sharing `port` (SO_REUSEPORT: the kernel spreads connections over them), or,
+    when the port is taken already, one front-end that says so and tries again (backing off) as it
+    would alone: a second server on the port is an error, never a silent share."""
+    shared = port_free(port)
+    if not shared:
+        log.error("the gRPC port is taken; set SERVE_GRPC_PORT to a free port, or off", extra={"fields": {"port": port}})
+    return [FrontEnd(f"grpc-{n}", [sys.executable, "-m", "container.grpc_api", channel, "shared" if shared else "alone"], log)
+            for n in range(grpc_workers(http_workers) if shared else 1)]
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on TCP `port`: tried without SO_REUSEPORT, so that a listener that shares
+    it (another server's gRPC front-ends) takes it too."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return False
+    return True  # no address to try it on: gRPC's own bind will say what is wrong
 
 
 def head_limits(cfg) -> dict:

@@ -32,7 +32,8 @@ def when_ready(server):
     path = channel.socket_path(os.getpid())
     channel.make_socket_directory(path)
     server.http_front_ends = http_front_ends(server, path)
-    server.front_ends = [*server.http_front_ends, *([frontends.grpc_front_end(path, server.log)] if _settings.grpc_port else [])]
+    grpc = frontends.grpc_front_ends(_settings.http_workers, _settings.grpc_port, path, server.log) if _settings.grpc_port else []
+    server.front_ends = [*server.http_front_ends, *grpc]
     for front_end in server.front_ends:
         front_end.start()
     server.handle_term = _draining_first(server.http_front_ends, server.front_ends, server.handle_term)

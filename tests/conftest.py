@@ -87,7 +87,11 @@ class Server:
         return next(pid for pid, command in self._children() if "gunicorn" in command)
 
     def grpc_pid(self) -> int:
-        return next(pid for pid, command in self._children() if "container.grpc_api" in command)
+        return self.grpc_pids()[0]
+
+    def grpc_pids(self) -> list[int]:
+        """The gRPC front-ends' pids, ordered as the master started them."""
+        return [pid for pid, command in self._children() if "container.grpc_api" in command]
 
     def http_pids(self) -> list[int]:
         """The HTTP front-end processes, by the order the master started them."""

@@ -11,29 +11,38 @@ import numpy as np
 
 from container import content
 from container.api import offload, v2_dataplane
+from container.api.http_channel import FrontEndClients
 from container.api.log_and_trace import log_settings, trace_settings
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.api.v2_generate import generate_events
+from container.channel import wire
 from container.channel.blobs import large
 from container.core import Core
 from container.errors import InvalidInput, InvalidRequest
 from container.inference import InferRequest, TransformRequest
 
 
-def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) -> dict[str, Callable]:
-    def infer(name: str, version: str, document: dict, binary) -> list:
-        """`binary`: bytes, or a large request's data mapped from shared memory."""
-        heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
-        answer, chunks = v2_dataplane.infer(core, shared_memory, name, version, lambda _: (document, memoryview(binary)),
-                                            heavy=heavy, decoupled=v2_dataplane.GRPC_DECOUPLED)
-        return [answer, [large(chunk) for chunk in chunks]]
+def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEndClients, log_level: str) -> dict[str, Callable]:
+    """`clients`: the front-ends' clients, as the batchers know them (http_channel.py)."""
+    def infer(front_end: int, name: str, version: str | None, calls: list[list]):
+        """V2 inferences of one model and version that a gRPC front-end received together, each [its
+        client's number, the requests that client has made, document, binary data (bytes, or a large
+        request's data mapped from shared memory)]. Yields [position, None, answer, chunks] for each, or
+        [position, error], as each is done."""
+        requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary)),
+                     clients.get(front_end, number, count)) for number, count, document, binary in calls]
+        for position, result in v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED):
+            if isinstance(result, Exception):
+                yield [position, wire.error_of(result)]
+            else:
+                answer, chunks = result
+                yield [position, None, answer, [large(chunk) for chunk in chunks]]
 
     def infer_stream(name: str, version: str, document: dict, binary):
-        """`infer` for gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""
-        heavy = offload.heavy(len(binary)) or _names_shared_memory(document)
+        """A request of gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""
         for answer, chunks, final, error in v2_dataplane.infer_stream(
-                core, shared_memory, name, version, lambda _: (document, memoryview(binary)), heavy=heavy):
+                core, shared_memory, name, version, _parsed(document, binary), heavy=_heavy(document, binary)):
             yield [answer, [large(chunk) for chunk in chunks], final, None if error is None else str(error)]
 
     def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
@@ -85,6 +94,15 @@ def channel_operations(core: Core, shared_memory: SharedMemory, log_level: str) 
         "shm_unregister": shared_memory.unregister,
         **modelmesh_operations(core),
     }
+
+
+def _parsed(document: dict, binary):
+    return lambda _signature: (document, memoryview(binary))
+
+
+def _heavy(document: dict, binary) -> bool:
+    """Decoded and encoded on a thread: a large request, or one that reads shared memory."""
+    return offload.heavy(len(binary)) or _names_shared_memory(document)
 
 
 def _names_shared_memory(document: dict) -> bool:

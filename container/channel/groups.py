@@ -8,6 +8,8 @@ it opened, so a lone request waits for nothing.
 A large call goes alone (its data would make the group's frame large); so does a group that, packed,
 is past what the model process reads: each of its calls is sent again on its own."""
 
+import asyncio
+
 import gevent
 from gevent.event import AsyncResult
 
@@ -26,52 +28,131 @@ class _Group:
         self.key, self.calls, self.answers, self.size = key, [], [], 0
 
 
-class Groups:
-    def __init__(self, channel: HubChannelClient, op: str):
+class _Groups:
+    """What both kinds of front-end share: which group a call joins, and what becomes of a group's
+    answers; a subclass sends groups and waits for answers the way its event loop does (`_start`,
+    `_waiter`, `_settle`)."""
+
+    def __init__(self, op: str):
         """`op(*key, calls)`: the model process's group operation, which yields [position, error] or
         [position, None, *answer] for each of `calls`."""
-        self.channel, self.op = channel, op
+        self.op = op
         self._open: dict[tuple, _Group] = {}
+
+    def _join(self, key: tuple, call: list, size: int):
+        """The waiter for `call`'s answer in the group open for `key` this turn (a new one, which starts
+        at the end of the turn, when none is open, or when the call is large)."""
+        group = self._open.get(key) if size < MOST_BYTES else None
+        if group is None:
+            group = _Group(key)
+            self._start(group)
+            if size < MOST_BYTES:
+                self._open[key] = group
+        waiter = self._waiter()
+        group.calls.append(call)
+        group.answers.append(waiter)
+        group.size += size
+        if len(group.calls) >= MOST_CALLS or group.size >= MOST_BYTES:
+            self._close(group)
+        return waiter
+
+    def _close(self, group: _Group) -> None:
+        """No call joins `group` any more (it is full, or being sent)."""
+        if self._open.get(group.key) is group:
+            del self._open[group.key]
+
+    def _answer(self, group: _Group, item: list) -> None:
+        position, error, *answer = item
+        self._settle(group.answers[position], error, answer)
+
+    def _fail(self, group: _Group, failure: ServeError) -> None:
+        """The whole call failed: a group past what the model process reads (nothing of it was sent) goes
+        again call by call; otherwise every call not yet answered hears why."""
+        if isinstance(failure, PayloadTooLarge) and len(group.calls) > 1:
+            for call, answer in zip(group.calls, group.answers, strict=True):
+                alone = _Group(group.key)
+                alone.calls.append(call)
+                alone.answers.append(answer)
+                self._start(alone)
+            return
+        error = wire.error_of(failure)
+        for answer in group.answers:
+            self._settle(answer, error, None)
+
+    @staticmethod
+    def _result(error, answer) -> list:
+        if error is not None:
+            wire.raise_error(*error)
+        return answer
+
+    def _unanswered(self) -> ServeError:
+        return ServeError(f"the model process left a call of {self.op!r} unanswered")
+
+
+class Groups(_Groups):
+    """On a gevent hub (the HTTP front-ends)."""
+
+    def __init__(self, channel: HubChannelClient, op: str):
+        super().__init__(op)
+        self.channel = channel
 
     def call(self, key: tuple, call: list, size: int) -> list:
         """The answer to `call` (a list: what its op takes for one call) made as part of the group open
         for `key` this turn; `size`: the bytes of data it carries. Its error is raised here."""
-        group = self._open.get(key) if size < MOST_BYTES else None
-        if group is None:
-            group = _Group(key)
-            gevent.spawn_raw(self._send, group)  # it starts once this turn's other greenlets have run
-            if size < MOST_BYTES:
-                self._open[key] = group
-        answer = AsyncResult()
-        group.calls.append(call)
-        group.answers.append(answer)
-        group.size += size
-        if (len(group.calls) >= MOST_CALLS or group.size >= MOST_BYTES) and self._open.get(key) is group:
-            del self._open[key]
-        error, result = answer.get()
-        if error is not None:
-            wire.raise_error(*error)
-        return result
+        return self._result(*self._join(key, call, size).get())
+
+    def _start(self, group: _Group) -> None:
+        gevent.spawn_raw(self._send, group)  # it starts once this turn's other greenlets have run
+
+    def _waiter(self) -> AsyncResult:
+        return AsyncResult()
+
+    @staticmethod
+    def _settle(waiter: AsyncResult, error, answer) -> None:
+        if not waiter.ready():
+            waiter.set((error, answer))
 
     def _send(self, group: _Group) -> None:
-        if self._open.get(group.key) is group:
-            del self._open[group.key]
+        self._close(group)
         try:
-            for position, error, *answer in self.channel.stream(self.op, *group.key, group.calls):
-                group.answers[position].set((error, answer))
-            failure = ServeError(f"the model process left a call of {self.op!r} unanswered")
-        except PayloadTooLarge as exc:
-            if len(group.calls) > 1:  # nothing of it was sent: each call goes alone
-                for call, answer in zip(group.calls, group.answers, strict=True):
-                    alone = _Group(group.key)
-                    alone.calls.append(call)
-                    alone.answers.append(answer)
-                    gevent.spawn_raw(self._send, alone)
-                return
-            failure = exc
-        except ServeError as exc:  # the model process went away, or the whole call failed
-            failure = exc
-        error = wire.error_of(failure)
-        for answer in group.answers:
-            if not answer.ready():
-                answer.set((error, None))
+            for item in self.channel.stream(self.op, *group.key, group.calls):
+                self._answer(group, item)
+            self._fail(group, self._unanswered())
+        except ServeError as exc:  # past what the model process reads, the model process went away, or the call failed
+            self._fail(group, exc)
+
+
+class AsyncGroups(_Groups):
+    """On an asyncio loop (the gRPC front-ends)."""
+
+    def __init__(self, channel, op: str):
+        """`channel`: a channel.client.ChannelClient."""
+        super().__init__(op)
+        self.channel = channel
+        self._sending: set[asyncio.Task] = set()
+
+    async def call(self, key: tuple, call: list, size: int) -> list:
+        """`Groups.call` on the loop."""
+        return self._result(*await self._join(key, call, size))
+
+    def _start(self, group: _Group) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(group))  # after this turn's other callbacks
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    def _waiter(self) -> asyncio.Future:
+        return asyncio.get_running_loop().create_future()
+
+    @staticmethod
+    def _settle(waiter: asyncio.Future, error, answer) -> None:
+        if not waiter.done():
+            waiter.set_result((error, answer))
+
+    async def _send(self, group: _Group) -> None:
+        self._close(group)
+        try:
+            async for item in self.channel.stream(self.op, *group.key, group.calls):
+                self._answer(group, item)
+            self._fail(group, self._unanswered())
+        except ServeError as exc:
+            self._fail(group, exc)

@@ -1,5 +1,6 @@
-"""`python -m container.grpc_api CHANNEL`: the gRPC front-end process, which the gunicorn master starts
-(container/frontends.py) beside its worker; CHANNEL is the model process's socket."""
+"""`python -m container.grpc_api CHANNEL shared|alone`: a gRPC front-end process, which the gunicorn
+master starts (container/frontends.py) beside its worker; CHANNEL is the model process's socket;
+`shared`: it shares the port with the other gRPC front-ends (SO_REUSEPORT)."""
 
 import os
 import sys
@@ -19,4 +20,4 @@ from container.settings import Settings
 
 settings = Settings.from_env(os.environ)
 configure_logging(settings.log_level, hub=False)
-uvloop.run(serve(settings, sys.argv[1]))  # libuv's loop: grpc.aio's own callbacks are most of a call's cost
+uvloop.run(serve(settings, sys.argv[1], sys.argv[2] == "shared"))  # libuv's loop: grpc.aio's own callbacks are most of a call's cost

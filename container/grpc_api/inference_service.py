@@ -1,17 +1,21 @@
-"""Triton's `inference.GRPCInferenceService`, each RPC one call over the channel to the model process
-(api/channel_operations.py), its answer written as Triton's protobuf."""
+"""Triton's `inference.GRPCInferenceService`, each RPC a call over the channel to the model process
+(api/channel_operations.py), its answer written as Triton's protobuf; ModelInfer's calls for one model
+cross in groups."""
 
 import asyncio
 import base64
 import logging
+import os
 
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from container.channel.blobs import large
 from container.channel.client import ChannelClient
+from container.channel.groups import MOST_BYTES, AsyncGroups
 from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable
 from container.grpc_api import messages
+from container.grpc_api.clients import Clients
 from container.grpc_api.services import Malformed
 from container.grpc_api.status import answered, check_restricted, code_of
 from container.settings import Settings
@@ -22,8 +26,9 @@ _FINAL = "triton_enable_empty_final_response"  # a stream's request asks its ans
 
 
 class InferenceService:
-    def __init__(self, channel: ChannelClient, settings: Settings):
-        self.channel, self.restrictions = channel, settings.restricted_api
+    def __init__(self, channel: ChannelClient, settings: Settings, clients: Clients):
+        self.channel, self.restrictions, self.clients = channel, settings.restricted_api, clients
+        self._groups = AsyncGroups(channel, "infer")
 
     # -- health and metadata ------------------------------------------------------------------------
 
@@ -62,7 +67,7 @@ class InferenceService:
 
     @answered("inference")
     async def ModelInfer(self, request, context):
-        return await self._infer(request)
+        return await self._infer(request, context.peer())
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
@@ -119,9 +124,13 @@ class InferenceService:
         finally:
             slots.release()
 
-    async def _infer(self, request) -> bytes:
+    async def _infer(self, request, peer: str) -> bytes:
+        """The requests for one model made in one turn of the loop cross the channel as one group
+        (channel/groups.py)."""
         document, binary = messages.infer_document(request)
-        answer, chunks = await self.channel.call("infer", request.model_name, request.model_version, document, large(binary))
+        key = (os.getpid(), request.model_name, request.model_version)
+        call = [*self.clients.seen(peer), document, large(binary)]
+        answer, chunks = await self._groups.call(key, call, MOST_BYTES if _is_heavy(document, binary) else len(binary))
         return messages.infer_response(answer, chunks)
 
     # -- the model repository -----------------------------------------------------------------------
@@ -227,6 +236,12 @@ def _one_repository(name: str) -> None:
         raise InvalidRequest(f"repository '{name}' is not this server's: it has one model repository; leave the name empty")
 
 
+
+
+def _is_heavy(document: dict, binary: bytes) -> bool:
+    """A request that goes in a group of its own: a large one, or one that names shared memory."""
+    return len(binary) >= MOST_BYTES or any("shared_memory_region" in entry.get("parameters", {})
+                                            for entry in document.get("inputs", ()))
 
 
 def _empty(request, document: dict) -> dict:

@@ -1,9 +1,10 @@
-"""The gRPC front-end process: grpc.aio on SERVE_GRPC_PORT, reaching the model process over the
-channel. Health follows the model process: SERVING while it answers ready, NOT_SERVING otherwise.
+"""A gRPC front-end process: grpc.aio on SERVE_GRPC_PORT (one per HTTP front-end, sharing the port),
+reaching the model process over the channel. Health follows the model process: SERVING while it answers ready, NOT_SERVING otherwise.
 SIGTERM stops new calls and lets those under way finish (gunicorn's graceful timeout)."""
 
 import asyncio
 import logging
+import os
 import signal
 
 import grpc
@@ -14,6 +15,7 @@ from container.channel import max_call
 from container.channel.client import ChannelClient
 from container.errors import ServeError
 from container.grpc_api import modelmesh_service
+from container.grpc_api.clients import IDLE_SECONDS, Clients
 from container.grpc_api.inference_service import InferenceService
 from container.grpc_api.services import generic_handler
 from container.settings import Settings
@@ -27,9 +29,11 @@ _COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression
                 "deflate": grpc.Compression.Deflate}
 
 
-def options(settings: Settings) -> list[tuple[str, int]]:
+def options(settings: Settings, shared: bool) -> list[tuple[str, int]]:
     """grpcio's channel arguments from the settings. Sends are unbounded, as Triton's (an answer is as
-    large as the model makes it); receives are bounded as HTTP bodies are."""
+    large as the model makes it); receives are bounded as HTTP bodies are. `shared`: the port is shared
+    with the server's other gRPC front-ends (the master found it free); otherwise a second server on the
+    port is an error, not a silent share."""
     return [
         ("grpc.max_receive_message_length", settings.max_payload_bytes + _FRAMING),
         ("grpc.max_send_message_length", -1),
@@ -39,16 +43,17 @@ def options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout * 1000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),  # tritonclient may ping this often
         ("grpc.http2.max_ping_strikes", 2),
-        ("grpc.so_reuseport", 0),  # a second server on the port is an error, not a silent share
+        ("grpc.so_reuseport", int(shared)),
     ]
 
 
-async def serve(settings: Settings, channel_path: str) -> None:
+async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     channel = ChannelClient(channel_path, max_call(settings.max_payload_bytes))
     channel.start()
-    server = grpc.aio.server(options=options(settings), compression=_COMPRESSION[settings.grpc_compression])
+    clients = Clients()
+    server = grpc.aio.server(options=options(settings, shared), compression=_COMPRESSION[settings.grpc_compression])
     server.add_generic_rpc_handlers([
-        generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(channel, settings)),
+        generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(channel, settings, clients)),
         generic_handler(modelmesh_service.SERVICE, modelmesh_service.ModelRuntimeService(channel, settings)),
     ])
     checks = health.aio.HealthServicer()
@@ -65,13 +70,25 @@ async def serve(settings: Settings, channel_path: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    watching = asyncio.create_task(_watch_health(channel, checks))
+    watching = [asyncio.create_task(_watch_health(channel, checks)), asyncio.create_task(_forget_idle(channel, clients))]
     await stopping.wait()
     log.info("gRPC draining")
-    watching.cancel()
+    for task in watching:
+        task.cancel()
     await checks.enter_graceful_shutdown()
     await server.stop(_GRACE)
     await channel.close()
+
+
+async def _forget_idle(channel: ChannelClient, clients: Clients) -> None:
+    """The model process forgets the clients gone idle, as it forgets an HTTP connection that closed."""
+    while True:
+        await asyncio.sleep(IDLE_SECONDS / 2)
+        for number in clients.forget_idle():
+            try:
+                await channel.call("connection_closed", os.getpid(), number)
+            except ServeError:
+                pass  # the model process is away: its new self never knew the client
 
 
 async def _watch_health(channel: ChannelClient, checks) -> None:

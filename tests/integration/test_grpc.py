@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import ml_dtypes
 import numpy as np
+import psutil
 import pytest
 import requests
 import torch
@@ -521,6 +522,32 @@ def test_a_taken_grpc_port_is_said_in_json_and_http_serves_on(start_server, tmp_
         wait_for(lambda: server.request("GET", "/v2/models/plain/ready").status_code == 200, 60, "HTTP did not serve")
     lines = [json.loads(line) for line in server.log.read_text().splitlines() if "gRPC cannot listen" in line]
     assert lines[0]["level"] == "ERROR" and lines[0]["port"] == port
+
+
+def test_grpc_is_served_by_as_many_front_ends_as_http_sharing_its_port(start_server, tmp_path_factory):
+    """Connections spread over the gRPC front-ends (the kernel's choice, by each connection's address: 16
+    connections all on one of two front-ends would be a 1-in-32,768 chance) and each serves inferences;
+    a second server given the same port says it is taken rather than share it."""
+    root = tmp_path_factory.mktemp("shared")
+    fp32_model(root, "plain")
+    server = start_server(root, SERVE_LOAD_MODELS="plain", SERVE_HTTP_WORKERS="2")
+    wait_for(lambda: len(server.grpc_pids()) == 2 and server.grpc_ready(), 60, "the gRPC front-ends did not start")
+    # a connection each: grpcio's channels to one address share one by default
+    clients = [triton_grpc.InferenceServerClient(server.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+               for _ in range(16)]
+    try:
+        for client in clients:
+            assert client.infer("plain", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
+        serving = {pid for pid in server.grpc_pids()
+                   if any(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.grpc_port
+                          for c in psutil.Process(pid).connections("tcp"))}
+        assert serving == set(server.grpc_pids())
+    finally:
+        for client in clients:
+            client.close()
+    second = start_server(root, SERVE_LOAD_MODELS="plain", SERVE_GRPC_PORT=str(server.grpc_port))
+    wait_for(lambda: "gRPC cannot listen" in second.log.read_text(), 30, "no word of the taken port")
+    assert server.grpc_ready()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ MiB = 1 << 20
 @pytest.mark.parametrize("env, beside", [
     ({"SERVE_HTTP_WORKERS": "0", "SERVE_GRPC_PORT": "off"}, 0),
     ({"SERVE_HTTP_WORKERS": "4", "SERVE_GRPC_PORT": "off"}, 4 * 32 * MiB),
-    ({"SERVE_HTTP_WORKERS": "16", "SERVE_GRPC_PORT": "8001"}, 16 * 32 * MiB + 48 * MiB),
+    ({"SERVE_HTTP_WORKERS": "16", "SERVE_GRPC_PORT": "8001"}, 16 * 32 * MiB + 16 * 48 * MiB),  # a gRPC front-end per HTTP one
+    ({"SERVE_HTTP_WORKERS": "0", "SERVE_GRPC_PORT": "8001"}, 48 * MiB),
 ])
 def test_the_budget_is_the_ram_less_the_idle_process_and_the_front_ends(env, beside):
     settings = Settings.from_env({"SERVE_MEMORY_LIMIT": "100%", **env})
