@@ -28,7 +28,7 @@ async def serve(port: int) -> None:
     async def infer(request: bytes, context) -> bytes:
         return answer
 
-    server = grpc.aio.server(options=options(Settings.from_env(os.environ)))
+    server = grpc.aio.server(options=options(Settings.from_env(os.environ), shared=False))
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
         "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)})])
     server.add_insecure_port(f"127.0.0.1:{port}")

@@ -23,6 +23,7 @@ from container.settings import Settings
 log = logging.getLogger(__name__)
 _SERVICES = ("", "inference.GRPCInferenceService")
 _HEALTH_PERIOD = 1.0  # seconds between health checks of the model process
+_CONNECT_WAIT = 60.0  # seconds between words that the model process is not reached yet
 _GRACE = 30.0  # seconds the calls under way have at SIGTERM, as gunicorn's graceful timeout
 _FRAMING = 64 << 10  # room for a message's protobuf beside its largest allowed tensor data
 _COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
@@ -56,6 +57,10 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
         generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(channel, settings, clients)),
         generic_handler(modelmesh_service.SERVICE, modelmesh_service.ModelRuntimeService(channel, settings)),
     ])
+    # Listen once the model process is reached, as the HTTP front-ends accept only then: until then a
+    # connection goes to a front-end that is ready (the port is shared) or waits for one.
+    while not await channel.wait_connected(_CONNECT_WAIT):
+        log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     try:

@@ -104,7 +104,7 @@ class Watched:
         client's socket is closed by the server once it reads the end of the stream)."""
         attack()
         wait_for(self.no_client_connected, 10, "the server kept a closed client's connection")
-        front_ends = len(self.server.http_pids()) + 1  # and the gRPC one: each holds a channel connection
+        front_ends = len(self.server.http_pids()) + len(self.server.grpc_pids())  # each holds a channel connection
         wait_for(lambda: self.server.channel_peers() == front_ends, 30, "the front-ends did not all connect")
         level = self.level()
         for _ in range(rounds):
