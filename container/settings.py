@@ -167,7 +167,7 @@ class Settings:
         "SERVE_HTTP_WORKERS", "auto", "HTTP front-end processes: they parse HTTP and hand each request to the one process that owns the models, over a local socket, so HTTP uses more than one core. `auto`: the CPU quota, at most 16, and none on a single core, where the hop costs more than it spreads. `0`: the model process serves HTTP itself."
     )
     grpc_port: int | None = _env(
-        "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-end, a process of its own beside the HTTP one: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
+        "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-ends, processes of their own beside the HTTP ones and as many (one at least), sharing the port: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
     )
     metrics_port: int | None = _env(
         "SERVE_METRICS_PORT", "off", "TCP port that serves `GET /metrics` alone, as Triton's metrics port (8002) does, for scrapers set up for Triton; `off`: metrics are on the HTTP port only (they always are there too)."
@@ -179,7 +179,7 @@ class Settings:
         "SERVE_GRPC_KEEPALIVE_TIMEOUT", "20", "Seconds the server waits for a ping's answer before it closes the gRPC connection."
     )
     grpc_max_pending: int = _env(
-        "SERVE_GRPC_MAX_PENDING", "65536", "Most gRPC calls and streams that have arrived and wait for the gRPC front-end to take them up; past it, gRPC cancels the newest (its own defaults, 1,000 and 3,000, cancelled half of a burst of 3,000 clients here)."
+        "SERVE_GRPC_MAX_PENDING", "65536", "Most gRPC calls and streams that have arrived and wait for a gRPC front-end to take them up; past it, gRPC cancels the newest (its own defaults, 1,000 and 3,000, cancelled half of a burst of 3,000 clients here)."
     )
     grpc_compression: str = _env(
         "SERVE_GRPC_COMPRESSION", "none", "Compression of gRPC answers: `none`, `gzip` or `deflate`. Requests may come compressed either way; their size limit is `SAGEMAKER_MAX_PAYLOAD_IN_MB`, as over HTTP."

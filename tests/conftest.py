@@ -87,7 +87,8 @@ class Server:
         return next(pid for pid, command in self._children() if "gunicorn" in command)
 
     def grpc_pid(self) -> int:
-        return self.grpc_pids()[0]
+        """The first gRPC front-end's pid (StopIteration while none runs)."""
+        return next(iter(self.grpc_pids()))
 
     def grpc_pids(self) -> list[int]:
         """The gRPC front-ends' pids, ordered as the master started them."""

@@ -102,16 +102,16 @@ class RemoteInference:
         if fetching is not None:
             return fetching.get()
         self._fetching[name] = fetching = AsyncResult()
+        view = None
         try:
             description = self.channel.call("v2_view", name)
-            view = from_description(description) if description is not None else None
+            if description is not None:
+                view = self._views[name] = from_description(description)
         except ServeError:
-            view = None
-        finally:
+            pass
+        finally:  # the requests waiting for this fetch go on, whatever became of it
             del self._fetching[name]
-        if view is not None:
-            self._views[name] = view
-        fetching.set(view)
+            fetching.set(view)
         return view
 
 
