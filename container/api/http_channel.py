@@ -4,7 +4,9 @@ error renderer, the access log), so every answer is the one a single process wou
 front-end's connections is one Client here, as a connection is in a single process: a batcher waits for
 a client it has just answered, across front-ends, until the front-end says the connection closed (or
 the front-end itself is gone). V2 inference is the exception: a front-end serves its HTTP itself
-(api/v2_infer.py) and asks here only for the inference (`v2_infer`)."""
+(api/v2_infer.py) and asks here only for the inferences, in groups (channel/groups.py): as tensors it
+decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
+process to decode (`v2_infer`; http_frontend/inference.py says which goes how)."""
 
 from typing import Callable
 
@@ -70,10 +72,10 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
     def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences a front-end received together, decoded and checked (Signature.check) against its
-        view of the model (v2_views.py), each [connection number, its requests, the view's generation, inputs, the outputs
-        asked for (None: all), parameters, request id]. Yields [position, None, the version that ran,
-        its outputs] for each, or [position, error], or [position, None] when the model's load is no longer
-        the view's: the front-end fetches the view again and decodes anew."""
+        view of the model (v2_views.py), each [connection number, its requests, the view's generation,
+        inputs, the outputs asked for (None: all), parameters, request id]. Yields [position, None, the
+        version that ran, its outputs] for each, or [position, error], or [position, None] when the
+        model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
         requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
                      clients.get(front_end, number, count))
                     for number, count, generation, inputs, outputs, parameters, request_id in calls]
@@ -90,7 +92,8 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
     return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors,
-            "v2_view": lambda name: v2_views.description(core.ready_model(name)), "connection_closed": clients.close, "probes": probes}
+            "v2_view": lambda name: v2_views.description(core.ready_model(name)),
+            "connection_closed": clients.close, "probes": probes}
 
 
 class _Stale(Exception):

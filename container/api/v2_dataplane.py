@@ -10,7 +10,7 @@ from container import errors
 from container.api import v2_codec, v2_requests
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
-from container.inference import Client
+from container.inference import Client, InferResponse
 from container.limits import check_name, whole_number
 from container.models.statistics import Duration, Statistics
 
@@ -123,16 +123,20 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
 
 
 def document_request(core: Core, shared_memory, parse, heavy: bool):
-    """`decode` for infer_group: a request's document and binary data (`parse(signature)`), decoded here and
-    answered with the answer's document and binary chunks."""
+    """`decode` for infer_group: a request's document and binary data (`parse(signature)`), decoded here,
+    and `finish(response)`: the answer's document and binary chunks."""
 
     def decode(lease):
-        document, binary = parse(lease.signature)
-        request, requested = v2_requests.decode_request(document, binary, lease.signature, shared_memory, core.limits, lease.name, heavy)
-        view = lease.view
-        return request, lambda response: v2_requests.answer(document, request, response.model_name, response.model_version,
-                                                response.outputs, requested, view.signature, view.output_labels,
-                                                shared_memory)
+        signature, view = lease.signature, lease.view
+        document, binary = parse(signature)
+        request, requested = v2_requests.decode_request(document, binary, signature, shared_memory, core.limits,
+                                                        lease.name, heavy)
+
+        def finish(response: InferResponse) -> tuple[dict, list[bytes]]:
+            return v2_requests.answer(document, request, response.model_name, response.model_version, response.outputs,
+                                      requested, signature, view.output_labels, shared_memory)
+
+        return request, finish
 
     return decode
 
@@ -142,17 +146,14 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
     A decoupled model's responses come each as it sends it (a final flag without a response is an item
     with no answer); any other model's one answer is one final item."""
     with _lease(core, name, version) as lease:
-        document, binary = parse(lease.signature)
-        request, requested = v2_requests.decode_request(document, binary, lease.signature, shared_memory, core.limits, lease.name, heavy)
-        view, version = lease.view, lease.version
+        request, finish = document_request(core, shared_memory, parse, heavy)(lease)
         for outcome, final in core.responses(lease, request):
             if isinstance(outcome, Exception):
                 yield None, [], final, outcome
             elif outcome is None:
                 yield None, [], final, None
             else:
-                yield *v2_requests.answer(document, request, view.name, version, outcome, requested, view.signature,
-                              view.output_labels, shared_memory), final, None
+                yield *finish(InferResponse(lease.name, lease.version, outcome)), final, None
 
 
 def _lease(core: Core, name: str, version: str | None, client: Client | None = None):
