@@ -73,6 +73,7 @@ def document_call(connection: int, document: dict | None = None, body: bytes = b
 def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "double", Scale())
+    fp32_model(root, "reshaped", Scale())  # reloaded by a test with another shape
     # one request per execution and one instance: the queue's order is the order of execution
     fp32_model(root, "queued", Scale(), max_batch_size=1,
                dynamic_batching={"priority_levels": 2, "default_priority_level": 2,
@@ -80,7 +81,7 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
                  [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
                  sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 60_000_000})
-    server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate", SERVE_HTTP_WORKERS="1")
+    server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate,reshaped", SERVE_HTTP_WORKERS="1")
     wait_for(server.ready, 60, "the models did not load")
     return server
 
@@ -172,3 +173,22 @@ def test_tensors_decoded_by_a_front_end_against_an_earlier_load_are_decoded_agai
     by_position = {item[0]: item[1:] for item in items}
     assert by_position[0][0] is None and np.array_equal(by_position[0][2]["y"], 2 * x)
     assert by_position[1] == [None]
+
+
+def test_after_a_reload_that_changes_the_signature_the_front_end_decodes_against_the_new_one(server):
+    """The front-end's view of the first load would take [1, 4] and refuse [1, 2]; after the reload, the
+    answers are the new load's: [1, 2] served, [1, 4] refused in the model process's words."""
+    def infer(values: list) -> tuple[int, dict]:
+        document = {"inputs": [{"name": "x", "shape": [1, len(values)], "datatype": "FP32", "data": values}]}
+        answer = server.request("POST", "/v2/models/reshaped/infer", json=document)
+        return answer.status_code, answer.json()
+
+    assert infer([1, 2, 3, 4]) == (200, {"model_name": "reshaped", "model_version": "1", "outputs": [
+        {"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [2, 4, 6, 8]}]})
+    config = {"max_batch_size": 8, "input": [tensor("x", "TYPE_FP32", [2])], "output": [tensor("y", "TYPE_FP32", [2])]}
+    reload = server.request("POST", "/v2/repository/models/reshaped/load", json={"parameters": {"config": json.dumps(config)}})
+    assert reload.status_code == 200, reload.text
+    assert infer([1, 2]) == (200, {"model_name": "reshaped", "model_version": "1", "outputs": [
+        {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [2, 4]}]})
+    status, refusal = infer([1, 2, 3, 4])
+    assert status == 400 and refusal == {"error": "input 'x' must have shape [-1, 2], got [1, 4]"}
