@@ -65,9 +65,10 @@ class _Groups:
         position, error, *answer = item
         self._settle(group.answers[position], error, answer)
 
-    def _fail(self, group: _Group, failure: ServeError) -> None:
+    def _fail(self, group: _Group, failure: Exception) -> None:
         """The whole call failed: a group past what the model process reads (nothing of it was sent) goes
-        again call by call; otherwise every call not yet answered hears why."""
+        again call by call; otherwise every call not yet answered hears why (a bug here, as a 500 that
+        shows nothing of it: no caller waits for ever)."""
         if isinstance(failure, PayloadTooLarge) and len(group.calls) > 1:
             for call, answer in zip(group.calls, group.answers, strict=True):
                 alone = _Group(group.key)
@@ -118,7 +119,7 @@ class Groups(_Groups):
             for item in self.channel.stream(self.op, *group.key, group.calls):
                 self._answer(group, item)
             self._fail(group, self._unanswered())
-        except ServeError as exc:  # past what the model process reads, the model process went away, or the call failed
+        except Exception as exc:  # past what the model process reads, it went away, the call failed, or a bug
             self._fail(group, exc)
 
 
@@ -154,5 +155,5 @@ class AsyncGroups(_Groups):
             async for item in self.channel.stream(self.op, *group.key, group.calls):
                 self._answer(group, item)
             self._fail(group, self._unanswered())
-        except ServeError as exc:
+        except Exception as exc:
             self._fail(group, exc)

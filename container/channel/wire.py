@@ -64,12 +64,12 @@ def unpack(body, blobs: Blobs | None = None) -> object:
 
 
 def error_of(exc: Exception) -> list:
-    """`exc` as the peer raises it again; an exception outside the tree is a bug here, logged with its
-    traceback and sent as a 500 that shows nothing of it."""
+    """`exc` as the peer raises it again; an exception outside the tree is a bug in this process, logged
+    with its traceback and sent as a 500 that shows nothing of it."""
     if isinstance(exc, ServeError):
         return [type(exc).__name__, str(exc), exc.status]
     log.error("channel call failed", exc_info=exc)
-    return ["ServeError", "internal error in the model process; see its log", 500]
+    return ["ServeError", "internal error in the server; see its log", 500]
 
 
 def raise_error(name: str, message: str, status: int) -> None:

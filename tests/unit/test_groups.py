@@ -9,7 +9,7 @@ from gevent.event import Event
 from container.channel.groups import MOST_BYTES, MOST_CALLS, Groups
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import ChannelServer
-from container.errors import InvalidInput, PayloadTooLarge, Unavailable
+from container.errors import InvalidInput, PayloadTooLarge, ServeError, Unavailable
 from tests.builders import poll
 
 LIMIT = 64 << 10  # the largest call this test's model process reads
@@ -18,8 +18,8 @@ LIMIT = 64 << 10  # the largest call this test's model process reads
 @pytest.fixture
 def channel(tmp_path):
     """A model process whose `group(key, calls)` records each group it gets, answers each call [n] with
-    n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, and fails the whole
-    call at [n, "fail"]."""
+    n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, fails the whole
+    call at [n, "fail"], and answers [n, "garbled"] with what no front-end can read."""
     groups, gate = [], Event()
 
     def group(key: str, calls: list):
@@ -30,6 +30,8 @@ def channel(tmp_path):
                 held.append((position, number))
             elif how == ["fail"]:
                 raise Unavailable("the model process is stopping")
+            elif how == ["garbled"]:
+                yield "garbled"
             elif number < 0:
                 yield [position, ["InvalidInput", f"{number} is negative", 400]]
             else:
@@ -114,3 +116,12 @@ def test_when_the_whole_call_fails_every_caller_not_yet_answered_hears_why(chann
     assert answered.value == [2]
     assert all(isinstance(c.exception, Unavailable) and str(c.exception) == "the model process is stopping"
                for c in (failing, after))
+
+
+def test_an_answer_the_front_end_cannot_read_fails_its_group_with_a_500_and_nobody_waits_for_ever(channel):
+    groups, _, _ = channel
+    answered, garbled, after = call_together(groups, [[1], [2, "garbled"], [3]])
+    gevent.joinall([answered, garbled, after], timeout=10)
+    assert answered.value == [2]
+    assert all(isinstance(c.exception, ServeError) and c.exception.status == 500 and
+               str(c.exception) == "internal error in the server; see its log" for c in (garbled, after))
