@@ -15,6 +15,9 @@ many rows when it is to batch: a config that does not bind is refused then, with
 
 import json
 import platform
+import shutil
+import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from container.tensors import zeros
 
 EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
                "{name: {0: torch.export.Dim('batch')}}), and compile that")
+_EXTRACTING = threading.Lock()  # one package extracted at a time (_loaded_package)
 
 
 @dataclass(frozen=True)
@@ -171,11 +175,38 @@ def _load_aoti(path: Path, device: str) -> Program:
     # for a warning, and finds this machine's by compiling probes with a C++ compiler, which the image
     # has none of (and a subprocess, which a thread of the hub's pool may not start).
     listed = members(path)
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(listed), False, 1,
-                                                    -1 if index is None else index)
+    loader = _loaded_package(path, listed, device, -1 if index is None else index)
     in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
     return Program(in_spec, out_spec, _leaves(in_spec, "ARGS", "KWARGS"), _leaves(out_spec, "RESULT"), loader.run,
                    {device: _compiled_bytes(listed)})
+
+
+def _loaded_package(path: Path, listed: list[zipfile.ZipInfo], device: str, index: int):
+    """torch's loader of the package at `path`, and nothing of it left on disk. The loader extracts the
+    package into a directory of its own under the temporary directory (`aotinductor_…`), which it
+    removes only when it is freed: a loaded package took its size twice on disk, and a process that
+    died with packages loaded (a crash, SIGKILL) left theirs behind for good. Once loaded nothing reads
+    those files (the library is mapped, the constants mapped or copied), so the directory goes at once;
+    one package is extracted at a time, so that its directory is the one that appeared, and holds this
+    package's library. A CUDA package reads its kernels' files at its first runs: they stay while it is
+    loaded (its loader removes them when freed)."""
+    def load():
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(listed), False, 1, index)
+
+    library = next((m.filename.split("/", 1)[1] for m in listed if m.filename.endswith(".so")), None)
+    if device != "cpu" or library is None:
+        return load()
+    with _EXTRACTING:
+        before = set(_extractions())
+        loader = load()
+        for directory in set(_extractions()) - before:
+            if (directory / "package" / library).is_file():
+                shutil.rmtree(directory, ignore_errors=True)
+    return loader
+
+
+def _extractions() -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob("aotinductor_*"))
 
 
 def _load_export(path: Path, device: str) -> Program:

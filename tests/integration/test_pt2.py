@@ -5,7 +5,9 @@ SageMaker layout, and refused with their reasons when they cannot be served."""
 
 import io
 import json
+import os
 import shutil
+import signal
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -218,6 +220,24 @@ def test_a_package_is_charged_unloaded_and_loaded_again(server):
     assert server.request("POST", "/v2/models/aoti/infer", json={"inputs": []}).status_code == 404
     assert server.load("aoti").status_code == 200
     np.testing.assert_allclose(v2(server, "aoti", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
+
+
+def test_a_loaded_package_leaves_nothing_in_the_temporary_directory_even_when_its_server_is_killed(
+        start_server, tmp_path_factory, files):
+    """torch's loader extracts a package under the temporary directory and removes it only once the
+    loader is freed: a killed server would leave every loaded package's files behind."""
+    root, scratch = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("t")
+    triton_model(root, "aoti", files["package"], classifier_config("torch_aoti"))
+    server = start_server(root, SERVE_HTTP_WORKERS="0", SERVE_GRPC_PORT="off", TMPDIR=str(scratch))
+    for _ in range(2):
+        assert server.load("aoti").status_code == 200
+        np.testing.assert_allclose(v2(server, "aoti", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
+        assert list(scratch.glob("aotinductor_*")) == []
+        assert server.request("DELETE", "/models/aoti").status_code == 200
+    assert server.load("aoti").status_code == 200
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(30)
+    assert list(scratch.glob("aotinductor_*")) == []
 
 
 # -- what cannot be served -------------------------------------------------------------------------------
