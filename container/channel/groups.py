@@ -10,15 +10,16 @@ is past what the model process reads: each of its calls is sent again on its own
 
 import asyncio
 
-import gevent
 from gevent.event import AsyncResult
 
 from container.channel import wire
 from container.channel.hub_client import HubChannelClient
+from container.channel.kept import KeptGreenlets
 from container.errors import PayloadTooLarge, ServeError
 
 MOST_CALLS = 64  # calls in one group
 MOST_BYTES = 256 << 10  # data in one group; a call with more goes alone
+KEEP_SENDERS = 64  # greenlets kept to send the next groups (kept.py)
 
 
 class _Group:
@@ -96,6 +97,7 @@ class Groups(_Groups):
     def __init__(self, channel: HubChannelClient, op: str):
         super().__init__(op)
         self.channel = channel
+        self._senders = KeptGreenlets(self._send, KEEP_SENDERS)
 
     def call(self, key: tuple, call: list, size: int) -> list:
         """The answer to `call` (a list: what its op takes for one call) made as part of the group open
@@ -103,7 +105,7 @@ class Groups(_Groups):
         return self._result(*self._join(key, call, size).get())
 
     def _start(self, group: _Group) -> None:
-        gevent.spawn_raw(self._send, group)  # it starts once this turn's other greenlets have run
+        self._senders.start(group)  # it starts once this turn's other greenlets have run
 
     def _waiter(self) -> AsyncResult:
         return AsyncResult()

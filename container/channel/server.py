@@ -10,13 +10,13 @@ import os
 import struct
 from typing import Callable
 
-import gevent
 from gevent import socket  # the hub's own, whether or not the process is monkey-patched
 from gevent.event import Event
 from gevent.server import StreamServer
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
+from container.channel.kept import KeptGreenlets
 from container.channel.stream import FrameReader, Outbox
 from container.errors import ServeError, Unavailable
 
@@ -39,7 +39,7 @@ class ChannelServer:
         self._none_under_way = Event()
         self._none_under_way.set()
         self.draining = False
-        self._answerers = _Answerers(self._answer, KEEP_ANSWERERS)
+        self._answerers = KeptGreenlets(self._answer, KEEP_ANSWERERS)
         if os.path.lexists(path):
             os.unlink(path)  # a socket the last model process left
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -103,35 +103,3 @@ class ChannelServer:
             log.exception("channel answer could not be packed")
             data = wire.pack([call_id, 1, ["ServeError", f"the answer could not cross the channel: {exc}", 500]])
         outbox.send(data)
-
-
-class _Answerers:
-    """Greenlets that answer calls, each kept, parked, for another call once it is done (up to `keep` of
-    them). CPython 3.11 gives every new greenlet a frame stack of its own, 16 KiB mapped at its first
-    call and unmapped when it ends: a greenlet per call cost the model process a mmap, a munmap and their
-    page faults on every call."""
-
-    def __init__(self, answer: Callable, keep: int):
-        self._answer, self._keep = answer, keep
-        self._idle: list = []  # parked greenlets
-        self._hub = gevent.get_hub()
-
-    def start(self, *args) -> None:
-        if self._idle:
-            self._hub.loop.run_callback(self._idle.pop().switch, args)
-        else:
-            gevent.spawn_raw(self._work, args)
-
-    def close(self) -> None:
-        """End the parked ones (a parked greenlet is never collected)."""
-        idle, self._idle, self._keep = self._idle, [], 0
-        for parked in idle:
-            self._hub.loop.run_callback(parked.throw)  # GreenletExit, from the hub, which it returns to
-
-    def _work(self, args: tuple) -> None:
-        while True:
-            self._answer(*args)
-            if len(self._idle) >= self._keep:
-                return
-            self._idle.append(gevent.getcurrent())
-            args = self._hub.switch()  # parked until `start` hands it the next call
