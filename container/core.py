@@ -194,7 +194,8 @@ class Core:
     def infer_all(self, leases: list[Lease], requests: list[InferRequest]) -> Iterator[tuple[int, object]]:
         """`infer` for requests to one model and version that arrived together, each under its own lease
         (`leases`): (position, its InferResponse or the exception it failed with), as each finishes. The
-        scheduler takes them together, so a batcher sees them all at once."""
+        scheduler takes them together, so a batcher sees them all at once. A request's lease must hold
+        until its item is taken."""
         model, version, signature = leases[0].model, leases[0].version, leases[0].signature
         backend, statistics = model.versions[version], model.statistics[version]
         start = time.perf_counter_ns()
@@ -220,12 +221,14 @@ class Core:
                     continue
                 outputs, phases = result
                 statistics.record_success(jobs[index].items, time.perf_counter_ns() - start, phases)
+                # while the request's lease holds the model: a model measured after an unload freed it
+                # would be charged again, for ever
+                self._registry.remeasure(model)
                 yield positions[index], InferResponse(model.name, version, outputs)
         except BaseException as exc:  # the caller went away, or the process is stopping
             for _ in pending:
                 self._failed(statistics, start, exc)
             raise
-        self._registry.remeasure(model)
 
     def _job(self, signature: Signature, backend, statistics: Statistics, request: InferRequest):
         """A request as its scheduler takes it, once its inputs pass the model's signature and the limits."""

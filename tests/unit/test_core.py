@@ -14,6 +14,7 @@ from container.core import Core
 from container.errors import (
     DeviceFault,
     InsufficientMemory,
+    InvalidInput,
     InvalidModel,
     InvalidRequest,
     ModelConflict,
@@ -69,6 +70,30 @@ def test_a_lease_resolves_the_version_once_and_infer_runs_it(tmp_path):
         core.lease("m", 2)
     with pytest.raises(ModelNotFound, match="model 'absent' is not loaded"):
         core.lease("absent")
+
+
+def test_requests_that_arrived_together_each_answer_under_their_own_lease(tmp_path):
+    """Each item of `infer_all` comes while its lease still holds the model, and a model is measured
+    again only then: measured after its lease let go, an unloaded model was charged again for ever
+    (the soak's cache filled with models that no longer existed)."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    registry, measured = core._registry, []
+    remeasure = registry.remeasure
+    registry.remeasure = lambda model: measured.append(model.in_flight) or remeasure(model)
+    leases = core.leases("m", None, [None, None, None])
+    for lease in leases:
+        lease.__enter__()
+    requests = [InferRequest({"x": np.full((1, 4), n, np.float32)}) for n in (1, 2)] + [InferRequest({"z": np.ones((1, 4))})]
+    answered = {}
+    for position, result in core.infer_all(leases, requests):
+        answered[position] = result
+        leases[position].__exit__()
+    assert [answered[p].outputs["y"].tolist() for p in (0, 1)] == [[[2.0] * 4], [[4.0] * 4]]
+    assert isinstance(answered[2], InvalidInput)
+    assert measured == [2, 1]  # the refused request left first; each measure under a lease
+    assert registry.models["m"].in_flight == 0
 
 
 def test_a_front_end_words_each_miss_itself(tmp_path):
