@@ -101,14 +101,14 @@ def port_free(port: int) -> bool:
     """Whether nothing listens on TCP `port`: tried without SO_REUSEPORT, so that a listener that shares
     it (another server's gRPC front-ends) takes it too."""
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind((address, port))
                 return True
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return False
+        except OSError as exc:  # in use; or this family is off here (IPv6 disabled): the next one says
+            if exc.errno == errno.EADDRINUSE:
+                return False
     return True  # no address to try it on: gRPC's own bind will say what is wrong
 
 

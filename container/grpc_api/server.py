@@ -1,6 +1,7 @@
 """A gRPC front-end process: grpc.aio on SERVE_GRPC_PORT (one per HTTP front-end, sharing the port),
-reaching the model process over the channel. Health follows the model process: SERVING while it answers ready, NOT_SERVING otherwise.
-SIGTERM stops new calls and lets those under way finish (gunicorn's graceful timeout)."""
+reaching the model process over the channel. Health follows the model process: SERVING while it
+answers ready, NOT_SERVING otherwise. SIGTERM stops new calls and lets those under way finish
+(gunicorn's graceful timeout)."""
 
 import asyncio
 import logging
