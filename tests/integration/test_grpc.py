@@ -531,17 +531,20 @@ def test_grpc_is_served_by_as_many_front_ends_as_http_sharing_its_port(start_ser
     root = tmp_path_factory.mktemp("shared")
     fp32_model(root, "plain")
     server = start_server(root, SERVE_LOAD_MODELS="plain", SERVE_HTTP_WORKERS="2")
-    wait_for(lambda: len(server.grpc_pids()) == 2 and server.grpc_ready(), 60, "the gRPC front-ends did not start")
+
+    def on_port(status: str) -> set[int]:
+        return {pid for pid in server.grpc_pids()
+                if any(c.status == status and c.laddr.port == server.grpc_port for c in psutil.Process(pid).connections("tcp"))}
+
+    # each front-end opens the port once its channel is connected: a process alone may not listen yet
+    wait_for(lambda: len(on_port(psutil.CONN_LISTEN)) == 2, 60, "the gRPC front-ends did not both listen")
     # a connection each: grpcio's channels to one address share one by default
     clients = [triton_grpc.InferenceServerClient(server.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
                for _ in range(16)]
     try:
         for client in clients:
             assert client.infer("plain", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
-        serving = {pid for pid in server.grpc_pids()
-                   if any(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.grpc_port
-                          for c in psutil.Process(pid).connections("tcp"))}
-        assert serving == set(server.grpc_pids())
+        assert on_port(psutil.CONN_ESTABLISHED) == set(server.grpc_pids())
     finally:
         for client in clients:
             client.close()
