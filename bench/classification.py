@@ -12,7 +12,7 @@ import sys, time
 from pathlib import Path
 import numpy as np
 from container import content
-from container.api.v2_codec import classify, to_binary
+from container.v2.codec import classify, to_binary
 
 class Signature:
     max_batch_size = 0

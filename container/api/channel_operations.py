@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from container import content
-from container.api import offload, v2_dataplane
+from container.api import v2_dataplane
 from container.api.http_channel import FrontEndClients
 from container.api.log_and_trace import log_settings, trace_settings
 from container.api.modelmesh import modelmesh_operations
@@ -21,6 +21,7 @@ from container.channel.blobs import large
 from container.core import Core
 from container.errors import InvalidInput, InvalidRequest
 from container.inference import InferRequest, TransformRequest
+from container.v2 import documents
 
 
 def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEndClients, log_level: str) -> dict[str, Callable]:
@@ -101,14 +102,8 @@ def _parsed(document: dict, binary):
 
 
 def _heavy(document: dict, binary) -> bool:
-    """Decoded and encoded on a thread: a large request, or one that reads shared memory."""
-    return offload.heavy(len(binary)) or _names_shared_memory(document)
-
-
-def _names_shared_memory(document: dict) -> bool:
-    inputs = document.get("inputs")
-    return isinstance(inputs, list) and any(isinstance(e, dict) and "shared_memory_region" in e.get("parameters", {})
-                                            for e in inputs)
+    """Decoded and encoded on a thread: a large request, or one that reads or writes shared memory."""
+    return documents.heavy(len(binary)) or documents.names_shared_memory(document)
 
 
 def _body_request(name: str, inputs: dict, parameters: dict) -> TransformRequest:

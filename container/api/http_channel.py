@@ -10,13 +10,14 @@ process to decode (`v2_infer`; http_frontend/inference.py says which goes how)."
 
 from typing import Callable
 
-from container.api import v2_dataplane, v2_views
+from container.api import v2_dataplane
 from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
 from container.channel import wire
 from container.channel.blobs import large
 from container.core import Core
 from container.inference import Client, InferRequest
+from container.v2 import views
 
 
 class FrontEndClients:
@@ -72,7 +73,7 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
     def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences a front-end received together, decoded and checked (Signature.check) against its
-        view of the model (v2_views.py), each [connection number, its requests, the view's generation,
+        view of the model (views.py), each [connection number, its requests, the view's generation,
         inputs, the outputs asked for (None: all), parameters, request id]. Yields [position, None, the
         version that ran, its outputs] for each, or [position, error], or [position, None] when the
         model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
@@ -92,7 +93,7 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
     return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors,
-            "v2_view": lambda name: v2_views.description(core.ready_model(name)),
+            "v2_view": lambda name: views.description(core.ready_model(name)),
             "connection_closed": clients.close, "probes": probes}
 
 

@@ -6,11 +6,8 @@ hand-off costs more than their whole decode."""
 
 import gevent
 
-HEAVY_BYTES = 128 << 10
-
-
-def heavy(size: int) -> bool:
-    return size >= HEAVY_BYTES
+from container.v2.documents import heavy as heavy  # the one threshold, which the gRPC front-ends read too
+from container.v2.documents import heavy_outputs
 
 
 def run(is_heavy: bool, function, *args):
@@ -22,4 +19,4 @@ def run(is_heavy: bool, function, *args):
 
 def encode(function, outputs: dict, *args):
     """`function(outputs, *args)`, on a thread when the outputs are large."""
-    return run(heavy(sum(array.nbytes for array in outputs.values())), function, outputs, *args)
+    return run(heavy_outputs(outputs), function, outputs, *args)

@@ -2,13 +2,14 @@
 and shared memory extensions live in v2_repository.py and shared_memory.py."""
 
 from container import content
-from container.api import v2_codec, v2_dataplane
+from container.api import v2_dataplane
 from container.api.openapi import EMPTY, NUMBERS, V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.api.v2_infer import answer_body, infer_routes, parser
 from container.core import Core
 from container.models.config import config_document
+from container.v2 import codec
 
 
 def v2_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
@@ -45,7 +46,7 @@ def v2_routes(core: Core, shared_memory, max_body: int) -> list[Route]:
         return _json(v2_dataplane.statistics(core, request.params.get("name"), request.params.get("version")))
 
     def infer(request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
-        name, header_length = request.params["name"], request.header(v2_codec.HEADER_LENGTH)
+        name, header_length = request.params["name"], request.header(codec.HEADER_LENGTH)
         answer, chunks = v2_dataplane.infer(core, shared_memory, name, request.params.get("version"),
                                             parser(name, body, header_length, heavy), request.client, heavy)
         return answer_body(answer, chunks, heavy)

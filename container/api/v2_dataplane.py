@@ -7,12 +7,13 @@ from importlib.metadata import version as package_version
 from typing import Iterator
 
 from container import errors
-from container.api import v2_codec, v2_requests
+from container.api import offload
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import Client, InferResponse
 from container.limits import check_name, whole_number
 from container.models.statistics import Duration, Statistics
+from container.v2 import codec, documents
 
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
@@ -43,8 +44,8 @@ def model_metadata(core: Core, name: str, version: str | None) -> dict:
     document = {"name": view.name, "versions": [str(v) for v in versions],
                 "platform": platform(view), "inputs": [], "outputs": []}
     if view.signature is not None:
-        document["inputs"] = [v2_codec.tensor_metadata(s) for s in view.signature.inputs]
-        document["outputs"] = [v2_codec.tensor_metadata(s) for s in view.signature.outputs]
+        document["inputs"] = [codec.tensor_metadata(s) for s in view.signature.inputs]
+        document["outputs"] = [codec.tensor_metadata(s) for s in view.signature.outputs]
     return document
 
 
@@ -129,12 +130,13 @@ def document_request(core: Core, shared_memory, parse, heavy: bool):
     def decode(lease):
         signature, view = lease.signature, lease.view
         document, binary = parse(signature)
-        request, requested = v2_requests.decode_request(document, binary, signature, shared_memory, core.limits,
-                                                        lease.name, heavy)
+        request, requested = offload.run(heavy, documents.decode_request, document, binary, signature, shared_memory,
+                                         core.limits, lease.name)
 
         def finish(response: InferResponse) -> tuple[dict, list[bytes]]:
-            return v2_requests.answer(document, request, response.model_name, response.model_version, response.outputs,
-                                      requested, signature, view.output_labels, shared_memory)
+            return offload.run(heavy or documents.heavy_outputs(response.outputs), documents.answer, document, request,
+                               response.model_name, response.model_version, response.outputs, requested, signature,
+                               view.output_labels, shared_memory)
 
         return request, finish
 

@@ -7,11 +7,12 @@ piece of shared memory, never as a million values for the channel to pack on the
 
 from typing import Callable
 
-from container.api import compression, offload, v2_codec
+from container.api import compression, offload
 from container.api.openapi import V2, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.limits import whole_number
+from container.v2 import codec
 
 Run = Callable[[Request, bytes, bool], tuple[bytes, dict[str, str]]]
 
@@ -39,7 +40,7 @@ def infer_routes(run: Run, max_body: int) -> list[Route]:
 def answer_body(answer: dict, chunks: list, heavy: bool) -> tuple[bytes, dict[str, str]]:
     """The body and headers of v2_dataplane's answer; made on a thread when the request or the answer is large."""
     size = sum(map(len, chunks)) + sum(e["data"].nbytes for e in answer["outputs"] if "data" in e)
-    return offload.run(heavy or offload.heavy(size), v2_codec.response_body, answer, chunks)
+    return offload.run(heavy or offload.heavy(size), codec.response_body, answer, chunks)
 
 
 def is_raw(header_length: str | None) -> bool:
@@ -53,8 +54,8 @@ def parser(name: str, body, header_length: str | None, heavy: bool):
 
     def parse(signature):
         if is_raw(header_length):
-            return v2_codec.raw_request(signature, len(body), name), memoryview(body)
-        return offload.run(heavy, v2_codec.split, body, header_length)
+            return codec.raw_request(signature, len(body), name), memoryview(body)
+        return offload.run(heavy, codec.split, body, header_length)
 
     return parse
 

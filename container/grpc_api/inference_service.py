@@ -1,11 +1,13 @@
 """Triton's `inference.GRPCInferenceService`, each RPC a call over the channel to the model process
-(api/channel_operations.py), its answer written as Triton's protobuf; ModelInfer's calls for one model
-cross in groups."""
+(api/channel_operations.py), its answer written as Triton's protobuf. ModelInfer's requests are decoded
+here, against this front-end's view of the model (v2/views.py), and cross as tensors, in groups, as an
+HTTP front-end's do (http_frontend/inference.py says which go as their documents instead, and why)."""
 
 import asyncio
 import base64
 import logging
 import os
+from functools import partial
 
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
@@ -19,6 +21,8 @@ from container.grpc_api.clients import Clients
 from container.grpc_api.services import Malformed
 from container.grpc_api.status import answered, check_restricted, code_of
 from container.settings import Settings
+from container.v2 import documents, views
+from container.v2.views import TensorView
 
 log = logging.getLogger(__name__)
 _STREAM_IN_FLIGHT = 64  # requests of one stream under way at once; the stream reads no more meanwhile
@@ -27,8 +31,10 @@ _FINAL = "triton_enable_empty_final_response"  # a stream's request asks its ans
 
 class InferenceService:
     def __init__(self, channel: ChannelClient, settings: Settings, clients: Clients):
-        self.channel, self.restrictions, self.clients = channel, settings.restricted_api, clients
-        self._groups = AsyncGroups(channel, "infer")
+        self.channel, self.restrictions, self.clients, self.limits = channel, settings.restricted_api, clients, settings.limits
+        self._documents = AsyncGroups(channel, "infer")
+        self._tensors = AsyncGroups(channel, "v2_infer_tensors")
+        self._views = _Views(channel)
 
     # -- health and metadata ------------------------------------------------------------------------
 
@@ -126,11 +132,30 @@ class InferenceService:
 
     async def _infer(self, request, peer: str) -> bytes:
         """The requests for one model made in one turn of the loop cross the channel as one group
-        (channel/groups.py)."""
+        (channel/groups.py): as tensors decoded here, or as their documents."""
         document, binary = messages.infer_document(request)
-        key = (os.getpid(), request.model_name, request.model_version)
-        call = [*self.clients.seen(peer), document, large(binary)]
-        answer, chunks = await self._groups.call(key, call, MOST_BYTES if _is_heavy(document, binary) else len(binary))
+        name, version = request.model_name, request.model_version
+        key, client = (os.getpid(), name, version), self.clients.seen(peer)
+        heavy = documents.heavy(len(binary)) or documents.names_shared_memory(document)
+        for _ in range(0 if heavy else views.TRIES):
+            view = await self._views.get(name)
+            decoded = view and views.decode(view, document, binary, self.limits, name)
+            if not decoded:
+                break
+            inferred, requested = decoded
+            try:
+                answer = await self._tensors.call(key, views.tensor_call(client, view, inferred), len(binary))
+            except ModelNotFound:
+                self._views.stale(name, view)
+                raise
+            if answer:
+                ran, outputs = answer
+                encode = partial(documents.answer, document, inferred, name, ran, outputs, requested, view.signature,
+                                 view.labels, None)
+                return messages.infer_response(*(await asyncio.to_thread(encode) if documents.heavy_outputs(outputs)
+                                                 else encode()))
+            self._views.stale(name, view)  # decoded against a load that no longer serves
+        answer, chunks = await self._documents.call(key, [*client, document, large(binary)], MOST_BYTES if heavy else len(binary))
         return messages.infer_response(answer, chunks)
 
     # -- the model repository -----------------------------------------------------------------------
@@ -236,15 +261,32 @@ def _one_repository(name: str) -> None:
         raise InvalidRequest(f"repository '{name}' is not this server's: it has one model repository; leave the name empty")
 
 
-
-
-def _is_heavy(document: dict, binary: bytes) -> bool:
-    """A request that goes in a group of its own: a large one, or one that names shared memory."""
-    return len(binary) >= MOST_BYTES or any("shared_memory_region" in entry.get("parameters", {})
-                                            for entry in document.get("inputs", ()))
-
-
 def _empty(request, document: dict) -> dict:
     """The answer that carries a decoupled model's final flag alone, as Triton sends it: no outputs."""
     return {"model_name": request.model_name, "model_version": request.model_version, "id": document.get("id", ""),
             "outputs": []}
+
+
+class _Views(views.Views):
+    """On the asyncio loop."""
+
+    def __init__(self, channel: ChannelClient):
+        super().__init__()
+        self.channel = channel
+
+    async def get(self, name: str) -> TensorView | None:
+        """This front-end's view of `name` (http_frontend/inference.py's `_Views.get`)."""
+        view = self.views.get(name)
+        if view is not None:
+            return view
+        fetching = self.fetching.get(name)
+        if fetching is None:
+            fetching = self.fetching[name] = asyncio.ensure_future(self._fetch(name))
+            fetching.add_done_callback(lambda _: self.fetching.pop(name, None))
+        return await asyncio.shield(fetching)  # a caller that goes away does not cancel the others' fetch
+
+    async def _fetch(self, name: str) -> TensorView | None:
+        try:
+            return self.keep(name, await self.channel.call("v2_view", name))
+        except ServeError:
+            return None

@@ -1,5 +1,5 @@
 """An HTTP front-end's V2 inference: the `run` of api/v2_infer.py's route. The request is parsed and
-decoded here, against the view this front-end holds of the model (api/v2_views.py), so that only its
+decoded here, against the view this front-end holds of the model (v2/views.py), so that only its
 tensors cross the channel and only its outputs come back, to be encoded here: the model process, which
 every request passes through, keeps only what it alone can do (the lease, the scheduler, execution).
 
@@ -7,7 +7,7 @@ What is not decoded here crosses as its document (or whole body), decoded by the
 model is leased: a request that names shared memory (the regions live there) or is large (its data
 crosses in shared memory, and is decoded on a thread there); a request this decoding refuses (refused
 there in one process's order and words: a model that is not there is a 404 whatever the body holds);
-a model this front-end has no view of (a handler model, or one not loaded).
+a model this front-end has no view of (a handler model, a decoupled one, or one not loaded).
 
 Either way the calls of one turn of the loop for one model cross as one (channel/groups.py)."""
 
@@ -15,17 +15,16 @@ import os
 
 from gevent.event import AsyncResult
 
-from container.api import offload, v2_codec, v2_requests
+from container.api import offload
 from container.api.pipeline import Request
 from container.api.v2_infer import answer_body, is_raw
-from container.api.v2_views import TensorView, from_description
 from container.channel.blobs import large
 from container.channel.groups import MOST_BYTES, Groups
 from container.channel.hub_client import HubChannelClient
 from container.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, ServeError
 from container.limits import Limits
-
-_TRIES = 3  # decodings against a fresh view before a request goes as its document
+from container.v2 import codec, documents, views
+from container.v2.views import TensorView
 
 
 class RemoteInference:
@@ -33,39 +32,30 @@ class RemoteInference:
         self.channel, self.limits = channel, limits
         self._documents = Groups(channel, "v2_infer")
         self._tensors = Groups(channel, "v2_infer_tensors")
-        self._views: dict[str, TensorView] = {}
-        self._fetching: dict[str, AsyncResult] = {}
+        self._views = _Views(channel)
 
     def __call__(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         name, version = request.params["name"], request.params.get("version")
         key = (os.getpid(), name, version)
-        header_length = request.header(v2_codec.HEADER_LENGTH)
-        for _ in range(0 if heavy else _TRIES):
-            view = self._view(name)
-            if view is None:
+        header_length = request.header(codec.HEADER_LENGTH)
+        for _ in range(0 if heavy else views.TRIES):
+            view = self._views.get(name)
+            decoded = view and _decoded(view, body, header_length, self.limits, name)
+            if not decoded:
                 break
+            document, (inferred, requested) = decoded
             try:
-                document, binary = _parse(body, header_length, view, name)
-                decoded, requested = v2_requests.decode_request(document, binary, view.signature, None, self.limits, name)
-                view.signature.check(decoded.inputs, decoded.outputs, self.limits)
-            except Exception:  # refused (or a bug) here: the model process answers as one process does
-                break
-            client = request.client
-            call = [client.number, client.requests, view.generation, decoded.inputs, decoded.outputs,
-                    decoded.parameters, decoded.request_id]
-            try:
-                answer = self._tensors.call(key, call, len(body))
+                answer = self._tensors.call(key, views.tensor_call([request.client.number, request.client.requests], view,
+                                                                   inferred), len(body))
             except ModelNotFound:
-                self._views.pop(name, None)
+                self._views.stale(name, view)
                 raise
             if answer:
                 ran, outputs = answer
-                return answer_body(*v2_requests.answer(document, decoded, name, ran, outputs, requested, view.signature,
-                                                        view.labels, None), False)
-            if self._views.get(name) is view:  # decoded against a load that no longer serves
-                del self._views[name]
+                return answer_body(*offload.run(documents.heavy_outputs(outputs), documents.answer, document, inferred,
+                                                name, ran, outputs, requested, view.signature, view.labels, None), False)
+            self._views.stale(name, view)  # decoded against a load that no longer serves
         return self._by_document(request, body, heavy, key, header_length)
-
     def _by_document(self, request: Request, body: bytes, heavy: bool, key: tuple,
                      header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """The request for the model process to decode: its JSON parsed here, or, when it does not parse
@@ -92,36 +82,52 @@ class RemoteInference:
         answer, headers = self._documents.call(key, call, size)
         return answer, headers
 
-    def _view(self, name: str) -> TensorView | None:
-        """This front-end's view of `name`, fetched once (concurrent requests wait for the one fetch); None
-        when the model process has none to give (a handler model, a model not loaded, or it is away)."""
-        view = self._views.get(name)
+
+class _Views(views.Views):
+    """On the gevent hub."""
+
+    def __init__(self, channel: HubChannelClient):
+        super().__init__()
+        self.channel = channel
+
+    def get(self, name: str) -> TensorView | None:
+        """This front-end's view of `name`; None when the model process has none to give (a handler model,
+        a decoupled one, a model not loaded, or it is away)."""
+        view = self.views.get(name)
         if view is not None:
             return view
-        fetching = self._fetching.get(name)
+        fetching = self.fetching.get(name)
         if fetching is not None:
             return fetching.get()
-        self._fetching[name] = fetching = AsyncResult()
+        self.fetching[name] = fetching = AsyncResult()
         view = None
         try:
-            description = self.channel.call("v2_view", name)
-            if description is not None:
-                view = self._views[name] = from_description(description)
+            view = self.keep(name, self.channel.call("v2_view", name))
         except ServeError:
             pass
         finally:  # the requests waiting for this fetch go on, whatever became of it
-            del self._fetching[name]
+            del self.fetching[name]
             fetching.set(view)
         return view
 
 
+def _decoded(view: TensorView, body: bytes, header_length: str | None, limits: Limits, name: str):
+    """The request's document, and its decoding against `view` (views.decode); None when refused here."""
+    try:
+        document, binary = _parse(body, header_length, view, name)
+    except Exception:
+        return None
+    decoded = views.decode(view, document, binary, limits, name)
+    return decoded and (document, decoded)
+
+
 def _parse(body: bytes, header_length: str | None, view: TensorView, name: str) -> tuple[dict, memoryview]:
     if is_raw(header_length):
-        return v2_codec.raw_request(view.signature, len(body), name), memoryview(body)
-    return v2_codec.split(body, header_length)
+        return codec.raw_request(view.signature, len(body), name), memoryview(body)
+    return codec.split(body, header_length)
 
 
 def _typed(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
     """A V2 request's document, its JSON data already typed, and the binary data after it."""
-    document, data = v2_codec.split(body, header_length)
-    return v2_codec.typed_data(document), data
+    document, data = codec.split(body, header_length)
+    return codec.typed_data(document), data

@@ -4,6 +4,7 @@ came apart, and a sequence keeps its order whichever front-ends its requests com
 here are sent over the real model process's channel by this test acting as front-ends, so that their
 makeup is the test's, not the timing's; the HTTP tests send a burst through a real front-end."""
 
+import asyncio
 import itertools
 import json
 import os
@@ -11,8 +12,15 @@ import socket
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException
 
 from container.channel import socket_path, wire
+from container.channel.client import ChannelClient
+from container.grpc_api.clients import Clients
+from container.grpc_api.inference_service import InferenceService
+from container.settings import Settings
 from tests.builders import Scale, fp32_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
@@ -175,16 +183,28 @@ def test_tensors_decoded_by_a_front_end_against_an_earlier_load_are_decoded_agai
     assert by_position[1] == [None]
 
 
-def test_after_a_reload_that_changes_the_signature_the_front_end_decodes_against_the_new_one(server):
-    """The front-end's view of the first load would take [1, 4] and refuse [1, 2]; after the reload, the
-    answers are the new load's: [1, 2] served, [1, 4] refused in the model process's words."""
+def test_after_a_reload_that_changes_the_signature_the_front_ends_decode_against_the_new_one(server):
+    """The front-ends' views of the first load (HTTP's and gRPC's) would take [1, 4] and refuse [1, 2];
+    after the reload, the answers are the new load's: [1, 2] served, [1, 4] refused in the model
+    process's words."""
     def infer(values: list) -> tuple[int, dict]:
         document = {"inputs": [{"name": "x", "shape": [1, len(values)], "datatype": "FP32", "data": values}]}
         answer = server.request("POST", "/v2/models/reshaped/infer", json=document)
         return answer.status_code, answer.json()
 
+    def infer_grpc(values: list):
+        x = np.array([values], np.float32)
+        inputs = [triton_grpc.InferInput("x", list(x.shape), "FP32")]
+        inputs[0].set_data_from_numpy(x)
+        with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+            try:
+                return client.infer("reshaped", inputs, client_timeout=30).as_numpy("y").tolist()
+            except InferenceServerException as exc:
+                return exc.message()
+
     assert infer([1, 2, 3, 4]) == (200, {"model_name": "reshaped", "model_version": "1", "outputs": [
         {"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [2, 4, 6, 8]}]})
+    assert infer_grpc([1, 2, 3, 4]) == [[2, 4, 6, 8]]
     config = {"max_batch_size": 8, "input": [tensor("x", "TYPE_FP32", [2])], "output": [tensor("y", "TYPE_FP32", [2])]}
     reload = server.request("POST", "/v2/repository/models/reshaped/load", json={"parameters": {"config": json.dumps(config)}})
     assert reload.status_code == 200, reload.text
@@ -192,3 +212,57 @@ def test_after_a_reload_that_changes_the_signature_the_front_end_decodes_against
         {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [2, 4]}]})
     status, refusal = infer([1, 2, 3, 4])
     assert status == 400 and refusal == {"error": "input 'x' must have shape [-1, 2], got [1, 4]"}
+    assert infer_grpc([1, 2]) == [[2, 4]]
+    assert infer_grpc([1, 2, 3, 4]) == "input 'x' must have shape [-1, 2], got [1, 4]"
+
+
+class _Context:
+    """What ModelInfer reads of grpcio's context: no metadata, a peer; an abort raises its status."""
+
+    def invocation_metadata(self):
+        return ()
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    async def abort(self, code, message: str):
+        raise AssertionError(f"{code}: {message}")
+
+
+def test_a_grpc_front_end_sends_what_it_decodes_as_tensors_and_the_rest_as_documents(server):
+    """The real gRPC service over the model process's real channel, the operations it calls recorded: a
+    small request crosses decoded; one that names shared memory (the regions live in the model process)
+    and one the front-end refuses (refused there, in one process's words) cross as their documents."""
+    def request(rows: int, datatype: str = "FP32") -> pb.ModelInferRequest:
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        message = pb.ModelInferRequest(model_name="double", raw_input_contents=[x.tobytes()])
+        message.inputs.add(name="x", datatype=datatype, shape=[rows, 4])
+        return message
+
+    async def infer(message: pb.ModelInferRequest) -> tuple[list[str], object]:
+        channel = ChannelClient(socket_path(server.process.pid))
+        channel.start()
+        assert await channel.wait_connected(30)
+        sent, stream = [], channel.stream
+        channel.stream = lambda op, *args: sent.append(op) or stream(op, *args)
+        service = InferenceService(channel, Settings.from_env({}), Clients())
+        try:
+            answer = await asyncio.wait_for(service.ModelInfer(message, _Context()), 30)
+        except AssertionError as exc:
+            answer = str(exc)
+        finally:
+            await channel.close()
+        return sent, answer
+
+    sent, answer = asyncio.run(infer(request(2)))
+    response = pb.ModelInferResponse.FromString(answer)
+    assert sent == ["v2_infer_tensors"]
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [2 * v for v in range(8)]
+    in_region = pb.ModelInferRequest(model_name="double")
+    entry = in_region.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    entry.parameters["shared_memory_region"].string_param = "nowhere"
+    entry.parameters["shared_memory_byte_size"].int64_param = 16
+    sent, answer = asyncio.run(infer(in_region))  # the regions live in the model process
+    assert sent == ["infer"] and "nowhere" in answer
+    sent, answer = asyncio.run(infer(request(2, "FP64")))
+    assert sent == ["infer"] and answer == "StatusCode.INVALID_ARGUMENT: input 'x' is FP32; the request says FP64"

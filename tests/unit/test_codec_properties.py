@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from container import content
-from container.api import invoke_codec, tfserving, tfserving_json, v2_codec
+from container.api import invoke_codec, tfserving, tfserving_json
 from container.api.shared_memory import SharedMemory
 from container.channel import wire
 from container.errors import ServeError
@@ -22,6 +22,7 @@ from container.limits import Limits
 from container.models.signature import Signature
 from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import DATATYPES, numpy_dtype
+from container.v2 import codec
 
 # Derandomized, so CI runs the examples the developer ran; `PROPERTY_EXAMPLES=3000` explores fresh ones.
 _EXPLORE = os.environ.get("PROPERTY_EXAMPLES")
@@ -77,9 +78,9 @@ def test_v2_requests_decode_or_are_client_errors(signature_, entries, binary, he
     length = str(len(header)) if header_length is None else header_length
 
     def decode():
-        document, data = v2_codec.split(body, length)
-        v2_codec.requested_outputs(document)
-        return v2_codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
+        document, data = codec.split(body, length)
+        codec.requested_outputs(document)
+        return codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
 
     client_error_or(decode)
 
@@ -94,16 +95,16 @@ WELL_FORMED = st.builds(
 @given(signature_=SIGNATURES | st.builds(lambda t: signature(("x", t, [-1])), st.sampled_from(DATATYPES)),
        entries=st.lists(TENSOR_ENTRIES, max_size=3) | WELL_FORMED, binary=st.binary(max_size=16))
 def test_v2_json_data_a_front_end_typed_decodes_as_the_model_process_decodes_it(signature_, entries, binary):
-    """An HTTP front-end types the JSON data it can (v2_codec.typed_data) and sends the document over the
+    """An HTTP front-end types the JSON data it can (codec.typed_data) and sends the document over the
     channel: the model process then decodes the same tensors, or refuses with the same error."""
     header = json.dumps({"inputs": entries}).encode()
 
     def outcome(front_end: bool):
         try:
-            document, data = v2_codec.split(header + binary, str(len(header)))
+            document, data = codec.split(header + binary, str(len(header)))
             if front_end:
-                document = wire.unpack(wire.pack(v2_codec.typed_data(document))[wire.LENGTH.size:])
-            inputs = v2_codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
+                document = wire.unpack(wire.pack(codec.typed_data(document))[wire.LENGTH.size:])
+            inputs = codec.decode_inputs(document, data, signature_, SharedMemory(), LIMITS)
         except ServeError as exc:
             return type(exc), str(exc)
         return {name: (array.dtype.str, array.shape, array.tobytes()) for name, array in inputs.items()}
@@ -114,14 +115,14 @@ def test_v2_json_data_a_front_end_typed_decodes_as_the_model_process_decodes_it(
 @PROPERTIES
 @given(body=st.binary(max_size=200), header_length=st.none() | st.text(max_size=6))
 def test_v2_arbitrary_bytes_are_client_errors(body, header_length):
-    client_error_or(lambda: v2_codec.decode_inputs(*v2_codec.split(body, header_length), ONE_FP32, SharedMemory(), LIMITS))
+    client_error_or(lambda: codec.decode_inputs(*codec.split(body, header_length), ONE_FP32, SharedMemory(), LIMITS))
 
 
 @PROPERTIES
 @given(datatype=st.sampled_from([d for d in DATATYPES if d not in ("BYTES", "BF16")]), data=st.data())
 def test_v2_binary_tensors_round_trip(datatype, data):
     array = data.draw(hnp.arrays(numpy_dtype(datatype), hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)))
-    decoded = v2_codec.from_binary("x", v2_codec.to_binary(array, datatype), datatype, list(array.shape))
+    decoded = codec.from_binary("x", codec.to_binary(array, datatype), datatype, list(array.shape))
     np.testing.assert_array_equal(decoded, array)
 
 
@@ -130,7 +131,7 @@ def test_v2_binary_tensors_round_trip(datatype, data):
 def test_v2_bytes_tensors_round_trip(values):
     array = np.empty(len(values), dtype=object)
     array[:] = values
-    decoded = v2_codec.from_binary("x", v2_codec.to_binary(array, "BYTES"), "BYTES", [len(values)])
+    decoded = codec.from_binary("x", codec.to_binary(array, "BYTES"), "BYTES", [len(values)])
     assert decoded.tolist() == values
 
 
@@ -246,7 +247,7 @@ def test_a_classification_is_each_class_written_alone_in_triton_order(classes, b
     blocks of classes the answer is written in."""
     rows = np.random.default_rng(classes).integers(-50, 50, (2 if batched else 1, classes)).astype(np.float32) / 4
     count = max(classes - 3, 1)
-    answer = v2_codec.classify("y", rows if batched else rows[0], count, labels,
+    answer = codec.classify("y", rows if batched else rows[0], count, labels,
                                signature(("x", "FP32", [-1]), max_batch_size=8 if batched else 0))
 
     def written(row, index):

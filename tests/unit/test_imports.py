@@ -23,6 +23,9 @@ FORBIDDEN = {
     # The gRPC front-end process reaches the models over the channel alone; nothing there is patched by gevent.
     "grpc_api": ("container.api", "container.core", "container.models", "container.scheduling", "container.backends",
                  "container.app", "flask", "torch", "gevent"),
+    # V2's codec and views serve every transport and process: no event loop, no channel, no core.
+    "v2": ("container.api", "container.core", "container.channel", "container.grpc_api", "container.http_frontend",
+           "container.scheduling", "container.backends", "container.app", "flask", "torch", "gevent", "asyncio", "grpc"),
     # An HTTP front-end process hands its requests to the model process over the channel: no model machinery.
     "http_frontend": ("container.core", "container.models", "container.scheduling", "container.backends", "container.app",
                       "container.grpc_api", "flask", "torch"),

@@ -1,24 +1,41 @@
 """V2 documents as the core's requests, and the core's responses as V2 documents: the decoding and
-encoding that an HTTP front-end does itself, against the view it holds of the model (v2_views.py), and
-that the model process does for every other request (v2_dataplane.py). Nothing here knows the core."""
+encoding that a front-end does itself, against the view it holds of the model (views.py), and that the
+model process does for every other request (api/v2_dataplane.py). Nothing here knows the core, and
+nothing here chooses a thread: a caller runs a large request's work off its event loop (`heavy`)."""
 
-from container.api import offload, v2_codec
 from container.errors import InvalidRequest
 from container.inference import InferRequest
 from container.limits import Limits
 from container.models.signature import Signature
+from container.v2 import codec
+
+HEAVY_BYTES = 128 << 10  # codec work on this much data is felt by an event loop (a 6 MiB body: seconds)
 
 SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
                          "priority": (int,), "timeout": (int,)}
 
 
-def decode_request(document: dict, binary, signature: Signature, shared_memory, limits: Limits, name: str,
-                   heavy: bool = False) -> tuple[InferRequest, list[dict] | None]:
+def heavy(size: int) -> bool:
+    return size >= HEAVY_BYTES
+
+
+def heavy_outputs(outputs: dict) -> bool:
+    return heavy(sum(array.nbytes for array in outputs.values()))
+
+
+def names_shared_memory(document: dict) -> bool:
+    """Whether a request's inputs or outputs name shared memory: the regions live in the model process."""
+    return any(isinstance(entry, dict) and "shared_memory_region" in entry.get("parameters", {})
+               for key in ("inputs", "outputs") if isinstance(document.get(key), list) for entry in document[key])
+
+
+def decode_request(document: dict, binary, signature: Signature, shared_memory, limits: Limits,
+                   name: str) -> tuple[InferRequest, list[dict] | None]:
     """The core's request for a V2 document and its binary data, checked against `signature`, and the
-    outputs it asks for. An HTTP front-end decodes here with the signature it holds (shared_memory None)."""
+    outputs it asks for. A front-end decodes here with the signature it holds (shared_memory None)."""
     parameters = request_parameters(document)
-    inputs = offload.run(heavy, v2_codec.decode_inputs, document, binary, signature, shared_memory, limits, name)
-    requested = v2_codec.requested_outputs(document)
+    inputs = codec.decode_inputs(document, binary, signature, shared_memory, limits, name)
+    requested = codec.requested_outputs(document)
     names = [r["name"] for r in requested] if requested else None
     request_id = document.get("id", "")
     return InferRequest(inputs, names, parameters, request_id=request_id if isinstance(request_id, str) else ""), requested
@@ -31,7 +48,7 @@ def answer(document: dict, request: InferRequest, name: str, version: int, outpu
     if "id" in document:
         head["id"] = document["id"]
     binary = request.parameters.get("binary_data_output", False)
-    entries, chunks = offload.encode(v2_codec.encode_outputs, outputs, requested, binary, signature, labels, shared_memory)
+    entries, chunks = codec.encode_outputs(outputs, requested, binary, signature, labels, shared_memory)
     return {**head, "outputs": entries}, chunks
 
 
