@@ -18,6 +18,7 @@ from container.api.shared_memory import SharedMemory
 from container.api.v2_generate import generate_events
 from container.channel import wire
 from container.channel.blobs import large
+from container.channel.groups import TAKEN
 from container.core import Core
 from container.errors import InvalidInput, InvalidRequest
 from container.inference import InferRequest, TransformRequest
@@ -29,8 +30,9 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
     def infer(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences of one model and version that a gRPC front-end received together, each [its
         client's number, the requests that client has made, document, binary data (bytes, or a large
-        request's data mapped from shared memory)]. Yields [position, None, answer, chunks] for each, or
-        [position, error], as each is done."""
+        request's data mapped from shared memory)]. Yields TAKEN (channel/groups.py), then [position,
+        None, answer, chunks] for each, or [position, error], as each is done."""
+        yield TAKEN
         requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary)),
                      clients.get(front_end, number, count)) for number, count, document, binary in calls]
         for position, result in v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED):

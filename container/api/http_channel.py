@@ -15,6 +15,7 @@ from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
 from container.channel import wire
 from container.channel.blobs import large
+from container.channel.groups import TAKEN
 from container.core import Core
 from container.inference import Client, InferRequest
 from container.v2 import views
@@ -59,8 +60,10 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         Inference-Header-Content-Length, document, data, heavy]: `document` is the request's JSON, which
         the front-end parsed, and `data` the binary part after it; or None and the whole body, when the
         front-end could not parse it (a raw binary request, or a malformed one): parsed here once the
-        model is leased, so errors come in the order one process gives them. Yields [position, None, the
-        answer's body, its headers] for each, or [position, error], as each is done."""
+        model is leased, so errors come in the order one process gives them. Yields TAKEN (groups.py),
+        then [position, None, the answer's body, its headers] for each, or [position, error], as each is
+        done."""
+        yield TAKEN
         requests = [(v2_dataplane.document_request(core, shared_memory, _parser(name, header_length, document, data, heavy),
                                                    heavy), clients.get(front_end, number, count))
                     for number, count, header_length, document, data, heavy in calls]
@@ -73,10 +76,11 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
     def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences a front-end received together, decoded and checked (Signature.check) against its
-        view of the model (views.py), each [connection number, its requests, the view's generation,
-        inputs, the outputs asked for (None: all), parameters, request id]. Yields [position, None, the
-        version that ran, its outputs] for each, or [position, error], or [position, None] when the
-        model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
+        view of the model (v2/views.py), each [connection number, its requests, the view's generation,
+        inputs, the outputs asked for (None: all), parameters, request id]. Yields TAKEN, then [position,
+        None, the version that ran, its outputs] for each, or [position, error], or [position, None] when
+        the model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
+        yield TAKEN
         requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
                      clients.get(front_end, number, count))
                     for number, count, generation, inputs, outputs, parameters, request_id in calls]

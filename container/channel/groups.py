@@ -2,13 +2,20 @@
 inferences of one model and version) in one turn of its event loop go to the model process as one call
 of a group operation, which pays its per-call costs once (a frame each way, a greenlet, the model's
 lease, a wake-up of its scheduler) and streams back an item for each call as it is done: a fast
-request does not wait for a slow one in its group. The group is sent at the end of the turn in which
-it opened, so a lone request waits for nothing.
+request does not wait for a slow one in its group.
+
+A group is sent at the end of the turn in which it opened; but while the group sent before it for the
+same key has not been taken up by the model process (that group's first item, TAKEN, says it has), it
+waits, open to the calls of later turns. So the busier the model process, the larger the groups, and a
+lone request, with nothing before it, waits for nothing. gRPC's front-ends need the wait: grpcio hands
+their loop one call a turn, so that 97% of the groups of one turn held one call (measured at 64
+connections).
 
 A large call goes alone (its data would make the group's frame large); so does a group that, packed,
 is past what the model process reads: each of its calls is sent again on its own."""
 
 import asyncio
+from collections import Counter
 
 from gevent.event import AsyncResult
 
@@ -20,13 +27,15 @@ from container.errors import PayloadTooLarge, ServeError
 MOST_CALLS = 64  # calls in one group
 MOST_BYTES = 256 << 10  # data in one group; a call with more goes alone
 KEEP_SENDERS = 64  # greenlets kept to send the next groups (kept.py)
+TAKEN = []  # the item a group operation yields first: the model process has taken the group up
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "size")
+    __slots__ = ("key", "calls", "answers", "size", "sent", "taken")
 
     def __init__(self, key: tuple):
         self.key, self.calls, self.answers, self.size = key, [], [], 0
+        self.sent = self.taken = False
 
 
 class _Groups:
@@ -35,34 +44,62 @@ class _Groups:
     `_waiter`, `_settle`)."""
 
     def __init__(self, op: str):
-        """`op(*key, calls)`: the model process's group operation, which yields [position, error] or
-        [position, None, *answer] for each of `calls`."""
+        """`op(*key, calls)`: the model process's group operation, which yields TAKEN, then [position,
+        error] or [position, None, *answer] for each of `calls`."""
         self.op = op
         self._open: dict[tuple, _Group] = {}
+        self._untaken: Counter[tuple] = Counter()  # groups sent for each key that the model process has not taken up
 
     def _join(self, key: tuple, call: list, size: int):
-        """The waiter for `call`'s answer in the group open for `key` this turn (a new one, which starts
-        at the end of the turn, when none is open, or when the call is large)."""
+        """The waiter for `call`'s answer in the group open for `key` (a new one when none is open, or when
+        the call is large). A new group is sent at the end of this turn, or, while one sent before it for
+        `key` is not yet taken up, once it is (a large one goes at once)."""
         group = self._open.get(key) if size < MOST_BYTES else None
         if group is None:
             group = _Group(key)
-            self._start(group)
             if size < MOST_BYTES:
                 self._open[key] = group
+            if size >= MOST_BYTES or not self._untaken[key]:
+                self._send_soon(group)
         waiter = self._waiter()
         group.calls.append(call)
         group.answers.append(waiter)
         group.size += size
         if len(group.calls) >= MOST_CALLS or group.size >= MOST_BYTES:
             self._close(group)
+            self._send_soon(group)
         return waiter
+
+    def _send_soon(self, group: _Group) -> None:
+        """`group` goes at the end of this turn (calls made meanwhile join it)."""
+        if not group.sent:
+            group.sent = True
+            self._untaken[group.key] += 1
+            self._start(group)
 
     def _close(self, group: _Group) -> None:
         """No call joins `group` any more (it is full, or being sent)."""
         if self._open.get(group.key) is group:
             del self._open[group.key]
 
+    def _taken(self, group: _Group) -> None:
+        """The model process took `group` up (or its call ended): the group waiting behind it goes."""
+        if group.taken:
+            return
+        group.taken = True
+        key = group.key
+        self._untaken[key] -= 1
+        if self._untaken[key]:
+            return
+        del self._untaken[key]
+        waiting = self._open.get(key)
+        if waiting is not None:
+            self._send_soon(waiting)
+
     def _answer(self, group: _Group, item: list) -> None:
+        if item == TAKEN:
+            self._taken(group)
+            return
         position, error, *answer = item
         self._settle(group.answers[position], error, answer)
 
@@ -75,7 +112,7 @@ class _Groups:
                 alone = _Group(group.key)
                 alone.calls.append(call)
                 alone.answers.append(answer)
-                self._start(alone)
+                self._send_soon(alone)
             return
         error = wire.error_of(failure)
         for answer in group.answers:
@@ -123,6 +160,8 @@ class Groups(_Groups):
             self._fail(group, self._unanswered())
         except Exception as exc:  # past what the model process reads, it went away, the call failed, or a bug
             self._fail(group, exc)
+        finally:
+            self._taken(group)
 
 
 class AsyncGroups(_Groups):
@@ -159,3 +198,5 @@ class AsyncGroups(_Groups):
             self._fail(group, self._unanswered())
         except Exception as exc:
             self._fail(group, exc)
+        finally:
+            self._taken(group)

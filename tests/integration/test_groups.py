@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from container.channel import socket_path, wire
 from container.channel.client import ChannelClient
+from container.channel.groups import TAKEN
 from container.grpc_api.clients import Clients
 from container.grpc_api.inference_service import InferenceService
 from container.settings import Settings
@@ -40,8 +41,11 @@ class FrontEnd:
         self._buffer = b""
 
     def group(self, op: str, name: str, calls: list) -> list:
-        """The items of `op`'s answer to one group of `calls`, in the order the model process sent them."""
-        return self._exchange(op, [self.number, name, None, calls])[0]
+        """The items of `op`'s answer to one group of `calls`, in the order the model process sent them,
+        after the first, which says it took the group up."""
+        taken, *items = self._exchange(op, [self.number, name, None, calls])[0]
+        assert taken == TAKEN
+        return items
 
     def call(self, op: str, *args):
         return self._exchange(op, list(args))[1]
@@ -90,7 +94,7 @@ def server(start_server, tmp_path_factory):
                  [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
                  sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 60_000_000})
     server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate,reshaped", SERVE_HTTP_WORKERS="1")
-    wait_for(server.ready, 60, "the models did not load")
+    wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
 
 

@@ -6,7 +6,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from container.channel.groups import MOST_BYTES, MOST_CALLS, Groups
+from container.channel.groups import MOST_BYTES, MOST_CALLS, TAKEN, Groups
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import ChannelServer
 from container.errors import InvalidInput, PayloadTooLarge, ServeError, Unavailable
@@ -19,11 +19,15 @@ LIMIT = 64 << 10  # the largest call this test's model process reads
 def channel(tmp_path):
     """A model process whose `group(key, calls)` records each group it gets, answers each call [n] with
     n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, fails the whole
-    call at [n, "fail"], and answers [n, "garbled"] with what no front-end can read."""
+    call at [n, "fail"], and answers [n, "garbled"] with what no front-end can read; a group whose first
+    call is [n, "untaken"] is not taken up (TAKEN) until `gate` is set."""
     groups, gate = [], Event()
 
     def group(key: str, calls: list):
         groups.append((key, [call[0] for call in calls]))
+        if calls[0][1:] == ["untaken"]:
+            gate.wait(10)
+        yield TAKEN
         held = []
         for position, (number, *how) in enumerate(calls):
             if how == ["gated"]:
@@ -86,6 +90,24 @@ def test_each_call_is_answered_as_its_item_comes_not_when_its_group_is_done(chan
     assert fast.value == [4] and not slow.ready() and seen == [("a", [1, 2])]
     gate.set()
     assert slow.get(timeout=10) == [2]
+
+
+def test_calls_wait_to_go_together_while_the_group_before_them_is_not_taken_up(channel):
+    """The calls of later turns join one group, sent once the model process takes up the one before it;
+    a large call goes at once, and a full group does not wait."""
+    groups, seen, gate = channel
+    first = gevent.spawn(groups.call, ("a",), [1, "untaken"], 8)
+    poll(lambda: seen, 10, "the first group was not sent")
+    later = [gevent.spawn(groups.call, ("a",), [2], 8)]
+    gevent.idle()  # the next call in a later turn
+    later.append(gevent.spawn(groups.call, ("a",), [3], 8))
+    large = gevent.spawn(groups.call, ("a",), [4], MOST_BYTES)
+    assert large.get(timeout=10) == [8]
+    filling = call_together(groups, [[n] for n in range(10, 8 + MOST_CALLS)])  # the waiting group is full
+    assert [caller.get(timeout=10) for caller in later + filling] == [[n * 2] for n in (2, 3, *range(10, 8 + MOST_CALLS))]
+    assert seen == [("a", [1]), ("a", [4]), ("a", [2, 3, *range(10, 8 + MOST_CALLS)])] and not first.ready()
+    gate.set()
+    assert first.get(timeout=10) == [2]
 
 
 def test_a_group_holds_at_most_its_bound_of_calls_and_a_large_call_goes_alone(channel):
