@@ -20,7 +20,8 @@ from container.api.metrics import metrics_routes
 from container.api.openapi import openapi_routes
 from container.api.pipeline import Dispatcher
 from container.api.routing import Routes
-from container.api.sagemaker import SINGLE_MODEL_NAME, sagemaker_routes
+from container.api.sagemaker import sagemaker_routes
+from container.api.sagemaker_invoke import SINGLE_MODEL_NAME
 from container.api.shared_memory import SharedMemory, shared_memory_routes
 from container.api.v2 import v2_routes
 from container.api.v2_generate import generate_routes
@@ -76,7 +77,8 @@ def create_app(settings: Settings) -> Flask:
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
     app.extensions.update(registry=registry, core=core, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
-                          channel={**channel_operations(core, shared_memory, clients, settings.log_level), **http_operations(dispatcher, clients, core, shared_memory)},
+                          channel={**channel_operations(core, shared_memory, clients, settings.log_level),
+                                   **http_operations(dispatcher, clients, core, shared_memory, settings.default_accept)},
                           front_end_gone=clients.close_all)
     return app
 

@@ -177,10 +177,14 @@ class Core:
         raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
 
     def leases(self, name: str, version: int | None, clients: list[Client | None], *,
-               not_found: Callable[..., Exception] | None = None) -> list[Lease]:
+               not_found: Callable[..., Exception] | None = None, loading: str | None = None) -> list[Lease]:
         """`lease` for requests to one model and version that arrived together, one from each of `clients`:
-        the model resolved once."""
-        first = self.lease(name, version, not_found=not_found, client=clients[0])
+        the model resolved once; `loading`: the url loaded as `name` first when it is not loaded
+        (`lease_loading`)."""
+        if loading is None:
+            first = self.lease(name, version, not_found=not_found, client=clients[0])
+        else:
+            first = self.lease_loading(name, loading, clients[0])
         return [first, *(Lease(self._registry, first.model, first.version, client) for client in clients[1:])]
 
     def infer(self, lease: Lease, request: InferRequest) -> InferResponse:
@@ -277,6 +281,11 @@ class Core:
         statistics.record_success(1, time.perf_counter_ns() - start, phases)
         self._registry.remeasure(model)
         return result
+
+    def transform_all(self, leases: list[Lease], requests: list[TransformRequest]) -> Iterator[tuple[int, object]]:
+        """`transform` for requests to one handler model that arrived together, each under its own lease:
+        (position, its response or the exception it failed with), as each finishes."""
+        return as_done(lambda pair: self.transform(*pair), list(zip(leases, requests, strict=True)))
 
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the

@@ -3,14 +3,15 @@ served here by the one pipeline (pipeline.Dispatcher: routing, limits, the reque
 error renderer, the access log), so every answer is the one a single process would give. Each of a
 front-end's connections is one Client here, as a connection is in a single process: a batcher waits for
 a client it has just answered, across front-ends, until the front-end says the connection closed (or
-the front-end itself is gone). V2 inference is the exception: a front-end serves its HTTP itself
-(api/v2_infer.py) and asks here only for the inferences, in groups (channel/groups.py): as tensors it
+the front-end itself is gone). Inference is the exception: a front-end serves its HTTP itself and asks
+here only for the inferences, in groups (channel/groups.py). V2's (api/v2_infer.py) cross as tensors it
 decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
-process to decode (`v2_infer`; http_frontend/inference.py says which goes how)."""
+process to decode (`v2_infer`; http_frontend/inference.py says which goes how); SageMaker's invokes
+(sagemaker.invoke_routes) as their bodies (`invoke`)."""
 
 from typing import Callable
 
-from container.api import v2_dataplane
+from container.api import sagemaker, v2_dataplane
 from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
 from container.channel import wire
@@ -45,7 +46,8 @@ class FrontEndClients:
             client.close()
 
 
-def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core, shared_memory) -> dict[str, Callable]:
+def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core, shared_memory,
+                    default_accept: str) -> dict[str, Callable]:
     def http(front_end: int, number: int, requests: int, method: str, path: str, query: str,
              headers: dict[str, str], body, oversize: int | None) -> list:
         """`body`: bytes, or a large body mapped from shared memory (handlers read bytes)."""
@@ -92,11 +94,25 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
             else:
                 yield [position, None, result.model_version, result.outputs]
 
+    def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
+        """SageMaker invokes of one model that a front-end received together (sagemaker.invoke_routes),
+        each [connection number, its requests, body, headers, request id]; `on_demand`: loaded first when
+        it is not (`/invocations` of a multi-model endpoint). Yields TAKEN, then [position, None, status,
+        headers, body] for each, or [position, error], as each is done."""
+        yield TAKEN
+        requests = [((body if isinstance(body, bytes) else bytes(body), headers, request_id), clients.get(front_end, number, count))
+                    for number, count, body, headers, request_id in calls]
+        for position, result in sagemaker.invoke_group(core, name, on_demand, requests, default_accept):
+            if isinstance(result, Exception):
+                yield [position, wire.error_of(result)]
+            else:
+                yield [position, None, result.status, result.headers, large(result.body)]
+
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
-    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors,
+    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke,
             "v2_view": lambda name: views.description(core.ready_model(name)),
             "connection_closed": clients.close, "probes": probes}
 

@@ -3,23 +3,24 @@
 import base64
 import binascii
 import logging
+from typing import Iterator
 
 from container import content
 from container.api import invoke_codec, offload
+from container.api.leased import serve_leased
 from container.api.openapi import JSON_VALUE, SAGEMAKER, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
+from container.api.sagemaker_invoke import SINGLE_MODEL_NAME, invoke_routes
 from container.core import Core, Lease
 from container.errors import InvalidRequest, Unavailable
-from container.inference import InferRequest, TransformRequest
+from container.inference import InferRequest, InferResponse, TransformRequest
 from container.limits import check_name, whole_number
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TARGET_MODEL = "x-amzn-sagemaker-target-model"
 CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
-SINGLE_MODEL_NAME = "model"
 DEFAULT_PAGE_SIZE = 100
 
 
@@ -55,62 +56,84 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         core.unload(name)
         return Response.json({"status": f"model '{name}' unloaded"})
 
-    def invoke(request: Request) -> Response:
-        return serve_invoke(core, request, settings.default_accept)
+    def run(request: Request, name: str, on_demand: bool) -> Response:
+        return invoke(core, name, on_demand, request, settings.default_accept)
 
-    def invocations(request: Request) -> Response:
-        if settings.multi_model:
-            target = request.header(TARGET_MODEL)
-            if not target:
-                raise InvalidRequest("the X-Amzn-SageMaker-Target-Model header must name the model to invoke "
-                                     "(a path under the model root)")
-            request.model = target
-            return _invoke_on_demand(core, request, settings.default_accept)
-        request.model = SINGLE_MODEL_NAME
-        return serve_invoke(core, request, settings.default_accept)
-
+    invocations, invoke_route = invoke_routes(run, settings)
     return [
         Route("GET", "/ping", ping, "health", _PING),
-        Route("POST", "/invocations", invocations, "inference", _INVOCATIONS),
+        invocations,
         Route("GET", "/models", list_models, "metadata", _LIST),
         Route("POST", "/models", load_model, "model-repository", _LOAD),
         Route("GET", "/models/{name}", get_model, "metadata", _GET),
         Route("DELETE", "/models/{name}", unload_model, "model-repository", _UNLOAD),
-        Route("POST", "/models/{name}/invoke", invoke, "inference", _INVOKE),
+        invoke_route,
     ]
 
 
-def _invoke_on_demand(core: Core, request: Request, default_accept: str) -> Response:
-    """Load the target on first use, and invoke it."""
-    with core.lease_loading(request.model, request.model, request.client) as lease:
-        return _invoke(core, lease, request, default_accept)
+def invoke(core: Core, name: str, on_demand: bool, request: Request, default_accept: str) -> Response:
+    """One invoke, served in this process."""
+    [(_, result)] = invoke_group(core, name, on_demand, [((request.body, request.headers, request.request_id),
+                                                          request.client)], default_accept)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
-def serve_invoke(core: Core, request: Request, default_accept: str) -> Response:
-    """One invoke of the loaded `request.model`."""
-    with core.lease(request.model, client=request.client) as lease:
-        return _invoke(core, lease, request, default_accept)
+def invoke_group(core: Core, name: str, on_demand: bool, calls: list[tuple], default_accept: str) -> Iterator[tuple[int, object]]:
+    """Invokes of one model that arrived together, each ((body, headers by lower-case name, request id),
+    client): the model leased once for them all (loaded first when `on_demand` and not loaded), and their
+    requests handed to the core together (api/leased.py). Yields (position, Response or the exception it
+    failed with) for each, as each is done. A handler model gets each body as it is; a tensor model's body
+    is decoded for its inputs and its outputs encoded as the Accept header asks (`default_accept` for
+    none or `*/*`)."""
+    try:
+        leases = core.leases(name, None, [client for _, client in calls], loading=name if on_demand else None)
+    except Exception as exc:  # the model is not there, or did not load: each request is told
+        yield from ((position, exc) for position in range(len(calls)))
+        return
+    if leases[0].takes_tensors:
+        decoders, run_all = [_tensor_request(*call, default_accept) for call, _ in calls], core.infer_all
+    else:
+        decoders, run_all = [_body_request(*call) for call, _ in calls], core.transform_all
+    yield from serve_leased(leases, decoders, run_all)
 
 
-def _invoke(core: Core, lease: Lease, request: Request, default_accept: str) -> Response:
-    """A handler model gets the body as is; a tensor model's body is decoded for its inputs and its
-    outputs encoded as the Accept header asks (`default_accept` for none or `*/*`)."""
-    body = request.body
-    attributes = request.header(CUSTOM_ATTRIBUTES)
+def _body_request(body: bytes, headers: dict[str, str], request_id: str):
+    """`decode` for serve_leased: a handler model's request, and `finish(its response)`."""
+
+    def decode(lease: Lease):
+        _log_attributes(lease, headers, request_id)
+        media_type = content.media_type(headers.get("content-type"), default=None)
+        request = TransformRequest(body, media_type, headers.get("accept"), _titled(headers), request_id)
+        return request, lambda response: Response(response.body, response.content_type, response.status, dict(response.headers))
+
+    return decode
+
+
+def _tensor_request(body: bytes, headers: dict[str, str], request_id: str, default_accept: str):
+    """`decode` for serve_leased: a tensor model's request, its body decoded against the model's
+    signature, and `finish(its response)`: the outputs encoded."""
+
+    def decode(lease: Lease):
+        _log_attributes(lease, headers, request_id)
+        response_type = content.negotiate(headers.get("accept"), default=default_accept)  # a 406 before any work is done
+        inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
+                                       content.media_type(headers.get("content-type")), lease.signature)
+
+        def finish(response: InferResponse) -> Response:
+            return Response(offload.encode(invoke_codec.encode, response.outputs, response_type, envelope), response_type)
+
+        return InferRequest(inputs), finish
+
+    return decode
+
+
+def _log_attributes(lease: Lease, headers: dict[str, str], request_id: str) -> None:
+    attributes = headers.get(CUSTOM_ATTRIBUTES)
     if attributes is not None:
         log.info("custom attributes", extra={"fields": {"model": lease.name, "custom_attributes": attributes,
-                                                         "request_id": request.request_id}})
-    accept = request.header("accept")
-    if not lease.takes_tensors:
-        media_type = content.media_type(request.header("content-type"), default=None)
-        transform = TransformRequest(body, media_type, accept, _titled(request.headers), request.request_id)
-        response = core.transform(lease, transform)
-        return Response(response.body, response.content_type, response.status, dict(response.headers))
-    response_type = content.negotiate(accept, default=default_accept)  # a 406 before any work is done
-    inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
-                                   content.media_type(request.header("content-type")), lease.signature)
-    outputs = core.infer(lease, InferRequest(inputs)).outputs
-    return Response(offload.encode(invoke_codec.encode, outputs, response_type, envelope), response_type)
+                                                         "request_id": request_id}})
 
 
 def _titled(headers: dict[str, str]) -> dict[str, str]:
@@ -153,13 +176,7 @@ def _decode_token(token: str) -> str:
 
 # The OpenAPI operations of the routes above (api/openapi.py)
 _MODEL = object_schema({"modelName": {"type": "string"}, "modelUrl": {"type": "string"}})
-_BODIES = {"content": {content.JSON: {"schema": JSON_VALUE}, content.CSV: {"schema": {"type": "string"}},
-                       content.NPY: {"schema": {"type": "string", "format": "binary"}}}}
 _PING = operation("health: 200 once the server (single-model: the model) is ready", SAGEMAKER, errors=(503,))
-_INVOCATIONS = operation(
-    "invoke the model the X-Amzn-SageMaker-Target-Model header names, loading it on first use", SAGEMAKER, _BODIES,
-    _BODIES, [{"name": "X-Amzn-SageMaker-Target-Model", "in": "header", "schema": {"type": "string"}}],
-    errors=(400, 404, 406, 413, 415, 507))
 _LIST = operation("list the loaded models, a page at a time", SAGEMAKER, json_content(object_schema({
     "models": {"type": "array", "items": _MODEL}, "nextPageToken": {"type": "string"}})), parameters=[
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
@@ -169,4 +186,3 @@ _LOAD = operation("load a model from a directory or archive under the model root
                   errors=(400, 404, 409, 413, 507))
 _GET = operation("describe a loaded model", SAGEMAKER, json_content(_MODEL))
 _UNLOAD = operation("unload a model once its requests in flight finish", SAGEMAKER, json_content(JSON_VALUE))
-_INVOKE = operation("invoke a loaded model", SAGEMAKER, _BODIES, _BODIES, errors=(400, 404, 406, 413, 415))

@@ -8,6 +8,7 @@ from typing import Iterator
 
 from container import errors
 from container.api import offload
+from container.api.leased import serve_leased
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import Client, InferResponse
@@ -88,8 +89,8 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
                 decoupled: str = HTTP_DECOUPLED) -> Iterator[tuple[int, object]]:
     """Inferences of one model and version that arrived together, each (decode, client): the model leased
     once for them all, each request's `decode(lease)` → (InferRequest, finish), and their inferences handed
-    to its scheduler together. Yields (position, `finish(response)` or the exception it failed with) for
-    each, as each is done; one request's failure is its own."""
+    to its scheduler together (leased.py). Yields (position, `finish(response)` or the exception it failed
+    with) for each, as each is done; one request's failure is its own."""
     try:
         leases = _leases(core, name, version, [client for _, client in requests])
         if leases[0].view.decoupled:
@@ -97,30 +98,7 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
     except Exception as exc:  # the model, or the version, is not there: each request is told
         yield from ((position, exc) for position in range(len(requests)))
         return
-    held = dict(enumerate(leases))
-    for lease in leases:
-        lease.__enter__()
-    try:
-        decoded, positions = [], []
-        for position, (decode, _) in enumerate(requests):
-            try:
-                decoded.append(decode(leases[position]))
-                positions.append(position)
-            except Exception as exc:
-                held.pop(position).__exit__()
-                yield position, exc
-        running = core.infer_all([leases[p] for p in positions], [request for request, _ in decoded]) if decoded else ()
-        for index, response in running:
-            position, finish = positions[index], decoded[index][1]
-            try:
-                result = response if isinstance(response, Exception) else finish(response)
-            except Exception as exc:
-                result = exc
-            held.pop(position).__exit__()
-            yield position, result
-    finally:
-        for lease in held.values():
-            lease.__exit__()
+    yield from serve_leased(leases, [decode for decode, _ in requests], core.infer_all)
 
 
 def document_request(core: Core, shared_memory, parse, heavy: bool):

@@ -1,8 +1,8 @@
 """An HTTP front-end process: the master's listeners served on gevent (http_transport.Connections), each
-request handed whole to the model process over the channel (`ChannelDispatcher`), except V2 inference:
-its HTTP and the request's JSON are handled here, through the same route and pipeline one process uses,
-and only the inference crosses (its answer's body comes back made), so that the one model process does
-the least per request; and `generate_stream`, whose events cross as the model makes them.
+request handed whole to the model process over the channel (`ChannelDispatcher`), except inference:
+V2's and SageMaker's invokes have their HTTP (and V2's its JSON) handled here, through the same routes
+and pipeline one process uses, and only the inference crosses, so that the one model process does the
+least per request; and `generate_stream`, whose events cross as the model makes them.
 
 - A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
@@ -30,6 +30,7 @@ from werkzeug.exceptions import HTTPException
 from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
+from container.api.sagemaker_invoke import invoke_routes
 from container.api.tfserving_json import MOUNT
 from container.api.v2_generate_stream import stream_routes
 from container.api.v2_infer import infer_routes
@@ -38,6 +39,7 @@ from container.channel.blobs import large
 from container.channel.hub_client import HubChannelClient
 from container.errors import ServeError, Unavailable
 from container.http_frontend.inference import RemoteInference
+from container.http_frontend.invocations import RemoteInvoke
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -66,6 +68,7 @@ class ChannelDispatcher:
     def __init__(self, settings: Settings, channel_path: str):
         self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
         self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, settings.limits), settings.max_payload_bytes),
+                                        *invoke_routes(RemoteInvoke(self.channel), settings),
                                         *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body
