@@ -22,10 +22,20 @@ from container.channel.groups import TAKEN
 from container.grpc_api.clients import Clients
 from container.grpc_api.inference_service import InferenceService
 from container.settings import Settings
-from tests.builders import Scale, fp32_model, tensor, triton_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
 DOCUMENT = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+ECHO = """
+def model_fn(model_dir):
+    return None
+
+
+def transform_fn(model, body, content_type, accept):
+    if body in (b"boom", "boom"):  # JSON reaches the script as text
+        raise ValueError("no boom here")
+    return body, "application/octet-stream"
+"""
 
 
 class FrontEnd:
@@ -93,7 +103,8 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
                  [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
                  sequence_batching={**SEQUENCE, "max_sequence_idle_microseconds": 60_000_000})
-    server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate,reshaped", SERVE_HTTP_WORKERS="1")
+    handler_model(root, "echo", ECHO)
+    server = start_server(root, SERVE_LOAD_MODELS="double,queued,accumulate,reshaped,echo", SERVE_HTTP_WORKERS="1")
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
 
@@ -151,19 +162,27 @@ def test_a_sequence_keeps_its_order_through_different_front_ends(front_ends):
     assert totals == list(itertools.accumulate(range(1, 9)))
 
 
-def test_in_a_burst_through_a_front_end_a_malformed_request_and_a_client_that_hung_up_lose_the_others_nothing(server):
-    body = json.dumps(DOCUMENT).encode()
-    requests = [body, b"{not json", body, body, body]
+@pytest.mark.parametrize(("path", "good", "bad", "refused"), [
+    ("/v2/models/double/infer", json.dumps(DOCUMENT).encode(), b"{not json", 400),
+    ("/models/double/invoke", b"[[1, 2, 3, 4]]", b"[[1, 2", 400),
+    ("/models/echo/invoke", b"[1]", b"boom", 500),  # the handler raised
+])
+def test_in_a_burst_through_a_front_end_a_bad_request_and_a_client_that_hung_up_lose_the_others_nothing(
+        server, path, good, bad, refused):
+    requests = [good, bad, good, good, good]
     connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in requests]
     for sock, payload in zip(connections, requests, strict=True):
-        sock.sendall(b"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (path.encode(), len(payload), payload))
     connections[2].close()  # hung up before its answer
-    statuses = [_status(sock) for position, sock in enumerate(connections) if position != 2]
-    assert statuses == [200, 400, 200, 200]
-    for position, sock in enumerate(connections):
-        if position != 2:
+    try:
+        statuses = [_status(sock) for position, sock in enumerate(connections) if position != 2]
+    finally:
+        for sock in connections:
             sock.close()
-    assert server.request("POST", "/v2/models/double/infer", json=DOCUMENT).json()["outputs"][0]["data"] == [2, 4, 6, 8]
+    assert statuses == [200, refused, 200, 200]
+    answer = server.request("POST", path, data=good, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200
 
 
 def _status(sock: socket.socket) -> int:
@@ -270,3 +289,21 @@ def test_a_grpc_front_end_sends_what_it_decodes_as_tensors_and_the_rest_as_docum
     assert sent == ["infer"] and "nowhere" in answer
     sent, answer = asyncio.run(infer(request(2, "FP64")))
     assert sent == ["infer"] and answer == "StatusCode.INVALID_ARGUMENT: input 'x' is FP32; the request says FP64"
+
+
+def test_a_group_of_invokes_answers_each_and_one_that_fails_fails_alone(front_ends):
+    """SageMaker invokes of one model cross as a group, each [connection, its requests, body, headers,
+    request id]: a tensor model's body decoded for each (one that does not decode refused alone), a
+    handler model's each handed to its worker (one its script fails answered 500 alone)."""
+    json_body = {"content-type": "application/json"}
+    items = front_ends[0].group("invoke", "double", [[1, 2, b"[[1, 2, 3, 4]]", json_body, "a"],
+                                                     [2, 2, b"[[1, 2", json_body, "b"],
+                                                     [3, 2, b"[[4, 3, 2, 1]]", json_body, "c"]])
+    by_position = {item[0]: item[1:] for item in items}
+    assert json.loads(by_position[0][3]) == [[2, 4, 6, 8]] and json.loads(by_position[2][3]) == [[8, 6, 4, 2]]
+    assert by_position[1][0][0] == "InvalidRequest" and by_position[1][0][2] == 400
+    items = front_ends[1].group("invoke", "echo", [[1, 2, b"one", {}, "a"], [2, 2, b"boom", {}, "b"], [3, 2, b"three", {}, "c"]])
+    by_position = {item[0]: item[1:] for item in items}
+    assert by_position[0][1:] == [200, {"Content-Type": "application/octet-stream"}, b"one"]
+    assert by_position[2][3] == b"three"
+    assert by_position[1][0] == ["ModelError", "transform_fn of model 'echo' raised ValueError: no boom here", 500]
