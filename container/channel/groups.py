@@ -1,6 +1,6 @@
 """Calls that arrive together cross the channel together. The calls a front-end makes for one key (V2
-inferences of one model and version) in one turn of its event loop go to the model process as one call
-of a group operation, which pays its per-call costs once (a frame each way, a greenlet, the model's
+inferences of one model and version, SageMaker invokes of one model) in one turn of its event loop go to
+the model process as one call of a group operation, which pays its per-call costs once (a frame each way, a greenlet, the model's
 lease, a wake-up of its scheduler) and streams back an item for each call as it is done: a fast
 request does not wait for a slow one in its group.
 
@@ -138,7 +138,7 @@ class Groups(_Groups):
 
     def call(self, key: tuple, call: list, size: int) -> list:
         """The answer to `call` (a list: what its op takes for one call) made as part of the group open
-        for `key` this turn; `size`: the bytes of data it carries. Its error is raised here."""
+        for `key`; `size`: the bytes of data it carries. Its error is raised here."""
         return self._result(*self._join(key, call, size).get())
 
     def _start(self, group: _Group) -> None:

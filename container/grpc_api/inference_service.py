@@ -131,7 +131,7 @@ class InferenceService:
             slots.release()
 
     async def _infer(self, request, peer: str) -> bytes:
-        """The requests for one model made in one turn of the loop cross the channel as one group
+        """The requests for one model that arrive together cross the channel as one group
         (channel/groups.py): as tensors decoded here, or as their documents."""
         document, binary = messages.infer_document(request)
         name, version = request.model_name, request.model_version

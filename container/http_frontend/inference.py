@@ -9,7 +9,7 @@ crosses in shared memory, and is decoded on a thread there); a request this deco
 there in one process's order and words: a model that is not there is a 404 whatever the body holds);
 a model this front-end has no view of (a handler model, a decoupled one, or one not loaded).
 
-Either way the calls of one turn of the loop for one model cross as one (channel/groups.py)."""
+Either way the calls for one model that arrive together cross as one (channel/groups.py)."""
 
 import os
 
