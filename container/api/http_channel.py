@@ -7,7 +7,7 @@ the front-end itself is gone). Inference is the exception: a front-end serves it
 here only for the inferences, in groups (channel/groups.py). V2's (api/v2_infer.py) cross as tensors it
 decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
 process to decode (`v2_infer`; http_frontend/inference.py says which goes how); SageMaker's invokes
-(sagemaker.invoke_routes) as their bodies (`invoke`)."""
+(sagemaker_invoke.py) as their bodies (`invoke`)."""
 
 from typing import Callable
 
@@ -95,7 +95,7 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
                 yield [position, None, result.model_version, result.outputs]
 
     def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
-        """SageMaker invokes of one model that a front-end received together (sagemaker.invoke_routes),
+        """SageMaker invokes of one model that a front-end received together (sagemaker_invoke.py),
         each [connection number, its requests, body, headers, request id]; `on_demand`: loaded first when
         it is not (`/invocations` of a multi-model endpoint). Yields TAKEN, then [position, None, status,
         headers, body] for each, or [position, error], as each is done."""

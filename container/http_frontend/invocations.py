@@ -1,8 +1,9 @@
-"""An HTTP front-end's SageMaker invokes: the `run` of api/sagemaker.py's invoke routes. The route, the
+"""An HTTP front-end's SageMaker invokes: the `run` of api/sagemaker_invoke.py's routes. The route, the
 request id, the access log and the error's rendering are this process's; only the body, its headers and
-the request id cross, and only the answer comes back, so that the one model process does for a
-handler model's request what only it can: the lease, a load on first use, and the hand-off to the
-model's worker. The invokes of one model that arrive together cross as one (channel/groups.py)."""
+the request id cross, and only the answer comes back, so that the one model process does little more
+than what only it can: the lease, a load on first use, and a handler model's hand-off to its worker (a
+tensor model's body is decoded there too, against the signature of the load it runs on). The invokes of
+one model that arrive together cross as one (channel/groups.py)."""
 
 import os
 
