@@ -1,5 +1,6 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
-over V2 binary, V2 JSON and SageMaker invoke at 64 connections, served by one process
+over V2 binary, V2 JSON and SageMaker invoke, and a SageMaker handler model whose script does nothing
+over invoke, at 64 connections, served by one process
 (SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
 beside Triton on the same cores, with where each request's CPU went: the model process (the one process
 every request passes through, whose cost bounds what any number of front-ends can serve) and how busy it
@@ -21,6 +22,15 @@ from bench.tiny import Double
 from bench.triton import MISSING, Triton, tritonserver
 
 TITLE = "HTTP front-end processes: requests/s from one process to 16 front-ends, and memory per process"
+HANDLER = "echo"  # a SageMaker handler model whose script costs nothing: what the server spends around it
+ECHO_PY = """
+def model_fn(model_dir):
+    return None
+
+
+def transform_fn(model, body, content_type, accept):
+    return body, "application/json"
+"""
 COUNTS = (0, 1, 2, 4, 8, 16)  # front-end processes; 0 is the model process serving HTTP itself
 CONNECTIONS = 64
 
@@ -56,7 +66,8 @@ def _routes() -> list[tuple]:
                    (model, "V2 JSON", f"/v2/models/{model}/infer", json.dumps(document).encode(), {}),
                    (model, "SageMaker invoke", f"/models/{model}/invoke", json.dumps(values.tolist()).encode(),
                     {"Content-Type": "application/json"})]
-    return routes
+    return routes + [(HANDLER, "SageMaker invoke", f"/models/{HANDLER}/invoke", b"[[1.0, 2.0]]",
+                      {"Content-Type": "application/json"})]
 
 
 def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float,
@@ -67,6 +78,8 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
     with tempfile.TemporaryDirectory() as scratch:
         for name, (module, config) in models.items():
             save_model(Path(scratch), name, module, config)
+        (Path(scratch) / HANDLER / "code").mkdir(parents=True)
+        (Path(scratch) / HANDLER / "code" / "inference.py").write_text(ECHO_PY)
         for count in counts:
             server = Server(Path(scratch), cores, SERVE_HTTP_WORKERS=str(count))
             try:
@@ -116,10 +129,11 @@ def _measure(server: Server, model: str, path: str, body: bytes, headers: dict, 
     the share of the model's executions the event loop ran itself (None when nothing was served)."""
     pid = server.worker_pid()
     runs_before = executions(server.url, model)  # read outside the CPU counted: a scrape costs the model process
-    before, front_ends_before, started = cpu_seconds(pid), _front_ends_cpu(server), time.perf_counter()
+    # the model process alone: a handler model's workers are its children, and pay for the script
+    before, front_ends_before, started = cpu_seconds(pid, False), _front_ends_cpu(server), time.perf_counter()
     load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
     elapsed = time.perf_counter() - started
-    in_model, in_front_ends = cpu_seconds(pid) - before, _front_ends_cpu(server) - front_ends_before
+    in_model, in_front_ends = cpu_seconds(pid, False) - before, _front_ends_cpu(server) - front_ends_before
     runs, on_loop = (after - earlier for after, earlier in zip(executions(server.url, model), runs_before, strict=True))
     served = load.requests_per_s * max(1, round(seconds))
     if not served:

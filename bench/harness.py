@@ -222,11 +222,12 @@ def pin_to(pid: int, cores) -> None:
             os.sched_setaffinity(int(thread.name), cores)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of `pid` and its live descendants (all of their threads)."""
+def cpu_seconds(pid: int, descendants: bool = True) -> float:
+    """User and system CPU time of `pid` (all of its threads) and, unless told not to, of its live
+    descendants."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for process in tree(pid):
+    for process in tree(pid) if descendants else [pid]:
         fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
