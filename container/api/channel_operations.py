@@ -16,9 +16,8 @@ from container.api.log_and_trace import log_settings, trace_settings
 from container.api.modelmesh import modelmesh_operations
 from container.api.shared_memory import SharedMemory
 from container.api.v2_generate import generate_events
-from container.channel import wire
 from container.channel.blobs import large
-from container.channel.groups import TAKEN
+from container.channel.groups import group_items
 from container.core import Core
 from container.errors import InvalidInput, InvalidRequest
 from container.inference import InferRequest, TransformRequest
@@ -30,17 +29,12 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
     def infer(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences of one model and version that a gRPC front-end received together, each [its
         client's number, the requests that client has made, document, binary data (bytes, or a large
-        request's data mapped from shared memory)]. Yields TAKEN (channel/groups.py), then [position,
+        request's data mapped from shared memory)]. Its items (groups.group_items): TAKEN, then [position,
         None, answer, chunks] for each, or [position, error], as each is done."""
-        yield TAKEN
         requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary)),
                      clients.get(front_end, number, count)) for number, count, document, binary in calls]
-        for position, result in v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED):
-            if isinstance(result, Exception):
-                yield [position, wire.error_of(result)]
-            else:
-                answer, chunks = result
-                yield [position, None, answer, [large(chunk) for chunk in chunks]]
+        return group_items(v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED),
+                           lambda _, result: [result[0], [large(chunk) for chunk in result[1]]])
 
     def infer_stream(name: str, version: str, document: dict, binary):
         """A request of gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""

@@ -14,9 +14,8 @@ from typing import Callable
 from container.api import sagemaker, v2_dataplane
 from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
-from container.channel import wire
 from container.channel.blobs import large
-from container.channel.groups import TAKEN
+from container.channel.groups import group_items
 from container.core import Core
 from container.inference import Client, InferRequest
 from container.v2 import views
@@ -62,51 +61,40 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         Inference-Header-Content-Length, document, data, heavy]: `document` is the request's JSON, which
         the front-end parsed, and `data` the binary part after it; or None and the whole body, when the
         front-end could not parse it (a raw binary request, or a malformed one): parsed here once the
-        model is leased, so errors come in the order one process gives them. Yields TAKEN (groups.py),
+        model is leased, so errors come in the order one process gives them. Its items (group_items): TAKEN,
         then [position, None, the answer's body, its headers] for each, or [position, error], as each is
         done."""
-        yield TAKEN
         requests = [(v2_dataplane.document_request(core, shared_memory, _parser(name, header_length, document, data, heavy),
                                                    heavy), clients.get(front_end, number, count))
                     for number, count, header_length, document, data, heavy in calls]
-        for position, result in v2_dataplane.infer_group(core, name, version, requests):
-            if isinstance(result, Exception):
-                yield [position, wire.error_of(result)]
-                continue
+
+        def answer(position: int, result) -> list:
             body, headers = answer_body(*result, calls[position][5])
-            yield [position, None, large(body), headers]
+            return [large(body), headers]
+
+        return group_items(v2_dataplane.infer_group(core, name, version, requests), answer)
 
     def v2_infer_tensors(front_end: int, name: str, version: str | None, calls: list[list]):
         """V2 inferences a front-end received together, decoded and checked (Signature.check) against its
         view of the model (v2/views.py), each [connection number, its requests, the view's generation,
-        inputs, the outputs asked for (None: all), parameters, request id]. Yields TAKEN, then [position,
+        inputs, the outputs asked for (None: all), parameters, request id]. Its items: TAKEN, then [position,
         None, the version that ran, its outputs] for each, or [position, error], or [position, None] when
         the model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
-        yield TAKEN
         requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
                      clients.get(front_end, number, count))
                     for number, count, generation, inputs, outputs, parameters, request_id in calls]
-        for position, result in v2_dataplane.infer_group(core, name, version, requests):
-            if isinstance(result, _Stale):
-                yield [position, None]
-            elif isinstance(result, Exception):
-                yield [position, wire.error_of(result)]
-            else:
-                yield [position, None, result.model_version, result.outputs]
+        results = ((p, _STALE if isinstance(r, _Stale) else r) for p, r in v2_dataplane.infer_group(core, name, version, requests))
+        return group_items(results, lambda _, result: [] if result is _STALE else [result.model_version, result.outputs])
 
     def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
         """SageMaker invokes of one model that a front-end received together (sagemaker_invoke.py),
         each [connection number, its requests, body, headers, request id]; `on_demand`: loaded first when
-        it is not (`/invocations` of a multi-model endpoint). Yields TAKEN, then [position, None, status,
+        it is not (`/invocations` of a multi-model endpoint). Its items: TAKEN, then [position, None, status,
         headers, body] for each, or [position, error], as each is done."""
-        yield TAKEN
         requests = [((body if isinstance(body, bytes) else bytes(body), headers, request_id), clients.get(front_end, number, count))
                     for number, count, body, headers, request_id in calls]
-        for position, result in sagemaker.invoke_group(core, name, on_demand, requests, default_accept):
-            if isinstance(result, Exception):
-                yield [position, wire.error_of(result)]
-            else:
-                yield [position, None, result.status, result.headers, large(result.body)]
+        return group_items(sagemaker.invoke_group(core, name, on_demand, requests, default_accept),
+                           lambda _, response: [response.status, response.headers, large(response.body)])
 
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
@@ -119,6 +107,9 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
 class _Stale(Exception):
     """A request decoded against a view of a load that no longer serves."""
+
+
+_STALE = object()  # its answer: [position, None]
 
 
 def _tensor_request(generation: int, request: InferRequest):

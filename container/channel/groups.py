@@ -16,6 +16,7 @@ is past what the model process reads: each of its calls is sent again on its own
 
 import asyncio
 from collections import Counter
+from typing import Callable, Iterator
 
 from gevent.event import AsyncResult
 
@@ -28,6 +29,18 @@ MOST_CALLS = 64  # calls in one group
 MOST_BYTES = 256 << 10  # data in one group; a call with more goes alone
 KEEP_SENDERS = 64  # greenlets kept to send the next groups (kept.py)
 TAKEN = []  # the item a group operation yields first: the model process has taken the group up
+
+
+def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, object], list]) -> Iterator[list]:
+    """A group operation's items, made in the model process: TAKEN, then for each (position, result) as it
+    comes, [position, error] when the result is an exception, else [position, None, *answer(position,
+    result)]."""
+    yield TAKEN
+    for position, result in results:
+        if isinstance(result, Exception):
+            yield [position, wire.error_of(result)]
+        else:
+            yield [position, None, *answer(position, result)]
 
 
 class _Group:
