@@ -269,23 +269,34 @@ class Core:
 
     def transform(self, lease: Lease, request: TransformRequest):
         """A request body through the leased SageMaker handler model; returns its backend's response."""
-        model, version = lease.model, lease.version
-        transform, statistics = model.versions[version].transform, model.statistics[version]
-        args = (request.body, request.content_type, request.accept, request.headers, request.request_id)
-        start = time.perf_counter_ns()
-        try:
-            result, phases = model.scheduler.run(transform, args, statistics)
-        except BaseException as exc:
-            self._failed(statistics, start, exc)
-            raise
-        statistics.record_success(1, time.perf_counter_ns() - start, phases)
-        self._registry.remeasure(model)
+        [(_, result)] = self.transform_all([lease], [request])
+        if isinstance(result, Exception):
+            raise result
         return result
 
     def transform_all(self, leases: list[Lease], requests: list[TransformRequest]) -> Iterator[tuple[int, object]]:
         """`transform` for requests to one handler model that arrived together, each under its own lease:
-        (position, its response or the exception it failed with), as each finishes."""
-        return as_done(lambda pair: self.transform(*pair), list(zip(leases, requests, strict=True)))
+        (position, its response or the exception it failed with), as each finishes. Its scheduler hands
+        them to the model's workers together (a message to a worker for all it takes)."""
+        model, version = leases[0].model, leases[0].version
+        transform_all, statistics = model.versions[version].transform_all, model.statistics[version]
+        calls = [(r.body, r.content_type, r.accept, r.headers, r.request_id) for r in requests]
+        start, pending = time.perf_counter_ns(), len(calls)
+        try:
+            for position, outcome in model.scheduler.run_all(transform_all, calls, statistics):
+                pending -= 1
+                if isinstance(outcome, Exception):
+                    self._failed(statistics, start, outcome)
+                    yield position, outcome
+                    continue
+                result, phases = outcome
+                statistics.record_success(1, time.perf_counter_ns() - start, phases)
+                self._registry.remeasure(model)
+                yield position, result
+        except BaseException as exc:  # the caller went away, or the process is stopping
+            for _ in range(pending):
+                self._failed(statistics, start, exc)
+            raise
 
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the

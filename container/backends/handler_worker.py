@@ -19,7 +19,7 @@ from pathlib import Path
 from gevent.monkey import get_original
 
 from container.backends import footprint
-from container.backends.handler import HandlerModel, HandlerResponse
+from container.backends.handler import HandlerModel
 from container.backends.torch_runtime import release_memory
 from container.backends.worker_process import (
     NativeQueue,
@@ -122,18 +122,41 @@ class HandlerWorker:
         """How many workers beyond its least the memory budget has room for now (the registry's word)."""
         self._allowed = max(0, min(extra, self._most - self._least))
 
-    def transform(self, body: bytes, content_type: str | None, accept: str | None, headers: dict[str, str],
-                  request_id: str | None = None) -> HandlerResponse:
+    def transform_all(self, requests: list[tuple], answer) -> None:
+        """On an instance thread: requests that arrived together, in one message to one worker, which runs
+        them in turn; `answer(index, response or the error)` as each is answered, within the handler
+        timeout of the one before it. A worker that dies or hangs fails the request it was running
+        alone: those after it go to the worker started in its place."""
         worker = self._take()
         try:
-            if not worker.running:
-                self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
-            response, self._device_bytes[worker] = worker.ask((body, content_type, accept, headers, request_id),
-                                                              "a request", self._options.handler_timeout)
-            return response
+            done = 0
+            while done < len(requests):
+                try:
+                    if not worker.running:
+                        self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
+                    worker.tell(requests[done:])
+                except ServeError as exc:  # no worker to take them: each is told why
+                    for index in range(done, len(requests)):
+                        answer(index, exc)
+                    return
+                done = self._replies(worker, len(requests), done, answer)
         finally:
             self._last_used[worker] = time.monotonic()
             self._idle.put(worker)
+
+    def _replies(self, worker: WorkerProcess, count: int, done: int, answer) -> int:
+        """The worker's replies to requests `done`… of its message, each answered; returns how many of
+        the requests are answered when it stops replying (all, or up to the one it died in)."""
+        for index in range(done, count):
+            try:
+                response, self._device_bytes[worker] = worker.reply("a request", self._options.handler_timeout)
+            except ServeError as exc:
+                answer(index, exc)
+                if not worker.running:
+                    return index + 1
+            else:
+                answer(index, response)
+        return count
 
     def _take(self) -> WorkerProcess:
         """An idle worker; when there is none, one more is started (room allowing) and the request
@@ -263,18 +286,25 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
             return
         if request is None:
             return
-        try:
-            reply = ("ok", (model.transform(*request), model.device_bytes()))
-        except Exception as exc:
-            reply = ("error", error_reply(exc))
-            fault = isinstance(exc, DeviceFault)
-            out_of_memory = isinstance(exc, DeviceOutOfMemory)
-        else:
-            fault = out_of_memory = False
-        if not send(connection, reply) or fault:
-            return
-        if out_of_memory:  # this process's cached blocks are its own to give back
+        for one in request:  # requests that arrived together, each answered as it is done
+            if not _answer(connection, model, one):
+                return
+
+
+def _answer(connection: Connection, model: HandlerModel, request: tuple) -> bool:
+    """One request's reply; False when the worker must end (the server hung up, or the device failed)."""
+    try:
+        reply = ("ok", (model.transform(*request), model.device_bytes()))
+    except DeviceFault as exc:  # the CUDA context is broken: this process ends, and the server starts another
+        send(connection, ("last", error_reply(exc)))
+        return False
+    except Exception as exc:
+        if not send(connection, ("error", error_reply(exc))):
+            return False
+        if isinstance(exc, DeviceOutOfMemory):  # this process's cached blocks are its own to give back
             release_memory()
+        return True
+    return send(connection, reply)
 
 
 def _load(name: str, directory: Path, device: str, options: WorkerOptions) -> HandlerModel:

@@ -93,8 +93,12 @@ class WorkerProcess:
     def ask(self, message, doing: str, timeout: float | None = None):
         """The worker's reply to `message`, or the error it reports, or a ModelError when it died or
         did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
-        self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
+        self.tell(message)
         return self.reply(doing, timeout)
+
+    def tell(self, message) -> None:
+        """Send `message`; its replies are read with `reply`."""
+        self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
 
     def interrupt(self) -> None:
         """Kill the process now, whoever holds the lock: a start or a request under way ends with the
@@ -150,6 +154,8 @@ class WorkerProcess:
         status, payload = reply
         if status == "ok":
             return payload
+        if status == "last":  # an error the worker ends after (its CUDA context is broken): it is not asked again
+            self.stop()
         raise rebuild(payload)
 
     def _kill(self) -> None:

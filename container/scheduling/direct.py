@@ -5,8 +5,11 @@ shorter than a thread hand-off is worth, on the hub itself (inline.py)."""
 import time
 from typing import Iterator
 
+import gevent
 from gevent.event import Event
+from gevent.queue import Queue
 
+from container.errors import DeviceOutOfMemory
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
@@ -53,12 +56,49 @@ class DirectScheduler(Scheduler):
         for position, job in enumerate(jobs):
             yield position, outcome(self.infer, job)
 
-    def run(self, fn, args: tuple, statistics: Statistics) -> tuple[object, Phases]:
-        """A handler model's request: `fn(*args)` on an instance thread."""
-        submitted = time.perf_counter_ns()
-        phases, result = self._one(lambda _: self._apply(call, (fn, args), submitted), None)
-        statistics.record_execution(1, phases)
-        return result, phases
+    def run_all(self, fn, calls: list[tuple], statistics: Statistics) -> Iterator[tuple[int, object]]:
+        """A handler model's requests that arrived together, in as many shares as the model has instances
+        (a worker each, and one message to it): each share is one `fn(its calls, answer)` on an instance
+        thread, which answers each call as it is done (`answer(index in the share, result or the
+        exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
+        that failed for want of device memory runs again, alone, once room is made for it."""
+        answered, retried = Queue(), set()
+        shares = [_Share(positions, answered, statistics) for positions in _shares(len(calls), self._instances)]
+        if len(calls) == 1:
+            self._run_share(fn, calls, shares[0])  # nothing to answer before it is done: no greenlet
+        else:
+            for share in shares:
+                gevent.spawn_raw(self._run_share, fn, calls, share)
+        for _ in calls:
+            position, result = answered.get()
+            while isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
+                retried.add(position)
+                self._recover(result.device, result.requested)
+                self._run_share(fn, calls, _Share([position], answered, statistics))
+                position, result = answered.get()
+            yield position, result
+
+    def _run_share(self, fn, calls: list[tuple], share: "_Share") -> None:
+        """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
+        it comes, the last with the call's own end (one wake-up of the loop for a lone request)."""
+        last = len(share.positions) - 1
+
+        def answer(index: int, result) -> None:
+            if index == last:
+                share.last = (index, result, time.perf_counter_ns())
+            else:
+                self._threads.post(share.answer, index, result, time.perf_counter_ns())
+
+        def run() -> None:
+            share.began = time.perf_counter_ns()
+            fn([calls[p] for p in share.positions], answer)
+
+        try:
+            self._apply(call, (run, ()), share.submitted)
+        except Exception as exc:  # the share failed as a whole: each call it had not answered, with it
+            share.fail(exc)
+        else:
+            share.answer(*share.last)
 
     def _one(self, attempt, request):
         """One request, recovering from an out-of-memory error as any batch does."""
@@ -81,3 +121,38 @@ class DirectScheduler(Scheduler):
 
     def close(self) -> None:
         self._threads.close()
+
+
+class _Share:
+    """Calls of a group that one instance thread runs together, each answered as it is done: a call's
+    queue time lasts until the share begins or the call before it in the share is done."""
+
+    def __init__(self, positions: list[int], answered: Queue, statistics: Statistics):
+        self.positions, self._answered, self._statistics = positions, answered, statistics
+        self.submitted = self.began = time.perf_counter_ns()  # `began`: set by the thread as it begins
+        self.last = None  # (index, result, when) of its last call, answered once the thread is done
+        self._open = set(positions)
+
+    def answer(self, index: int, result, now: int) -> None:
+        """On the loop: the share's `index`th call was answered at `now`."""
+        position = self.positions[index]
+        self._open.discard(position)
+        if isinstance(result, Exception):
+            self._answered.put((position, result))
+            return
+        phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
+        self.began = now
+        self._statistics.record_execution(1, phases)
+        self._answered.put((position, (result, phases)))
+
+    def fail(self, exc: Exception) -> None:
+        for position in sorted(self._open):
+            self._answered.put((position, exc))
+        self._open.clear()
+
+
+def _shares(count: int, instances: int) -> list[list[int]]:
+    """`count` positions in at most `instances` runs of consecutive ones, as even as can be."""
+    shares = min(count, instances)
+    bounds = [count * i // shares for i in range(shares + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(shares)]

@@ -1,6 +1,6 @@
 """A model's execution threads: real OS threads, one per instance, fed from one native queue, and
 answering through one async watcher of the event loop that hands back every result finished since it
-last ran. gevent's ThreadPool makes a watcher, a result object and a greenlet hand-off per call; here a
+last ran (and every answer a call posted on its way: `post`). gevent's ThreadPool makes a watcher, a result object and a greenlet hand-off per call; here a
 call costs a queue put and a waiter, and a burst of finished batches one wake-up of the loop."""
 
 from collections import deque
@@ -20,7 +20,7 @@ class Instances:
 
     def __init__(self, count: int):
         self._tasks = _NativeQueue()
-        self._done: deque = deque()  # (waiter, ok, value) finished on a thread, not yet handed back
+        self._done: deque = deque()  # (function, args, whether a call ended), to run on the loop
         self._waiting = 0  # calls not yet answered: while there are any, the watcher keeps the loop alive
         self._wake = get_hub().loop.async_()
         self._wake.ref = False
@@ -37,6 +37,12 @@ class Instances:
         self._tasks.put((fn, args, waiter))
         return waiter.get()
 
+    def post(self, function, *args) -> None:
+        """From inside a call on a thread: `function(*args)` on the loop, soon (a call that answers
+        several requests hands each back as it is done)."""
+        self._done.append((function, args, False))
+        self._wake.send()
+
     def close(self) -> None:
         """The threads end once the calls queued before this have run."""
         for _ in range(self._count):
@@ -47,22 +53,20 @@ class Instances:
         while (task := tasks.get()) is not _STOP:
             fn, args, waiter = task
             try:
-                done.append((waiter, True, fn(*args)))
+                done.append((waiter.switch, (fn(*args),), True))
             except BaseException as exc:  # noqa: BLE001 — raised again in the caller's greenlet
-                done.append((waiter, False, exc))
+                done.append((waiter.throw, (exc,), True))
             del task, fn, args, waiter  # nothing of the call stays alive on this thread while it waits
             wake.send()
 
     def _hand_back(self) -> None:
-        """On the loop: every finished call's result to its greenlet. A greenlet that stopped waiting
-        (killed) is skipped by its waiter."""
+        """On the loop: every finished call's result to its greenlet, and every posted answer. A greenlet
+        that stopped waiting (killed) is skipped by its waiter."""
         done = self._done
         while done:
-            waiter, ok, value = done.popleft()
-            self._waiting -= 1
-            if not self._waiting:
-                self._wake.ref = False
-            if ok:
-                waiter.switch(value)
-            else:
-                waiter.throw(value)
+            function, args, finished = done.popleft()
+            if finished:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._wake.ref = False
+            function(*args)

@@ -1,0 +1,151 @@
+"""A handler model's requests that arrive together (core.transform_all) go to its worker processes in
+one message per worker, each request still answered on its own and as soon as it is done: a request that
+kills its worker, hangs past the handler timeout, breaks the device or runs out of its memory fails (or
+runs again) alone, and the requests after it in the message go to the worker started in its place. Real
+worker processes, without a server; the messages are counted at the worker's socket."""
+
+import functools
+import os
+
+import gevent
+import pytest
+
+from container.backends import WorkerOptions, load_backends
+from container.backends.torch_runtime import free_memory, release_memory
+from container.backends.worker_process import WorkerProcess
+from container.core import Core
+from container.errors import ModelError
+from container.inference import TransformRequest
+from container.models.cache import MemoryCache
+from container.models.registry import Registry, Runtime
+from container.scheduling import scheduler_for
+from tests.builders import Gate, handler_model, poll
+
+# Answers "<its body>:<its worker's pid>"; some bodies do more first.
+SCRIPT = """
+import os
+from container.errors import DeviceFault, DeviceOutOfMemory
+
+def model_fn(model_dir):
+    return None
+
+def transform_fn(model, body, content_type, accept):
+    if body == b"exit":
+        os._exit(3)
+    if body == b"hang":
+        open({hang!r}).read()  # nobody opens its other end: the handler timeout ends it
+    if body == b"gate":
+        {gate}
+    if body == b"fault":
+        raise DeviceFault("the device failed (a test)")
+    if body == b"oom" and not os.path.exists({ran_out!r}):
+        open({ran_out!r}, "w").close()
+        raise DeviceOutOfMemory("out of memory (a test)", "cpu", 0)
+    return body + b":" + str(os.getpid()).encode(), "text/plain"
+"""
+
+
+@pytest.fixture
+def messages(monkeypatch) -> list[int]:
+    """How many requests each message to a worker carried, in the order they were sent."""
+    sent = []
+    tell = WorkerProcess.tell
+
+    def counting(self, message):
+        sent.append(len(message))
+        tell(self, message)
+    monkeypatch.setattr(WorkerProcess, "tell", counting)
+    return sent
+
+
+def handler_core(tmp_path, **options) -> tuple[Core, Gate]:
+    gate, hang = Gate(tmp_path, "gate"), tmp_path / "hang.fifo"
+    os.mkfifo(hang)
+    root = tmp_path / "models"
+    handler_model(root, "h", SCRIPT.format(hang=str(hang), gate=gate.code(), ran_out=str(tmp_path / "ran_out")))
+    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory)
+    core = Core(Registry(str(root), MemoryCache({"cpu": 1 << 34}, evict=True), runtime), scheduler_for)
+    core.load("h", "h")
+    return core, gate
+
+
+def transform_all(core: Core, bodies: list[bytes]):
+    """(position, body answered or the exception) for each of `bodies` sent together, as each comes."""
+    leases = core.leases("h", None, [None] * len(bodies))
+    for lease in leases:
+        lease.__enter__()
+    requests = [TransformRequest(body, "application/octet-stream", None, {}) for body in bodies]
+    for position, result in core.transform_all(leases, requests):
+        leases[position].__exit__()
+        yield position, result if isinstance(result, Exception) else result.body
+
+
+def answers(core: Core, bodies: list[bytes]) -> list:
+    by_position = dict(transform_all(core, bodies))
+    return [by_position[p] for p in range(len(bodies))]
+
+
+def pid(answer: bytes) -> int:
+    return int(answer.rpartition(b":")[2])
+
+
+def test_a_group_goes_in_one_message_and_a_crash_or_a_hang_fails_only_its_own_request(tmp_path, messages):
+    core, _ = handler_core(tmp_path, handler_timeout=1.0)
+    try:
+        first, crashed, second, hung, third = answers(core, [b"a", b"exit", b"b", b"hang", b"c"])
+        assert isinstance(crashed, ModelError) and "exited with code 3 in a request" in str(crashed)
+        assert isinstance(hung, ModelError) and "did not finish a request within 1 s" in str(hung)
+        assert [answer.partition(b":")[0] for answer in (first, second, third)] == [b"a", b"b", b"c"]
+        assert len({pid(first), pid(second), pid(third)}) == 3  # a new worker after each death
+        assert messages == [5, 3, 1]  # all at once; after each death, the rest to the new worker
+    finally:
+        core.unload("h")
+
+
+def test_a_request_that_breaks_the_device_ends_its_worker_and_the_rest_go_to_a_new_one(tmp_path, messages):
+    core, _ = handler_core(tmp_path)
+    try:
+        first, broken, second = answers(core, [b"a", b"fault", b"b"])
+        assert isinstance(broken, ModelError) and "the device failed (a test)" in str(broken)
+        assert pid(first) != pid(second)
+        assert messages == [3, 1]
+    finally:
+        core.unload("h")
+
+
+def test_a_request_out_of_device_memory_runs_again_alone_once_room_is_made(tmp_path, messages):
+    core, _ = handler_core(tmp_path)
+    try:
+        assert [a.partition(b":")[0] for a in answers(core, [b"a", b"oom", b"b"])] == [b"a", b"oom", b"b"]
+        assert messages == [3, 1] and core.counters.recoveries == 1
+    finally:
+        core.unload("h")
+
+
+def test_each_request_of_a_message_is_answered_as_soon_as_it_is_done(tmp_path, messages):
+    core, gate = handler_core(tmp_path)
+    try:
+        answering = transform_all(core, [b"a", b"gate"])
+        with gevent.Timeout(30):
+            position, answer = next(answering)  # while the second is held at the gate
+        assert (position, answer.partition(b":")[0]) == (0, b"a")
+        gate.wait_entered()
+        gate.release()
+        with gevent.Timeout(30):
+            [(position, answer)] = list(answering)
+        assert (position, answer.partition(b":")[0]) == (1, b"gate") and messages == [2]
+    finally:
+        core.unload("h")
+
+
+def test_a_pools_workers_each_take_a_share_of_a_group_in_one_message(tmp_path, messages):
+    core, _ = handler_core(tmp_path, handler_workers=2, handler_max_workers=2)
+    try:
+        [pool] = core._registry.models["h"].versions.values()
+        poll(lambda: pool.workers == 2, 60, "the second worker did not start")  # it starts on a thread of its own
+        bodies = [b"a", b"b", b"c", b"d", b"e"]
+        answered = answers(core, bodies)
+        assert [a.partition(b":")[0] for a in answered] == bodies
+        assert sorted(messages) == [2, 3] and len({pid(a) for a in answered}) == 2
+    finally:
+        core.unload("h")
