@@ -122,6 +122,17 @@ def handler_model(root: Path, name: str, inference_py: str | None = None, module
     return directory
 
 
+def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
+    """A python-backend model: `<version>/model.py`, and `config.pbtxt` from `config` when given."""
+    directory = root / name
+    for version in versions:
+        (directory / str(version)).mkdir(parents=True)
+        (directory / str(version) / "model.py").write_text(textwrap.dedent(model_py))
+    if config is not None:
+        (directory / "config.pbtxt").write_text(_pbtxt({"name": name, "backend": "python", **config}))
+    return directory
+
+
 def archive(directory: Path, path: Path, top_folder: bool = False) -> Path:
     with tarfile.open(path, "w:gz") as tar:
         for item in sorted(directory.rglob("*")):

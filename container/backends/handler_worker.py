@@ -124,39 +124,22 @@ class HandlerWorker:
 
     def transform_all(self, requests: list[tuple], answer) -> None:
         """On an instance thread: requests that arrived together, in one message to one worker, which runs
-        them in turn; `answer(index, response or the error)` as each is answered, within the handler
-        timeout of the one before it. A worker that dies or hangs fails the request it was running
-        alone: those after it go to the worker started in its place."""
+        them in turn; `answer(index, response or the error)` as each is answered (`WorkerProcess.in_turn`)."""
         worker = self._take()
+
+        def start() -> None:
+            self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
+
+        def answered(index: int, reply) -> None:
+            if not isinstance(reply, ServeError):
+                reply, self._device_bytes[worker] = reply
+            answer(index, reply)
+
         try:
-            done = 0
-            while done < len(requests):
-                try:
-                    if not worker.running:
-                        self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
-                    worker.tell(requests[done:])
-                except ServeError as exc:  # no worker to take them: each is told why
-                    for index in range(done, len(requests)):
-                        answer(index, exc)
-                    return
-                done = self._replies(worker, len(requests), done, answer)
+            worker.in_turn(requests, list, start, "a request", self._options.handler_timeout, answered)
         finally:
             self._last_used[worker] = time.monotonic()
             self._idle.put(worker)
-
-    def _replies(self, worker: WorkerProcess, count: int, done: int, answer) -> int:
-        """The worker's replies to requests `done`… of its message, each answered; returns how many of
-        the requests are answered when it stops replying (all, or up to the one it died in)."""
-        for index in range(done, count):
-            try:
-                response, self._device_bytes[worker] = worker.reply("a request", self._options.handler_timeout)
-            except ServeError as exc:
-                answer(index, exc)
-                if not worker.running:
-                    return index + 1
-            else:
-                answer(index, response)
-        return count
 
     def _take(self) -> WorkerProcess:
         """An idle worker; when there is none, one more is started (room allowing) and the request

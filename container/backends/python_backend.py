@@ -99,8 +99,7 @@ class PythonBackend:
         model's responses go to each request's responder as they come (`InferRequest.respond`), and its
         requests' outputs here are empty."""
         if self._decoupled and (responders is None or None in responders):
-            raise InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream "
-                                 f"(ModelStreamInfer), which this request is not")
+            raise self._needs_stream()
         worker = self._free.get()
         try:
             if not worker.running:
@@ -112,6 +111,36 @@ class PythonBackend:
         finally:
             self._free.put(worker)
         return [self._outcome(reply) for reply in replies]
+
+    def execute_each(self, requests: list[tuple], answer) -> None:
+        """On an instance thread: requests that arrived together (as `execute_requests` takes them), each
+        through an `execute` of its own, as Triton's python backend runs requests without a batcher, all in
+        one message to a free instance; `answer(index, its outputs or the error)` as each is done
+        (`WorkerProcess.in_turn`)."""
+        if self._decoupled:  # its responses need a stream, which requests that come this way have not
+            for index in range(len(requests)):
+                answer(index, self._needs_stream())
+            return
+        worker = self._free.get()
+
+        def start() -> None:
+            self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
+
+        def answered(index: int, reply) -> None:
+            if not isinstance(reply, ServeError):
+                [reply], self._reported[worker] = reply
+                reply = self._outcome(reply)
+            answer(index, reply)
+
+        try:
+            worker.in_turn(requests, lambda rest: ("each", rest, False), start, "execute", self._options.response_timeout,
+                           answered)
+        finally:
+            self._free.put(worker)
+
+    def _needs_stream(self) -> InvalidRequest:
+        return InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream (ModelStreamInfer), "
+                              f"which this request is not")
 
     def _stream(self, worker: WorkerProcess, requests: list[tuple], responders: list) -> list:
         """A decoupled batch: each response to its request's responder as the worker sends it, until every
@@ -224,11 +253,14 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             if message == "finalize" and hasattr(model, "finalize"):
                 model.finalize()
             return
-        _, requests, decoupled = message
+        kind, requests, decoupled = message
         if decoupled:
             _execute_decoupled(name, model, requests, loop, connection, device)
-        elif not send(connection, ("ok", (_execute(name, model, requests, loop), _state(device)))):
-            return
+            continue
+        batches = [[request] for request in requests] if kind == "each" else [requests]  # "each": an execute apiece
+        for batch in batches:
+            if not send(connection, ("ok", (_execute(name, model, batch, loop), _state(device)))):
+                return
 
 
 def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:

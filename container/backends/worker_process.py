@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Callable
 
 import psutil
 from gevent.monkey import get_original
@@ -99,6 +100,31 @@ class WorkerProcess:
     def tell(self, message) -> None:
         """Send `message`; its replies are read with `reply`."""
         self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
+
+    def in_turn(self, requests: list, message: Callable[[list], object], start: Callable[[], None], doing: str,
+                timeout: float | None, answer: Callable[[int, object], None]) -> None:
+        """`requests` in one message (`message(requests)`), which the worker runs in turn, replying to each:
+        `answer(index, its reply or the error)` as each comes, each within `timeout` of the one before. A
+        worker that dies or hangs fails the request it was running alone: it is started again (`start`,
+        as it is when it is not running) and sent the requests after it, which it had not begun."""
+        done = 0
+        while done < len(requests):
+            try:
+                if not self.running:
+                    start()
+                self.tell(message(requests[done:]))
+            except ServeError as exc:  # no worker to take them: each is told why
+                for index in range(done, len(requests)):
+                    answer(index, exc)
+                return
+            for index in range(done, len(requests)):
+                done = index + 1
+                try:
+                    answer(index, self.reply(doing, timeout))
+                except ServeError as exc:
+                    answer(index, exc)
+                    if not self.running:
+                        break
 
     def interrupt(self) -> None:
         """Kill the process now, whoever holds the lock: a start or a request under way ends with the

@@ -48,22 +48,32 @@ class DirectScheduler(Scheduler):
         return outputs, phases
 
     def infer_all(self, jobs: list[Job]) -> Iterator[tuple[int, object]]:
-        """Jobs of a model that runs on the loop run one after another, each answered as it finishes: the
-        loop would run them one at a time anyway, and needs no greenlet for each."""
+        """Jobs of a python model (but a decoupled one's streams) go to its instances as a handler model's
+        requests do (`run_all`: an execution each, one message an instance); jobs of a model that runs on the loop run one after
+        another, each answered as it finishes: the loop would run them one at a time anyway, and needs no
+        greenlet for each."""
+        backend = jobs[0].backend
+        if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
+            calls = [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs]
+            yield from self.run_all(backend.execute_each, calls, jobs[0].statistics, [job.items for job in jobs])
+            return
         if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
             yield from super().infer_all(jobs)
             return
         for position, job in enumerate(jobs):
             yield position, outcome(self.infer, job)
 
-    def run_all(self, fn, calls: list[tuple], statistics: Statistics) -> Iterator[tuple[int, object]]:
+    def run_all(self, fn, calls: list[tuple], statistics: Statistics,
+                items: list[int] | None = None) -> Iterator[tuple[int, object]]:
         """A handler model's requests that arrived together, in as many shares as the model has instances
         (a worker each, and one message to it): each share is one `fn(its calls, answer)` on an instance
         thread, which answers each call as it is done (`answer(index in the share, result or the
         exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
-        that failed for want of device memory runs again, alone, once room is made for it."""
+        that failed for want of device memory runs again, alone, once room is made for it. `items`: each
+        call's batch items, as its execution is counted (default: one each)."""
         answered, retried = Queue(), set()
-        shares = [_Share(positions, answered, statistics) for positions in _shares(len(calls), self._instances)]
+        items = items or [1] * len(calls)
+        shares = [_Share(positions, answered, statistics, items) for positions in _shares(len(calls), self._instances)]
         if len(calls) == 1:
             self._run_share(fn, calls, shares[0])  # nothing to answer before it is done: no greenlet
         else:
@@ -74,7 +84,7 @@ class DirectScheduler(Scheduler):
             while isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
                 retried.add(position)
                 self._recover(result.device, result.requested)
-                self._run_share(fn, calls, _Share([position], answered, statistics))
+                self._run_share(fn, calls, _Share([position], answered, statistics, items))
                 position, result = answered.get()
             yield position, result
 
@@ -127,8 +137,8 @@ class _Share:
     """Calls of a group that one instance thread runs together, each answered as it is done: a call's
     queue time lasts until the share begins or the call before it in the share is done."""
 
-    def __init__(self, positions: list[int], answered: Queue, statistics: Statistics):
-        self.positions, self._answered, self._statistics = positions, answered, statistics
+    def __init__(self, positions: list[int], answered: Queue, statistics: Statistics, items: list[int]):
+        self.positions, self._answered, self._statistics, self._items = positions, answered, statistics, items
         self.submitted = self.began = time.perf_counter_ns()  # `began`: set by the thread as it begins
         self.last = None  # (index, result, when) of its last call, answered once the thread is done
         self._open = set(positions)
@@ -142,7 +152,7 @@ class _Share:
             return
         phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
         self.began = now
-        self._statistics.record_execution(1, phases)
+        self._statistics.record_execution(self._items[position], phases)
         self._answered.put((position, (result, phases)))
 
     def fail(self, exc: Exception) -> None:

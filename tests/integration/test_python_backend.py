@@ -5,7 +5,6 @@ per-request errors, BLS to every kind of model, an ensemble graph, crashes, hang
 import io
 import json
 import shutil
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,22 +18,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bench.harness import free_port
-from tests.builders import MIB, AddSub, Gate, handler_model, tensor, triton_model, wait_for
+from tests.builders import MIB, AddSub, Gate, handler_model, python_model, tensor, triton_model, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "data" / "python_backend"  # the project's own models
-
-
-def python_model(root: Path, name: str, model_py: str, config: dict | None = None, versions=(1,)) -> Path:
-    """A python-backend model: `<version>/model.py`, and `config.pbtxt` from `config` when given."""
-    from tests.builders import _pbtxt
-
-    directory = root / name
-    for version in versions:
-        (directory / str(version)).mkdir(parents=True)
-        (directory / str(version) / "model.py").write_text(textwrap.dedent(model_py))
-    if config is not None:
-        (directory / "config.pbtxt").write_text(_pbtxt({"name": name, "backend": "python", **config}))
-    return directory
 
 
 def ensemble(root: Path, name: str, inputs, outputs, steps, **scheduling) -> Path:

@@ -11,9 +11,9 @@ import pytest
 import requests
 import tritonclient.grpc as triton_grpc
 
-from tests.builders import Gate, handler_model, wait_for
+from tests.builders import Gate, handler_model, python_model, wait_for
 from tests.conftest import Server
-from tests.integration.test_python_backend import SCALE_PY, infer, python_model, scale_config
+from tests.integration.test_python_backend import SCALE_PY, infer, scale_config
 
 ROUNDS = 6
 HANDLER = """

@@ -1,13 +1,16 @@
-"""A handler model's requests that arrive together (core.transform_all) go to its worker processes in
-one message per worker, each request still answered on its own and as soon as it is done: a request that
-kills its worker, hangs past the handler timeout, breaks the device or runs out of its memory fails (or
-runs again) alone, and the requests after it in the message go to the worker started in its place. Real
-worker processes, without a server; the messages are counted at the worker's socket."""
+"""Requests that arrive together for a model of worker processes go to them in one message per worker:
+a handler model's (core.transform_all), and a python model's without a batcher (core.infer_all), each
+run on its own (a python model's through an `execute` apiece, as Triton runs them) and answered as soon
+as it is done. A request that kills its worker, hangs past the timeout, breaks the device or runs out
+of its memory fails (or runs again) alone, and the requests after it in the message go to the worker
+started in its place. Real worker processes, without a server; messages are counted at the worker's
+socket."""
 
 import functools
 import os
 
 import gevent
+import numpy as np
 import pytest
 
 from container.backends import WorkerOptions, load_backends
@@ -15,11 +18,11 @@ from container.backends.torch_runtime import free_memory, release_memory
 from container.backends.worker_process import WorkerProcess
 from container.core import Core
 from container.errors import ModelError
-from container.inference import TransformRequest
+from container.inference import InferRequest, TransformRequest
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
 from container.scheduling import scheduler_for
-from tests.builders import Gate, handler_model, poll
+from tests.builders import Gate, handler_model, poll, python_model, tensor
 
 # Answers "<its body>:<its worker's pid>"; some bodies do more first.
 SCRIPT = """
@@ -52,10 +55,34 @@ def messages(monkeypatch) -> list[int]:
     tell = WorkerProcess.tell
 
     def counting(self, message):
-        sent.append(len(message))
+        sent.append(len(message[1] if isinstance(message, tuple) else message))  # a python model's: (kind, requests, …)
         tell(self, message)
     monkeypatch.setattr(WorkerProcess, "tell", counting)
     return sent
+
+
+# Each request in an execute of its own: y = x and the instance's pid; x < 0 raises, x == -3 ends the process.
+EACH_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        [request] = requests
+        x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+        if x[0] == -3:
+            os._exit(3)
+        if x[0] < 0:
+            raise ValueError("x must not be negative")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x),
+                                            pb_utils.Tensor("pid", np.array([os.getpid()], np.int64))])]
+"""
+
+
+def make_core(root, **options) -> Core:
+    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory)
+    return Core(Registry(str(root), MemoryCache({"cpu": 1 << 34}, evict=True), runtime), scheduler_for)
 
 
 def handler_core(tmp_path, **options) -> tuple[Core, Gate]:
@@ -63,8 +90,7 @@ def handler_core(tmp_path, **options) -> tuple[Core, Gate]:
     os.mkfifo(hang)
     root = tmp_path / "models"
     handler_model(root, "h", SCRIPT.format(hang=str(hang), gate=gate.code(), ran_out=str(tmp_path / "ran_out")))
-    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory)
-    core = Core(Registry(str(root), MemoryCache({"cpu": 1 << 34}, evict=True), runtime), scheduler_for)
+    core = make_core(root, **options)
     core.load("h", "h")
     return core, gate
 
@@ -149,3 +175,48 @@ def test_a_pools_workers_each_take_a_share_of_a_group_in_one_message(tmp_path, m
         assert sorted(messages) == [2, 3] and len({pid(a) for a in answered}) == 2
     finally:
         core.unload("h")
+
+
+def python_core(tmp_path, instances: int) -> Core:
+    python_model(tmp_path, "p", EACH_PY, {"input": [tensor("x", "TYPE_FP32", [1])],
+                                          "output": [tensor("y", "TYPE_FP32", [1]), tensor("pid", "TYPE_INT64", [1])],
+                                          "instance_group": [{"count": instances, "kind": "KIND_CPU"}]})
+    core = make_core(tmp_path)
+    core.load("p", "p")
+    return core
+
+
+def infer_all(core: Core, values: list[float]) -> list:
+    """Each request's (y, pid), or the exception it failed with, in the order sent."""
+    leases = core.leases("p", None, [None] * len(values))
+    for lease in leases:
+        lease.__enter__()
+    answered = {}
+    for position, result in core.infer_all(leases, [InferRequest({"x": np.array([v], np.float32)}) for v in values]):
+        leases[position].__exit__()
+        answered[position] = result if isinstance(result, Exception) else (result.outputs["y"][0], result.outputs["pid"][0])
+    return [answered[p] for p in range(len(values))]
+
+
+def test_a_python_models_group_runs_an_execute_apiece_in_one_message_and_a_failure_is_its_own(tmp_path, messages):
+    core = python_core(tmp_path, instances=1)
+    try:
+        first, raised, second, crashed, third = infer_all(core, [1.0, -1.0, 2.0, -3.0, 4.0])
+        assert isinstance(raised, ModelError) and "raised ValueError: x must not be negative" in str(raised)
+        assert isinstance(crashed, ModelError) and "exited with code 3" in str(crashed)
+        assert [first[0], second[0], third[0]] == [1.0, 2.0, 4.0]
+        assert first[1] == second[1] != third[1]  # the instance that died was started again for the last
+        assert messages == [5, 1]
+        assert core._registry.models["p"].statistics[1].execution_count == 3
+    finally:
+        core.unload("p")
+
+
+def test_a_python_models_instances_each_take_a_share_of_a_group_in_one_message(tmp_path, messages):
+    core = python_core(tmp_path, instances=2)
+    try:
+        answered = infer_all(core, [1.0, 2.0, 3.0, 4.0])
+        assert [y for y, _ in answered] == [1.0, 2.0, 3.0, 4.0]
+        assert messages == [2, 2] and len({pid for _, pid in answered}) == 2
+    finally:
+        core.unload("p")
