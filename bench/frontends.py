@@ -1,6 +1,6 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
-over V2 binary, V2 JSON and SageMaker invoke, and a SageMaker handler model whose script does nothing
-over invoke, at 64 connections, served by one process
+over V2 binary, V2 JSON and SageMaker invoke, a SageMaker handler model whose script does nothing
+over invoke, and a python model whose `execute` does nothing (no batcher) over V2 binary, at 64 connections, served by one process
 (SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
 beside Triton on the same cores, with where each request's CPU went: the model process (the one process
 every request passes through, whose cost bounds what any number of front-ends can serve) and how busy it
@@ -18,11 +18,14 @@ import torch
 
 from bench.harness import CORES, Server, cpu_seconds, executions, mib, ratio, save_model, tree, v2_binary_request, wrk
 from bench.mlp import MLP, WIDTH
+from bench.python_backend import ECHO_PY as PYTHON_ECHO
+from bench.python_backend import python_model
 from bench.tiny import Double
 from bench.triton import MISSING, Triton, tritonserver
 
 TITLE = "HTTP front-end processes: requests/s from one process to 16 front-ends, and memory per process"
 HANDLER = "echo"  # a SageMaker handler model whose script costs nothing: what the server spends around it
+PYTHON = "echo_python"  # ... and a python model whose execute does nothing, without a batcher (an execute apiece)
 ECHO_PY = """
 def model_fn(model_dir):
     return None
@@ -66,8 +69,10 @@ def _routes() -> list[tuple]:
                    (model, "V2 JSON", f"/v2/models/{model}/infer", json.dumps(document).encode(), {}),
                    (model, "SageMaker invoke", f"/models/{model}/invoke", json.dumps(values.tolist()).encode(),
                     {"Content-Type": "application/json"})]
+    binary, headers = v2_binary_request("INPUT0", np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16))
     return routes + [(HANDLER, "SageMaker invoke", f"/models/{HANDLER}/invoke", b"[[1.0, 2.0]]",
-                      {"Content-Type": "application/json"})]
+                      {"Content-Type": "application/json"}),
+                     (PYTHON, "V2 binary", f"/v2/models/{PYTHON}/infer", binary, headers)]
 
 
 def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float,
@@ -80,6 +85,7 @@ def _throughput(models: dict, routes: list, counts: list[int], cores: list[int],
             save_model(Path(scratch), name, module, config)
         (Path(scratch) / HANDLER / "code").mkdir(parents=True)
         (Path(scratch) / HANDLER / "code" / "inference.py").write_text(ECHO_PY)
+        python_model(Path(scratch), PYTHON, {**models["tiny"][1], "backend": "python"}, PYTHON_ECHO)
         for count in counts:
             server = Server(Path(scratch), cores, SERVE_HTTP_WORKERS=str(count))
             try:
@@ -152,7 +158,7 @@ def _triton(models: dict, routes: list, cores: list[int], seconds: float) -> dic
     peer = Triton(models, cores)
     try:
         return {(model, label): wrk(peer.url + path, body, headers, CONNECTIONS, seconds).requests_per_s
-                for model, label, path, body, headers in routes if path.startswith("/v2/")}
+                for model, label, path, body, headers in routes if path.startswith("/v2/") and model in models}
     finally:
         peer.stop()
 

@@ -122,13 +122,18 @@ def run(seconds: float, smoke: bool) -> list[str]:
 
 
 def _python_model(root: Path, name: str, module, config: dict, source: str = MODEL_PY) -> None:
+    python_model(root, name, config, source)
+    module.save(str(root / name / "1" / "model.pt"))
+
+
+def python_model(root: Path, name: str, config: dict, source: str) -> None:
+    """A python-backend model of one instance: `config` and `1/model.py`."""
     directory = root / name
     (directory / "1").mkdir(parents=True)
     message = json_format.ParseDict({**config, "name": name, "backend": "python",
                                      "instance_group": [{"kind": "KIND_CPU", "count": 1}]}, pb.ModelConfig())
     (directory / "config.pbtxt").write_text(text_format.MessageToString(message))
     (directory / "1" / "model.py").write_text(source)
-    module.save(str(directory / "1" / "model.pt"))
 
 
 def _pipeline(root: Path, module, config: dict) -> None:
