@@ -1,6 +1,7 @@
 """Direct execution: each request runs as it comes on one of the model's instance threads (real OS
 threads), waited on without blocking the gevent hub — or, for a model whose recent executions were
-shorter than a thread hand-off is worth, on the hub itself (inline.py)."""
+shorter than a thread hand-off is worth, on the hub itself (inline.py). Requests that arrive together
+for a model of worker processes go to its workers in shares, one message a worker (`run_all`)."""
 
 import time
 from typing import Iterator
@@ -49,9 +50,9 @@ class DirectScheduler(Scheduler):
 
     def infer_all(self, jobs: list[Job]) -> Iterator[tuple[int, object]]:
         """Jobs of a python model (but a decoupled one's streams) go to its instances as a handler model's
-        requests do (`run_all`: an execution each, one message an instance); jobs of a model that runs on the loop run one after
-        another, each answered as it finishes: the loop would run them one at a time anyway, and needs no
-        greenlet for each."""
+        requests go to its workers (`run_all`); jobs of a model that runs on the loop run one after another,
+        each answered as it finishes: the loop would run them one at a time anyway, and needs no greenlet
+        for each."""
         backend = jobs[0].backend
         if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
             calls = [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs]
@@ -65,8 +66,8 @@ class DirectScheduler(Scheduler):
 
     def run_all(self, fn, calls: list[tuple], statistics: Statistics,
                 items: list[int] | None = None) -> Iterator[tuple[int, object]]:
-        """A handler model's requests that arrived together, in as many shares as the model has instances
-        (a worker each, and one message to it): each share is one `fn(its calls, answer)` on an instance
+        """Requests that arrived together for a model of worker processes (a handler model's, a python
+        model's), in as many shares as the model has instances (a worker each, and one message to it): each share is one `fn(its calls, answer)` on an instance
         thread, which answers each call as it is done (`answer(index in the share, result or the
         exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
         that failed for want of device memory runs again, alone, once room is made for it. `items`: each
@@ -108,7 +109,8 @@ class DirectScheduler(Scheduler):
         except Exception as exc:  # the share failed as a whole: each call it had not answered, with it
             share.fail(exc)
         else:
-            share.answer(*share.last)
+            if share.last is not None:
+                share.answer(*share.last)
 
     def _one(self, attempt, request):
         """One request, recovering from an out-of-memory error as any batch does."""
@@ -147,11 +149,11 @@ class _Share:
         """On the loop: the share's `index`th call was answered at `now`."""
         position = self.positions[index]
         self._open.discard(position)
+        phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
+        self.began = now
         if isinstance(result, Exception):
             self._answered.put((position, result))
             return
-        phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
-        self.began = now
         self._statistics.record_execution(self._items[position], phases)
         self._answered.put((position, (result, phases)))
 
