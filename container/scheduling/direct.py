@@ -75,19 +75,27 @@ class DirectScheduler(Scheduler):
         answered, retried = Queue(), set()
         items = items or [1] * len(calls)
         shares = [_Share(positions, answered, statistics, items) for positions in _shares(len(calls), self._instances)]
-        if len(calls) == 1:
-            self._run_share(fn, calls, shares[0])  # nothing to answer before it is done: no greenlet
-        else:
-            for share in shares:
-                gevent.spawn_raw(self._run_share, fn, calls, share)
-        for _ in calls:
-            position, result = answered.get()
-            while isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
-                retried.add(position)
-                self._recover(result.device, result.requested)
-                self._run_share(fn, calls, _Share([position], answered, statistics, items))
+        self._submitted += len(calls)  # each counts until it is answered (queue_depth)
+        pending = len(calls)
+        try:
+            if len(calls) == 1:
+                self._run_share(fn, calls, shares[0])  # nothing to answer before it is done: no greenlet
+            else:
+                for share in shares:
+                    gevent.spawn_raw(self._run_share, fn, calls, share)
+            while pending:
                 position, result = answered.get()
-            yield position, result
+                if isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
+                    retried.add(position)
+                    self._recover(result.device, result.requested)
+                    self._run_share(fn, calls, _Share([position], answered, statistics, items))
+                    continue
+                pending -= 1
+                self._submitted -= 1
+                self._finished.set()
+                yield position, result
+        finally:
+            self._submitted -= pending
 
     def _run_share(self, fn, calls: list[tuple], share: "_Share") -> None:
         """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
@@ -105,7 +113,7 @@ class DirectScheduler(Scheduler):
             fn([calls[p] for p in share.positions], answer)
 
         try:
-            self._apply(call, (run, ()), share.submitted)
+            self._threads.apply(on_thread, (call, (run, ()), share.submitted))
         except Exception as exc:  # the share failed as a whole: each call it had not answered, with it
             share.fail(exc)
         else:
