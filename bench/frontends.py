@@ -167,7 +167,8 @@ def _memory(counts) -> list[str]:
     lines = ["Memory with ten MLPs loaded (8 MiB of weights each): each process's RSS and PSS (a page shared by n "
              "processes counts 1/n in each PSS).", "",
              "| front-ends | model process RSS | model process PSS | each front-end RSS (mean) | each front-end PSS (mean) "
-             "| every process, PSS |", "| --- | --- | --- | --- | --- | --- |"]
+             "| each gRPC front-end RSS (mean) | each gRPC front-end PSS (mean) | every process, PSS |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         module, config = _models()["mlp"]
@@ -178,11 +179,12 @@ def _memory(counts) -> list[str]:
             try:
                 model = _sizes(server.worker_pid())
                 front_ends = [_sizes(pid) for pid in server.http_front_end_pids()]
+                grpc = [_sizes(pid) for pid in server.grpc_front_end_pids()]
                 total = sum(_sizes(pid)[1] for pid in tree(server.process.pid))
             finally:
                 server.stop()
-            mean = [sum(sizes[i] for sizes in front_ends) / len(front_ends) for i in (0, 1)]
-            lines.append(f"| {count} | {mib(model[0])} | {mib(model[1])} | {mib(mean[0])} | {mib(mean[1])} | {mib(total)} |")
+            means = " | ".join(mib(sum(sizes[i] for sizes in kind) / len(kind)) for kind in (front_ends, grpc) for i in (0, 1))
+            lines.append(f"| {count} | {mib(model[0])} | {mib(model[1])} | {means} | {mib(total)} |")
     return lines
 
 

@@ -66,8 +66,13 @@ class Server:
         return int(Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()[0])
 
     def http_front_end_pids(self) -> list[int]:
-        return [pid for pid in tree(self.process.pid)
-                if b"container.http_frontend" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        return self._pids(b"container.http_frontend")
+
+    def grpc_front_end_pids(self) -> list[int]:
+        return self._pids(b"container.grpc_api")
+
+    def _pids(self, module: bytes) -> list[int]:
+        return [pid for pid in tree(self.process.pid) if module in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
     def worker_rss(self) -> int:
         """Resident bytes of the gunicorn worker."""

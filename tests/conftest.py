@@ -18,6 +18,8 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 
 class Server:
+    logs: Path | None = None  # where servers write their logs (set per session below; default: the temporary directory)
+
     def __init__(self, model_root: Path, port: int | None = None, **env):
         """`port`: where it listens for HTTP (default: a free one)."""
         self.model_root = model_root
@@ -35,8 +37,8 @@ class Server:
             **env,
         }
         environment = {k: str(v) for k, v in environment.items() if v is not None}  # NAME=None: left unset
-        # in the temporary directory, not beside the model root: that may be the repository's own examples/
-        with tempfile.NamedTemporaryFile(prefix=f"server-{self.port}-", suffix=".log", delete=False) as log:
+        # not beside the model root: that may be the repository's own examples/
+        with tempfile.NamedTemporaryFile(prefix=f"server-{self.port}-", suffix=".log", dir=self.logs, delete=False) as log:
             self.log = Path(log.name)
             self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -160,6 +162,13 @@ def servers_started():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_logs(tmp_path_factory):
+    """The session's server logs in pytest's own temporary directory, of which it keeps the last three
+    sessions': a long-lived machine does not gather every run's logs."""
+    Server.logs = tmp_path_factory.mktemp("server-logs")
 
 
 @pytest.fixture(scope="module")
