@@ -7,11 +7,12 @@ the front-end itself is gone). Inference is the exception: a front-end serves it
 here only for the inferences, in groups (channel/groups.py). V2's (api/v2_infer.py) cross as tensors it
 decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
 process to decode (`v2_infer`; http_frontend/inference.py says which goes how); SageMaker's invokes
-(sagemaker_invoke.py) as their bodies (`invoke`)."""
+(sagemaker_invoke.py) and TF Serving's inferences (tfserving_infer.py) as their bodies (`invoke`,
+`tfserving`)."""
 
 from typing import Callable
 
-from container.api import sagemaker, v2_dataplane
+from container.api import sagemaker, tfserving, v2_dataplane
 from container.api.pipeline import Dispatcher, Request
 from container.api.v2_infer import answer_body, parser
 from container.channel.blobs import large
@@ -96,11 +97,21 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         return group_items(sagemaker.invoke_group(core, name, on_demand, requests, default_accept),
                            lambda _, response: [response.status, response.headers, large(response.body)])
 
+    def tfserving_infer(front_end: int, name: str, version: str | None, label: str | None, verb: str, calls: list[list]):
+        """TF Serving inferences of one verb to one model, version or label (as their path names them)
+        that a front-end received together (tfserving_infer.py), each [connection number, its requests,
+        body]. Its items: TAKEN, then [position, None, the answer's body] for each, or [position, error],
+        as each is done."""
+        requests = [(body if isinstance(body, bytes) else bytes(body), clients.get(front_end, number, count))
+                    for number, count, body in calls]
+        return group_items(tfserving.infer_group(core, name, version, label, verb, requests),
+                           lambda _, response: [large(response.body)])
+
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
-    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke,
+    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke, "tfserving": tfserving_infer,
             "v2_view": lambda name: views.description(core.ready_model(name)),
             "connection_closed": clients.close, "probes": probes}
 

@@ -4,15 +4,18 @@ model's Triton config: `serving_default` always; `regress` when the one output h
 example; `classify` when it holds a score per class."""
 
 import json
+from typing import Iterator
 
 import numpy as np
 
 from container.api import offload
 from container.api import tfserving_json as tfjson
-from container.api.openapi import TF_SERVING, json_content, object_schema, operation
+from container.api.leased import serve_leased
+from container.api.openapi import TF_SERVING, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.core import Core, ModelView
+from container.api.tfserving_infer import ANSWER, answer, infer_routes
+from container.core import Core, Lease, ModelView
 from container.errors import InvalidInput, InvalidRequest, ModelNotFound
 from container.inference import InferRequest
 from container.limits import whole_number
@@ -32,34 +35,12 @@ def tfserving_routes(core: Core) -> list[Route]:
     def status(request: Request) -> Response:
         model, version = _resolve(core, request, status=True)
         specific = "version" in request.params or "label" in request.params
-        return _answer(tfjson.pretty(_status(model, version if specific else None)))
+        return answer(tfjson.pretty(_status(model, version if specific else None)))
 
     def metadata(request: Request) -> Response:
         model, version = _resolve(core, request, status=False)
-        return _answer(tfjson.pretty(_metadata(model, version)))
+        return answer(tfjson.pretty(_metadata(model, version)))
 
-    def run(verb: str):
-        def serve(request: Request) -> Response:
-            name = request.params["name"]
-            asked = _version(core.ready_model(name, not_found=lambda _: _servable_not_found(request)), request) \
-                if "label" in request.params else _version_number(request)  # a label is the model's to resolve
-            with core.lease(name, asked, not_found=lambda _, *version: _servable_not_found(request, *version),
-                            client=request.client) as lease:
-                signature, body = lease.signature, request.body
-                heavy = offload.heavy(len(body))
-                document = offload.run(heavy, _parse, body)
-                _check_signature(signature, document, verb)
-                if verb == ":predict":
-                    inputs, key = offload.run(heavy, _predict_inputs, signature, document)
-                    outputs = core.infer(lease, InferRequest(inputs)).outputs
-                    return _answer(offload.encode(_predictions, outputs, key))
-                inputs = offload.run(heavy, _examples, document, signature)
-                outputs = core.infer(lease, InferRequest(inputs)).outputs
-                encode = _regressions if verb == ":regress" else _classes
-                return _answer(offload.encode(encode, outputs, document, lease.view))
-        return serve
-
-    predict, classify, regress = run(":predict"), run(":classify"), run(":regress")
     return [
         Route("GET", "/v1/models/{name}", status, "metadata", _STATUS),
         Route("GET", "/v1/models/{name}/versions/{version}", status, "metadata", _STATUS),
@@ -67,20 +48,53 @@ def tfserving_routes(core: Core) -> list[Route]:
         Route("GET", "/v1/models/{name}/metadata", metadata, "metadata", _METADATA),
         Route("GET", "/v1/models/{name}/versions/{version}/metadata", metadata, "metadata", _METADATA),
         Route("GET", "/v1/models/{name}/labels/{label}/metadata", metadata, "metadata", _METADATA),
-        Route("POST", "/v1/models/{name}:predict", predict, "inference", _PREDICT),
-        Route("POST", "/v1/models/{name}/versions/{version}:predict", predict, "inference", _PREDICT),
-        Route("POST", "/v1/models/{name}/labels/{label}:predict", predict, "inference", _PREDICT),
-        Route("POST", "/v1/models/{name}:classify", classify, "inference", _CLASSIFY),
-        Route("POST", "/v1/models/{name}/versions/{version}:classify", classify, "inference", _CLASSIFY),
-        Route("POST", "/v1/models/{name}/labels/{label}:classify", classify, "inference", _CLASSIFY),
-        Route("POST", "/v1/models/{name}:regress", regress, "inference", _REGRESS),
-        Route("POST", "/v1/models/{name}/versions/{version}:regress", regress, "inference", _REGRESS),
-        Route("POST", "/v1/models/{name}/labels/{label}:regress", regress, "inference", _REGRESS),
+        *infer_routes(lambda request, verb: infer(core, request, verb)),
     ]
 
 
-def _answer(body: bytes) -> Response:
-    return Response(body, "application/json")
+def infer(core: Core, request: Request, verb: str) -> Response:
+    """One `:predict`, `:classify` or `:regress`, served in this process."""
+    params = request.params
+    [(_, result)] = infer_group(core, params["name"], params.get("version"), params.get("label"), verb,
+                                [(request.body, request.client)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def infer_group(core: Core, name: str, version: str | None, label: str | None, verb: str,
+                calls: list[tuple]) -> Iterator[tuple[int, object]]:
+    """Inferences of one verb to one model, version or label that arrived together, each (body, client):
+    the model leased once for them all, each body decoded against it, and the requests handed to the
+    core together (api/leased.py). Yields (position, Response or the exception it failed with) for each,
+    as each is done."""
+    try:
+        asked = _version(core.ready_model(name, not_found=lambda _: _servable_not_found(name)), label, version) \
+            if label is not None else _version_number(version)  # a label is the model's to resolve
+        leases = core.leases(name, asked, [client for _, client in calls],
+                             not_found=lambda _, *number: _servable_not_found(name, *number))
+    except Exception as exc:  # the model is not there: each request is told
+        yield from ((position, exc) for position in range(len(calls)))
+        return
+    yield from serve_leased(leases, [_decoder(body, verb) for body, _ in calls], core.infer_all)
+
+
+def _decoder(body: bytes, verb: str):
+    """`decode` for serve_leased: the request's tensors, checked against the leased model's signature,
+    and `finish(its response)`: the answer in TF Serving's JSON."""
+
+    def decode(lease: Lease):
+        signature, heavy = lease.signature, offload.heavy(len(body))
+        document = offload.run(heavy, _parse, body)
+        _check_signature(signature, document, verb)
+        if verb == ":predict":
+            inputs, key = offload.run(heavy, _predict_inputs, signature, document)
+            return InferRequest(inputs), lambda response: answer(offload.encode(_predictions, response.outputs, key))
+        inputs = offload.run(heavy, _examples, document, signature)
+        encode = _regressions if verb == ":regress" else _classes
+        return InferRequest(inputs), lambda response: answer(offload.encode(encode, response.outputs, document, lease.view))
+
+    return decode
 
 
 def _resolve(core: Core, request: Request, status: bool) -> tuple[ModelView, int]:
@@ -89,29 +103,27 @@ def _resolve(core: Core, request: Request, status: bool) -> tuple[ModelView, int
     if ":" in name:
         raise InvalidRequest(f"Malformed request: {request.method} {request.path}")
     missing = (lambda _: ModelNotFound(f"Could not find any versions of model {name}")) if status else \
-        (lambda _: _servable_not_found(request))
+        (lambda _: _servable_not_found(name))
     model = core.ready_model(name, not_found=missing)
-    version = _version(model, request)
+    version = _version(model, request.params.get("label"), request.params.get("version"))
     if version not in model.versions:
         raise ModelNotFound(f"Could not find version {version} of model {name}" if status
                             else f"Servable not found for request: Specific({name}, {version})")
     return model, version
 
 
-def _version(model: ModelView, request: Request) -> int:
-    """The version a request's label or number names, or the latest."""
-    label = request.params.get("label")
+def _version(model: ModelView, label: str | None, number: str | None) -> int:
+    """The version a path's label or number names, or the latest."""
     if label is None:
-        number = _version_number(request)
-        return model.latest if number is None else number
+        version = _version_number(number)
+        return model.latest if version is None else version
     if label not in model.version_labels:
         raise InvalidRequest(f"Unrecognized servable version label: {label}")
     return model.version_labels[label]
 
 
-def _version_number(request: Request) -> int | None:
-    """The version number a request's path names (None: none)."""
-    text = request.params.get("version")
+def _version_number(text: str | None) -> int | None:
+    """The version number a path names (None: none)."""
     if text is None:
         return None
     version = whole_number(text)
@@ -120,8 +132,7 @@ def _version_number(request: Request) -> int | None:
     return version
 
 
-def _servable_not_found(request: Request, version: int | None = None) -> ModelNotFound:
-    name = request.params["name"]
+def _servable_not_found(name: str, version: int | None = None) -> ModelNotFound:
     if version is not None:
         return ModelNotFound(f"Servable not found for request: Specific({name}, {version})")
     return ModelNotFound(f"Servable not found for request: Latest({name})")
@@ -315,13 +326,5 @@ def _examples(document: dict, signature: Signature) -> dict[str, np.ndarray]:
 
 
 # The OpenAPI operations of the routes above (api/openapi.py)
-_ANSWER = json_content({"type": "object"})
-_EXAMPLES = json_content(object_schema({"signature_name": {"type": "string"}, "context": {"type": "object"},
-                                        "examples": {"type": "array", "items": {"type": "object"}}}, ["examples"]))
-_STATUS = operation("model status", TF_SERVING, _ANSWER)
-_METADATA = operation("signature metadata", TF_SERVING, _ANSWER)
-_PREDICT = operation("predict (row or columnar format)", TF_SERVING, _ANSWER, json_content(object_schema({
-    "signature_name": {"type": "string"}, "instances": {"type": "array", "items": {}}, "inputs": {}})),
-    errors=(400, 404, 413))
-_CLASSIFY = operation("classify tf.Example-style examples", TF_SERVING, _ANSWER, _EXAMPLES, errors=(400, 404, 413))
-_REGRESS = operation("regress tf.Example-style examples", TF_SERVING, _ANSWER, _EXAMPLES, errors=(400, 404, 413))
+_STATUS = operation("model status", TF_SERVING, ANSWER)
+_METADATA = operation("signature metadata", TF_SERVING, ANSWER)

@@ -1,8 +1,8 @@
 """An HTTP front-end process: the master's listeners served on gevent (http_transport.Connections), each
 request handed whole to the model process over the channel (`ChannelDispatcher`), except inference:
-V2's and SageMaker's invokes have their HTTP (and V2's its JSON) handled here, through the same routes
-and pipeline one process uses, and only the inference crosses, so that the one model process does the
-least per request; and `generate_stream`, whose events cross as the model makes them.
+V2's, SageMaker's invokes and TF Serving's have their HTTP (and V2's its JSON) handled here, through
+the same routes and pipeline one process uses, and only the inference crosses, so that the one model
+process does the least per request; and `generate_stream`, whose events cross as the model makes them.
 
 - A refusal this process makes itself (a head too large or too slow, a body past the limit, the server
   stopping, the model process away) is rendered by the pipeline's own Dispatcher here: the same body,
@@ -27,6 +27,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from werkzeug.exceptions import HTTPException
 
+from container.api import tfserving_infer
 from container.api.pipeline import Dispatcher, Request, Response
 from container.api.request_log import ACCESS_LOG
 from container.api.routing import Route, Routes
@@ -40,6 +41,7 @@ from container.channel.hub_client import HubChannelClient
 from container.errors import ServeError, Unavailable
 from container.http_frontend.inference import RemoteInference
 from container.http_frontend.invocations import RemoteInvoke
+from container.http_frontend.tfserving import RemoteTFServing
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -69,6 +71,7 @@ class ChannelDispatcher:
         self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
         self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, settings.limits), settings.max_payload_bytes),
                                         *invoke_routes(RemoteInvoke(self.channel), settings),
+                                        *tfserving_infer.infer_routes(RemoteTFServing(self.channel)),
                                         *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body

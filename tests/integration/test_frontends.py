@@ -285,6 +285,7 @@ def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp
     fp32_model(root, "double", Scale())
     document = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
     values = np.array([[1, 2, 3, 4]], np.float32).tobytes()
+    predict = b'{"instances": [[1, 2, 3, 4]]}'
     binary = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}],' \
              b'"parameters":{"binary_data_output":true}}'
     requests = [
@@ -301,6 +302,11 @@ def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp
         ("POST", "/v2/models/double/infer", {}, document.replace(b'"x"', b'"z"')),
         ("POST", "/v2/models/double/infer", {"Inference-Header-Content-Length": "999"}, document),
         ("GET", "/v2/models/double/infer", {}, None),
+        ("POST", "/v1/models/double:predict", {}, predict),  # TF Serving's inferences, served by a front-end too
+        ("POST", "/v1/models/double/versions/7:predict", {}, predict),
+        ("POST", "/v1/models/double/labels/stable:predict", {}, predict),
+        ("POST", "/v1/models/nobody:predict", {}, b"{not json"),
+        ("POST", "/v1/models/double:regress", {}, b'{"examples": [{"x": [1, 2, 3, 4]}]}'),
         ("POST", "/v2/models/double/infer", {}, document),  # after every refusal, the server still serves
     ]
     raw = [_raw(method, path, {"X-Request-Id": f"given-{i}", **headers}, body)
@@ -310,8 +316,9 @@ def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp
     assert seen["2"] == seen["0"]
     answers = seen["0"][0]
     assert [int(status.split()[1]) for status, _, _ in answers] == [200, 404, 413, 400, 200, 200, 200, 404, 400, 404, 400, 400,
-                                                                   405, 200, 400]
-    assert gzip.decompress(answers[6][2]) == answers[0][2] == answers[13][2]
+                                                                   405, 200, 404, 400, 404, 400, 200, 400]
+    assert gzip.decompress(answers[6][2]) == answers[0][2] == answers[18][2]
+    assert json.loads(answers[13][2]) == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
 
 
 def _raw(method: str, path: str, headers: dict, body: bytes | None) -> bytes:

@@ -50,10 +50,11 @@ class FrontEnd:
         self._ids = itertools.count()
         self._buffer = b""
 
-    def group(self, op: str, name: str, calls: list) -> list:
-        """The items of `op`'s answer to one group of `calls`, in the order the model process sent them,
-        after the first, which says it took the group up."""
-        taken, *items = self._exchange(op, [self.number, name, None, calls])[0]
+    def group(self, op: str, name: str, calls: list, key: tuple = (None,)) -> list:
+        """The items of `op`'s answer to one group of `calls` to `name` and the rest of the group's `key`
+        (a version, say), in the order the model process sent them, after the first, which says it took
+        the group up."""
+        taken, *items = self._exchange(op, [self.number, name, *key, calls])[0]
         assert taken == TAKEN
         return items
 
@@ -166,6 +167,7 @@ def test_a_sequence_keeps_its_order_through_different_front_ends(front_ends):
     ("/v2/models/double/infer", json.dumps(DOCUMENT).encode(), b"{not json", 400),
     ("/models/double/invoke", b"[[1, 2, 3, 4]]", b"[[1, 2", 400),
     ("/models/echo/invoke", b"[1]", b"boom", 500),  # the handler raised
+    ("/v1/models/double:predict", b'{"instances": [[1, 2, 3, 4]]}', b'{"instances": [[1, 2', 400),
 ])
 def test_in_a_burst_through_a_front_end_a_bad_request_and_a_client_that_hung_up_lose_the_others_nothing(
         server, path, good, bad, refused):
@@ -307,3 +309,24 @@ def test_a_group_of_invokes_answers_each_and_one_that_fails_fails_alone(front_en
     assert by_position[0][1:] == [200, {"Content-Type": "application/octet-stream"}, b"one"]
     assert by_position[2][3] == b"three"
     assert by_position[1][0] == ["ModelError", "transform_fn of model 'echo' raised ValueError: no boom here", 500]
+
+
+def test_a_group_of_tf_serving_inferences_answers_each_and_one_that_fails_fails_alone(front_ends):
+    """TF Serving's inferences of one verb to one model, version or label cross as a group, each
+    [connection number, its requests, body]: each body decoded against the leased model (one that does not
+    parse, and one that names a signature the model lacks, refused alone); a version or a label the model
+    lacks is told to each request, in TF Serving's words."""
+    def body(*row: float) -> bytes:
+        return json.dumps({"instances": [list(row)]}).encode()
+
+    calls = [[1, 2, body(1, 2, 3, 4)], [2, 2, b'{"instances": [[1, 2'],
+             [3, 2, b'{"signature_name": "other", "instances": [[1, 2, 3, 4]]}'], [4, 2, body(4, 3, 2, 1)]]
+    by_position = {item[0]: item[1:] for item in front_ends[0].group("tfserving", "double", calls, (None, None, ":predict"))}
+    assert json.loads(by_position[0][1]) == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+    assert json.loads(by_position[3][1]) == {"predictions": [[8.0, 6.0, 4.0, 2.0]]}
+    assert by_position[1][0][0] == "InvalidRequest" and by_position[1][0][2] == 400
+    assert by_position[2][0] == ["InvalidRequest", 'Serving signature name: "other" not found in signature def', 400]
+    for key, told in [(("7", None, ":predict"), ["ModelNotFound", "Servable not found for request: Specific(double, 7)", 404]),
+                      ((None, "stable", ":classify"), ["InvalidRequest", "Unrecognized servable version label: stable", 400])]:
+        items = front_ends[1].group("tfserving", "double", calls[:2], key)
+        assert sorted(items) == [[0, told], [1, told]]
