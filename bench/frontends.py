@@ -1,11 +1,12 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
-over V2 binary, V2 JSON and SageMaker invoke, a SageMaker handler model whose script does nothing
-over invoke, and a python model whose `execute` does nothing (no batcher) over V2 binary, at 64 connections, served by one process
-(SERVE_HTTP_WORKERS=0) and by 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow),
-beside Triton on the same cores, with where each request's CPU went: the model process (the one process
-every request passes through, whose cost bounds what any number of front-ends can serve) and how busy it
-was, the front-ends together, and wrk. On 16 cores wrk takes one and 16 front-ends share the other 15,
-as the default would on a 16-vCPU instance. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
+over V2 binary, V2 JSON and SageMaker invoke (the tiny one over TF Serving's predict too), a SageMaker
+handler model whose script does nothing over invoke, and a python model whose `execute` does nothing
+(no batcher) over V2 binary, at 64 connections, served by one process (SERVE_HTTP_WORKERS=0) and by
+1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow), beside Triton on the same cores,
+with where each request's CPU went: the model process (the one process every request passes through,
+whose cost bounds what any number of front-ends can serve) and how busy it was, the front-ends
+together, and wrk. On 16 cores wrk takes one and 16 front-ends share the other 15, as the default
+would on a 16-vCPU instance. Then memory: RSS and PSS of every process at 1, 4 and 16 front-ends
 with ten models loaded — the models are in the model process once, whatever the front-ends."""
 
 import json
@@ -69,6 +70,8 @@ def _routes() -> list[tuple]:
                    (model, "V2 JSON", f"/v2/models/{model}/infer", json.dumps(document).encode(), {}),
                    (model, "SageMaker invoke", f"/models/{model}/invoke", json.dumps(values.tolist()).encode(),
                     {"Content-Type": "application/json"})]
+    routes.append(("tiny", "TF Serving predict", "/v1/models/tiny:predict",
+                   json.dumps({"instances": np.linspace(-1, 1, 16).reshape(1, 16).tolist()}).encode(), {}))
     binary, headers = v2_binary_request("INPUT0", np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16))
     return routes + [(HANDLER, "SageMaker invoke", f"/models/{HANDLER}/invoke", b"[[1.0, 2.0]]",
                       {"Content-Type": "application/json"}),
