@@ -136,6 +136,7 @@ class HandlerWorker:
             answer(index, reply)
 
         try:
+            # the message is the requests themselves (serve, below)
             worker.in_turn(requests, list, start, "a request", self._options.handler_timeout, answered)
         finally:
             self._last_used[worker] = time.monotonic()

@@ -1,7 +1,8 @@
 """A model's execution threads: real OS threads, one per instance, fed from one native queue, and
 answering through one async watcher of the event loop that hands back every result finished since it
-last ran (and every answer a call posted on its way: `post`). gevent's ThreadPool makes a watcher, a result object and a greenlet hand-off per call; here a
-call costs a queue put and a waiter, and a burst of finished batches one wake-up of the loop."""
+last ran (and every answer a call posted on its way: `post`). gevent's ThreadPool makes a watcher, a
+result object and a greenlet hand-off per call; here a call costs a queue put and a waiter, and a burst
+of finished batches one wake-up of the loop."""
 
 from collections import deque
 

@@ -116,3 +116,29 @@ def test_close_ends_the_threads_after_the_calls_queued_before_it(held):
     assert second.value == "queued"
     thread = Path(f"/proc/self/task/{first.value}")
     poll(lambda: not thread.exists(), message="the instance thread did not end")
+
+
+def test_a_call_posts_answers_to_the_loop_before_it_ends():
+    """What a call posts from its thread runs on the loop, in order, while the call is still running:
+    a handler model's worker answers a group's requests one by one this way."""
+    instances, posted, release = Instances(1), [], threading.Event()
+
+    def note(what: str) -> None:
+        posted.append((threading.get_ident(), what))
+
+    def answering() -> str:
+        instances.post(note, "first")
+        instances.post(note, "second")
+        assert release.wait(30), "the test never released the call"
+        return "done"
+
+    try:
+        call = gevent.spawn(instances.apply, answering)
+        poll(lambda: len(posted) == 2, message="the posted answers did not reach the loop")
+        assert not call.ready()
+        release.set()
+        assert call.get(timeout=30) == "done"
+    finally:
+        release.set()
+        instances.close()
+    assert posted == [(threading.get_ident(), "first"), (threading.get_ident(), "second")]  # run on the loop's thread
