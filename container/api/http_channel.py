@@ -111,8 +111,8 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
-    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke, "tfserving": tfserving_infer,
-            "v2_view": lambda name: views.description(core.ready_model(name)),
+    return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke,
+            "tfserving": tfserving_infer, "v2_view": lambda name: views.description(core.ready_model(name)),
             "connection_closed": clients.close, "probes": probes}
 
 
