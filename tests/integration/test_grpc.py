@@ -472,12 +472,24 @@ def test_a_repository_name_other_than_the_one_is_refused(server):
 
 
 def test_a_dead_front_end_is_replaced_and_loses_no_model(server, client, web):
+    """A client whose connection went down with its front-end is told UNAVAILABLE (gRPC's word to try
+    again) until its channel has connected anew, to the replacement or the other front-end: then it is
+    served, every model still there."""
     loaded = web.get_model_repository_index()
     front_end = server.grpc_pid()
     os.kill(front_end, signal.SIGKILL)
     wait_for(lambda: _replaced(server, front_end) and server.grpc_ready(), 60, "the gRPC front-end was not replaced")
     assert web.get_model_repository_index() == loaded
-    assert client.infer("scores", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
+
+    def served() -> bool:
+        try:
+            return client.infer("scores", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
+        except InferenceServerException as exc:
+            if exc.status() != "StatusCode.UNAVAILABLE":
+                raise
+            return False
+
+    wait_for(served, 30, "the client was not served again")
 
 
 def test_the_front_end_holds_no_descriptor_of_the_masters(server):

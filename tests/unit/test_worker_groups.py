@@ -24,7 +24,8 @@ from container.models.registry import Registry, Runtime
 from container.scheduling import scheduler_for
 from tests.builders import Gate, handler_model, poll, python_model, tensor
 
-# Answers "<its body>:<its worker's pid>"; some bodies do more first.
+# Answers "<its body>:<its worker's pid>"; some bodies do more first. Without a GPU, the script raises
+# the errors the server's device guard would raise for a broken CUDA context or a full GPU.
 SCRIPT = """
 import os
 from container.errors import DeviceFault, DeviceOutOfMemory
