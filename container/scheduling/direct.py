@@ -67,9 +67,9 @@ class DirectScheduler(Scheduler):
     def run_all(self, fn, calls: list[tuple], statistics: Statistics,
                 items: list[int] | None = None) -> Iterator[tuple[int, object]]:
         """Requests that arrived together for a model of worker processes (a handler model's, a python
-        model's), in as many shares as the model has instances (a worker each, and one message to it): each share is one `fn(its calls, answer)` on an instance
-        thread, which answers each call as it is done (`answer(index in the share, result or the
-        exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
+        model's), in as many shares as the model has instances (a worker each, and one message to it):
+        each share is one `fn(its calls, answer)` on an instance thread, which answers each call as it is
+        done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
         that failed for want of device memory runs again, alone, once room is made for it. `items`: each
         call's batch items, as its execution is counted (default: one each)."""
         answered, retried = Queue(), set()
