@@ -6,11 +6,11 @@ a client it has just answered, across front-ends, until the front-end says the c
 the front-end itself is gone). Inference is the exception: a front-end serves its HTTP itself and asks
 here only for the inferences, in groups (channel/groups.py). V2's (api/v2_infer.py) cross as tensors it
 decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
-process to decode (`v2_infer`; http_frontend/inference.py says which goes how); SageMaker's invokes
-(sagemaker_invoke.py) and TF Serving's inferences (tfserving_infer.py) as their bodies (`invoke`,
-`tfserving`)."""
+process to decode (`v2_infer`; http_frontend/inference.py says which goes how); TF Serving's
+(tfserving_infer.py) as tensors decoded against the same view (`tfserving_tensors`), or as bodies
+(`tfserving`); SageMaker's invokes (sagemaker_invoke.py) as their bodies (`invoke`)."""
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from container.api import sagemaker, tfserving, v2_dataplane
 from container.api.pipeline import Dispatcher, Request
@@ -18,7 +18,7 @@ from container.api.v2_infer import answer_body, parser
 from container.channel.blobs import large
 from container.channel.groups import group_items
 from container.core import Core
-from container.inference import Client, InferRequest
+from container.inference import Client, InferRequest, InferResponse
 from container.v2 import views
 
 
@@ -84,8 +84,8 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
                      clients.get(front_end, number, count))
                     for number, count, generation, inputs, outputs, parameters, request_id in calls]
-        results = ((p, _STALE if isinstance(r, _Stale) else r) for p, r in v2_dataplane.infer_group(core, name, version, requests))
-        return group_items(results, lambda _, result: [] if result is _STALE else [result.model_version, result.outputs])
+        return _tensor_items(v2_dataplane.infer_group(core, name, version, requests),
+                             lambda response: [response.model_version, response.outputs])
 
     def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
         """SageMaker invokes of one model that a front-end received together (sagemaker_invoke.py),
@@ -99,28 +99,46 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
 
     def tfserving_infer(front_end: int, name: str, version: str | None, label: str | None, verb: str, calls: list[list]):
         """TF Serving inferences of one verb to one model, version or label (as their path names them)
-        that a front-end received together (tfserving_infer.py), each [connection number, its requests,
-        body]. Its items: TAKEN, then [position, None, the answer's body] for each, or [position, error],
-        as each is done."""
-        requests = [(body if isinstance(body, bytes) else bytes(body), clients.get(front_end, number, count))
-                    for number, count, body in calls]
-        return group_items(tfserving.infer_group(core, name, version, label, verb, requests),
+        that a front-end received together and leaves to this process to decode (tfserving_infer.py), each
+        [connection number, its requests, body]. Its items: TAKEN, then [position, None, the answer's body]
+        for each, or [position, error], as each is done."""
+        requests = [(tfserving.decoder(body if isinstance(body, bytes) else bytes(body), verb),
+                     clients.get(front_end, number, count)) for number, count, body in calls]
+        return group_items(tfserving.infer_group(core, name, version, label, requests),
                            lambda _, response: [large(response.body)])
+
+    def tfserving_tensors(front_end: int, name: str, version: str | None, label: str | None, calls: list[list]):
+        """TF Serving inferences to one model, version or label that a front-end received together, each
+        decoded and checked against its view of the model (http_frontend/tfserving.py): [connection number,
+        its requests, the view's generation, inputs]. Its items as `v2_infer_tensors`', [position, None,
+        the outputs] for each answer: the front-end encodes them."""
+        requests = [(_tensor_request(generation, InferRequest(inputs)), clients.get(front_end, number, count))
+                    for number, count, generation, inputs in calls]
+        return _tensor_items(tfserving.infer_group(core, name, version, label, requests),
+                             lambda response: [response.outputs])
 
     def probes() -> list[list[str]]:
         """The routes of the `health` group, which a front-end answers within a deadline of its own."""
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
     return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke,
-            "tfserving": tfserving_infer, "v2_view": lambda name: views.description(core.ready_model(name)),
-            "connection_closed": clients.close, "probes": probes}
+            "tfserving": tfserving_infer, "tfserving_tensors": tfserving_tensors,
+            "v2_view": lambda name: views.description(core.ready_model(name)), "connection_closed": clients.close,
+            "probes": probes}
 
 
 class _Stale(Exception):
     """A request decoded against a view of a load that no longer serves."""
 
 
-_STALE = object()  # its answer: [position, None]
+def _tensor_items(results: Iterator[tuple[int, object]], answer: Callable[[InferResponse], list]) -> Iterator[list]:
+    """group_items of requests a front-end decoded (`_tensor_request`): [position, None, *answer(response)]
+    for each answered, and [position, None] alone for one decoded against a load that no longer serves."""
+    results = ((position, _STALE if isinstance(result, _Stale) else result) for position, result in results)
+    return group_items(results, lambda _, result: [] if result is _STALE else answer(result))
+
+
+_STALE = object()
 
 
 def _tensor_request(generation: int, request: InferRequest):

@@ -275,7 +275,7 @@ class _Views(views.Views):
         self.channel = channel
 
     async def get(self, name: str) -> TensorView | None:
-        """This front-end's view of `name` (http_frontend/inference.py's `_Views.get`)."""
+        """This front-end's view of `name` (http_frontend/views.py's `FrontEndViews.get`)."""
         view = self.views.get(name)
         if view is not None:
             return view

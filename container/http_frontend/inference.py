@@ -13,26 +13,25 @@ Either way the calls for one model that arrive together cross as one (channel/gr
 
 import os
 
-from gevent.event import AsyncResult
-
 from container.api import offload
 from container.api.pipeline import Request
 from container.api.v2_infer import answer_body, is_raw
 from container.channel.blobs import large
 from container.channel.groups import MOST_BYTES, Groups
 from container.channel.hub_client import HubChannelClient
-from container.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, ServeError
+from container.errors import InvalidRequest, ModelNotFound, PayloadTooLarge
+from container.http_frontend.views import FrontEndViews
 from container.limits import Limits
 from container.v2 import codec, documents, views
 from container.v2.views import TensorView
 
 
 class RemoteInference:
-    def __init__(self, channel: HubChannelClient, limits: Limits):
+    def __init__(self, channel: HubChannelClient, model_views: FrontEndViews, limits: Limits):
         self.channel, self.limits = channel, limits
         self._documents = Groups(channel, "v2_infer")
         self._tensors = Groups(channel, "v2_infer_tensors")
-        self._views = _Views(channel)
+        self._views = model_views
 
     def __call__(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         name, version = request.params["name"], request.params.get("version")
@@ -81,34 +80,6 @@ class RemoteInference:
         call[3:5] = None, large(body)
         answer, headers = self._documents.call(key, call, size)
         return answer, headers
-
-
-class _Views(views.Views):
-    """On the gevent hub."""
-
-    def __init__(self, channel: HubChannelClient):
-        super().__init__()
-        self.channel = channel
-
-    def get(self, name: str) -> TensorView | None:
-        """This front-end's view of `name`; None when the model process has none to give (a handler model,
-        a decoupled one, a model not loaded, or it is away)."""
-        view = self.views.get(name)
-        if view is not None:
-            return view
-        fetching = self.fetching.get(name)
-        if fetching is not None:
-            return fetching.get()
-        self.fetching[name] = fetching = AsyncResult()
-        view = None
-        try:
-            view = self.keep(name, self.channel.call("v2_view", name))
-        except ServeError:
-            pass
-        finally:  # the requests waiting for this fetch go on, whatever became of it
-            del self.fetching[name]
-            fetching.set(view)
-        return view
 
 
 def _decoded(view: TensorView, body: bytes, header_length: str | None, limits: Limits, name: str):

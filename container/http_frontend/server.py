@@ -42,6 +42,7 @@ from container.errors import ServeError, Unavailable
 from container.http_frontend.inference import RemoteInference
 from container.http_frontend.invocations import RemoteInvoke
 from container.http_frontend.tfserving import RemoteTFServing
+from container.http_frontend.views import FrontEndViews
 from container.http_transport import Connections, HeadLimits
 from container.inference import Client
 from container.settings import Settings
@@ -69,9 +70,11 @@ class ChannelDispatcher:
 
     def __init__(self, settings: Settings, channel_path: str):
         self.channel = HubChannelClient(channel_path, self._learn_probes, max_call(settings.max_payload_bytes))
-        self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, settings.limits), settings.max_payload_bytes),
+        model_views = FrontEndViews(self.channel)
+        self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, model_views, settings.limits),
+                                                      settings.max_payload_bytes),
                                         *invoke_routes(RemoteInvoke(self.channel), settings),
-                                        *tfserving_infer.infer_routes(RemoteTFServing(self.channel)),
+                                        *tfserving_infer.infer_routes(RemoteTFServing(self.channel, model_views, settings.limits)),
                                         *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)
         self.max_body = self.local.max_body

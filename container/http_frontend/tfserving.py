@@ -1,24 +1,67 @@
 """An HTTP front-end's TF Serving inferences: the `run` of api/tfserving_infer.py's routes. The route,
-the request id, the access log and the error's rendering are this process's; only the body crosses,
-and only the answer's comes back, so that the one model process does little more than what only it
-can: the lease, and the body decoded against the signature of the load it runs on. Those of one verb
-to one model, version or label that arrive together cross as one (channel/groups.py)."""
+the request id, the access log and the error's rendering are this process's. The body is decoded here,
+against the view this front-end holds of the model (views.py), so that only its tensors cross the
+channel and only its outputs come back, to be encoded here: the one model process does little more than
+what only it can (the version or label resolved, the lease, execution).
+
+A body this decoding refuses, a large one, or one to a model this front-end has no view of crosses
+whole, and the model process decodes it against the model it leases, so a refusal comes in one
+process's order and words (a model that is not there is a 404 whatever the body holds). Either way the
+calls that arrive together cross as one (channel/groups.py)."""
 
 import os
 
+from container.api import offload, tfserving_codec
 from container.api.pipeline import Request, Response
 from container.api.tfserving_infer import answer
 from container.channel.blobs import large
 from container.channel.groups import Groups
 from container.channel.hub_client import HubChannelClient
+from container.errors import ModelNotFound
+from container.http_frontend.views import FrontEndViews
+from container.limits import Limits
+from container.v2 import views
+from container.v2.views import TensorView
 
 
 class RemoteTFServing:
-    def __init__(self, channel: HubChannelClient):
-        self._groups = Groups(channel, "tfserving")
+    def __init__(self, channel: HubChannelClient, model_views: FrontEndViews, limits: Limits):
+        self.limits = limits
+        self._bodies = Groups(channel, "tfserving")
+        self._tensors = Groups(channel, "tfserving_tensors")
+        self._views = model_views
 
     def __call__(self, request: Request, verb: str) -> Response:
-        client, params = request.client, request.params
-        key = (os.getpid(), params["name"], params.get("version"), params.get("label"), verb)
-        [body] = self._groups.call(key, [client.number, client.requests, large(request.body)], len(request.body))
-        return answer(body)
+        client, params, body = request.client, request.params, request.body
+        name, path = params["name"], (params.get("version"), params.get("label"))
+        for _ in range(0 if offload.heavy(len(body)) else views.TRIES):
+            view = self._views.get(name)
+            decoded = view and _decoded(view, body, verb, self.limits)
+            if not decoded:
+                break
+            inputs, encode = decoded
+            try:
+                result = self._tensors.call((os.getpid(), name, *path), [client.number, client.requests,
+                                                                         view.generation, inputs], len(body))
+            except ModelNotFound:
+                self._views.stale(name, view)
+                raise
+            if result:  # [the outputs]; [] when decoded against a load that no longer serves
+                [outputs] = result
+                return answer(encode(outputs))
+            self._views.stale(name, view)  # decoded against a load that no longer serves
+        [answered] = self._bodies.call((os.getpid(), name, *path, verb), [client.number, client.requests, large(body)],
+                                       len(body))
+        return answer(answered)
+
+
+def _decoded(view: TensorView, body: bytes, verb: str, limits: Limits):
+    """The body's inputs, decoded and checked against `view`, and their answer's encoder; None when
+    refused here (or a bug stops it): the model process decodes it again, and refuses it in one process's
+    order and words."""
+    try:
+        inputs, encode = tfserving_codec.decode(view.signature, view.labels, body, verb)
+        view.signature.check(inputs, None, limits)
+    except Exception:
+        return None
+    return inputs, encode

@@ -307,6 +307,8 @@ def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp
         ("POST", "/v1/models/double/labels/stable:predict", {}, predict),
         ("POST", "/v1/models/nobody:predict", {}, b"{not json"),
         ("POST", "/v1/models/double:regress", {}, b'{"examples": [{"x": [1, 2, 3, 4]}]}'),
+        ("POST", "/v1/models/double/labels/stable:classify", {}, b'{"examples": [{"x": [1, 2, 3, 4]}]}'),
+        ("POST", "/v1/models/double/versions/1:classify", {}, b'{"examples": [{"x": [1, 2, 3, 4]}]}'),
         ("POST", "/v2/models/double/infer", {}, document),  # after every refusal, the server still serves
     ]
     raw = [_raw(method, path, {"X-Request-Id": f"given-{i}", **headers}, body)
@@ -316,9 +318,10 @@ def test_access_log_lines_and_answers_are_those_of_one_process(start_server, tmp
     assert seen["2"] == seen["0"]
     answers = seen["0"][0]
     assert [int(status.split()[1]) for status, _, _ in answers] == [200, 404, 413, 400, 200, 200, 200, 404, 400, 404, 400, 400,
-                                                                   405, 200, 404, 400, 404, 400, 200, 400]
-    assert gzip.decompress(answers[6][2]) == answers[0][2] == answers[18][2]
+                                                                   405, 200, 404, 400, 404, 400, 400, 200, 200, 400]
+    assert gzip.decompress(answers[6][2]) == answers[0][2] == answers[20][2]
     assert json.loads(answers[13][2]) == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+    assert json.loads(answers[19][2]) == {"results": [[["", 2.0], ["", 4.0], ["", 6.0], ["", 8.0]]]}
 
 
 def _raw(method: str, path: str, headers: dict, body: bytes | None) -> bytes:

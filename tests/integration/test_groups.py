@@ -16,13 +16,15 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from container.api.pipeline import Request
 from container.channel import socket_path, wire
 from container.channel.client import ChannelClient
 from container.channel.groups import TAKEN
 from container.grpc_api.clients import Clients
 from container.grpc_api.inference_service import InferenceService
+from container.http_frontend.server import ChannelDispatcher
 from container.settings import Settings
-from tests.builders import Scale, fp32_model, handler_model, tensor, triton_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, poll, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
 DOCUMENT = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -330,3 +332,56 @@ def test_a_group_of_tf_serving_inferences_answers_each_and_one_that_fails_fails_
                       ((None, "stable", ":classify"), ["InvalidRequest", "Unrecognized servable version label: stable", 400])]:
         items = front_ends[1].group("tfserving", "double", calls[:2], key)
         assert sorted(items) == [[0, told], [1, told]]
+
+
+
+def test_tf_serving_tensors_in_a_group_are_run_against_their_own_load_and_path(front_ends):
+    """TF Serving's inferences a front-end decoded cross as tensors, each [connection number, its requests,
+    the view's generation, inputs]: each answered with its outputs, one decoded against another load told
+    so alone (the front-end decodes it again), and a label the model lacks told to each, in TF Serving's
+    words."""
+    generation, *_ = front_ends[0].call("v2_view", "double")
+    x = np.ones((1, 4), np.float32)
+    calls = [[1, 2, generation, {"x": x}], [2, 2, generation + 1000, {"x": x}], [3, 2, generation, {"x": 3 * x}]]
+    by_position = {item[0]: item[1:] for item in front_ends[0].group("tfserving_tensors", "double", calls, (None, None))}
+    assert by_position[0][0] is None and np.array_equal(by_position[0][1]["y"], 2 * x)
+    assert by_position[2][0] is None and np.array_equal(by_position[2][1]["y"], 6 * x)
+    assert by_position[1] == [None]
+    items = front_ends[1].group("tfserving_tensors", "double", calls[:1], (None, "stable"))
+    assert items == [[0, ["InvalidRequest", "Unrecognized servable version label: stable", 400]]]
+
+def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the_rest_whole(server):
+    """The real front-end's dispatcher over the model process's real channel, the operations it calls
+    recorded: a body it decodes against its view of the model crosses as tensors and its answer is encoded
+    there; a body it refuses, and one to a model it has no view of (a handler model), cross whole, to be
+    refused in one process's words; a version the model lacks is the model process's to say."""
+    dispatcher = ChannelDispatcher(Settings.from_env({}), socket_path(server.process.pid))
+    sent, call, stream = [], dispatcher.channel.call, dispatcher.channel.stream
+    dispatcher.channel.call = lambda op, *args, **kw: sent.append(op) or call(op, *args, **kw)
+    dispatcher.channel.stream = lambda op, *args: sent.append(op) or stream(op, *args)
+    dispatcher.start()
+    poll(lambda: dispatcher.channel.connected, 30, "the front-end did not reach the model process")
+    client = dispatcher.new_client()
+
+    def infer(path: str, document) -> tuple[list[str], int, dict]:
+        sent.clear()
+        client.requests += 1
+        body = document if isinstance(document, bytes) else json.dumps(document).encode()
+        answer = dispatcher.serve(Request("POST", path, "", {"content-type": "application/json"}, body, client=client))
+        return [op for op in sent if op != "probes"], answer.status, json.loads(answer.body)
+
+    row = {"instances": [[1, 2, 3, 4]]}
+    assert infer("/v1/models/double:predict", row) == (["v2_view", "tfserving_tensors"], 200,
+                                                        {"predictions": [[2.0, 4.0, 6.0, 8.0]]})
+    assert infer("/v1/models/double/versions/1:classify", {"examples": [{"x": [1, 2, 3, 4]}]}) == (
+        ["tfserving_tensors"], 200, {"results": [[["", 2.0], ["", 4.0], ["", 6.0], ["", 8.0]]]})
+    assert infer("/v1/models/double:regress", {"examples": [{"x": [1, 2, 3, 4]}]}) == (
+        ["tfserving"], 400, {"error": 'Serving signature name: "tensorflow/serving/regress" not found in signature def'})
+    assert infer("/v1/models/double:predict", {"instances": [[1, 2]]}) == (
+        ["tfserving"], 400, {"error": "input 'x' must have shape [-1, 4], got [1, 2]"})
+    assert infer("/v1/models/double:predict", b'{"instances": [[1, 2')[:2] == (["tfserving"], 400)
+    assert infer("/v1/models/double/versions/7:predict", row) == (
+        ["tfserving_tensors"], 404, {"error": "Servable not found for request: Specific(double, 7)"})
+    assert infer("/v1/models/echo:predict", row) == (
+        ["v2_view", "tfserving"], 400,
+        {"error": "model 'echo' is a SageMaker handler model: it takes a request body (POST /models/echo/invoke), not tensors"})

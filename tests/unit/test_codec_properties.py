@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from container import content
-from container.api import invoke_codec, tfserving, tfserving_json
+from container.api import invoke_codec, tfserving_codec, tfserving_json
 from container.api.shared_memory import SharedMemory
 from container.channel import wire
 from container.errors import ServeError
@@ -230,7 +230,7 @@ def test_invoke_encodings_round_trip(array):
 @PROPERTIES
 @given(signature_=SIGNATURES, document=st.fixed_dictionaries({}, optional={"instances": JSON_VALUES, "inputs": JSON_VALUES}))
 def test_tfserving_predict_bodies_decode_or_are_client_errors(signature_, document):
-    client_error_or(tfserving._predict_inputs, signature_, document)
+    client_error_or(tfserving_codec._predict_inputs, signature_, document)
 
 
 @PROPERTIES
