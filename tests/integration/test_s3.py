@@ -13,7 +13,6 @@ from pathlib import Path
 import boto3
 import pytest
 import requests
-from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
 
 from tests.builders import MIB, fp32_model, sized_model, wait_for
@@ -45,6 +44,10 @@ class Gate:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
+    # moto is imported by the fixture alone: test_pt2 shares it, and the GPU machine's run of test_pt2's
+    # GPU test goes without moto (bench/device/bundle leaves it out of what that machine is carried)
+    from moto.server import DomainDispatcherApplication, create_backend_app
+
     gate = Gate(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, gate, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
