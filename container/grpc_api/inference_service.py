@@ -146,7 +146,7 @@ class InferenceService:
             try:
                 answer = await self._tensors.call(key, views.tensor_call(client, view, inferred), len(binary))
             except ModelNotFound:
-                self._views.stale(name, view)
+                self._views.not_found(name, view, bool(version))
                 raise
             if answer:
                 ran, outputs = answer

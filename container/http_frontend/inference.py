@@ -47,7 +47,7 @@ class RemoteInference:
                 answer = self._tensors.call(key, views.tensor_call([request.client.number, request.client.requests], view,
                                                                    inferred), len(body))
             except ModelNotFound:
-                self._views.stale(name, view)
+                self._views.not_found(name, view, version is not None)
                 raise
             if answer:
                 ran, outputs = answer

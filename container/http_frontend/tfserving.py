@@ -44,7 +44,7 @@ class RemoteTFServing:
                 result = self._tensors.call((os.getpid(), name, *path), [client.number, client.requests,
                                                                          view.generation, inputs], len(body))
             except ModelNotFound:
-                self._views.stale(name, view)
+                self._views.not_found(name, view, path != (None, None))
                 raise
             if result:  # [the outputs]; [] when decoded against a load that no longer serves
                 [outputs] = result

@@ -42,6 +42,14 @@ class Views:
         if self.views.get(name) is view:
             del self.views[name]
 
+    def not_found(self, name: str, view: TensorView, version_named: bool) -> None:
+        """A request decoded against `view` was told that its model, or the version (or label) it named,
+        is not there. A version may be missing while the load the view is of still serves: only a request
+        that named none says the model is gone (so a client asking for a missing version does not make
+        each of its requests fetch the view again)."""
+        if not version_named:
+            self.stale(name, view)
+
 
 def decode(view: TensorView, document: dict, binary, limits: Limits, name: str) -> tuple[InferRequest, list | None] | None:
     """The request decoded and checked against `view`, and the outputs it asks for; None when it is

@@ -354,7 +354,8 @@ def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the
     """The real front-end's dispatcher over the model process's real channel, the operations it calls
     recorded: a body it decodes against its view of the model crosses as tensors and its answer is encoded
     there; a body it refuses, and one to a model it has no view of (a handler model), cross whole, to be
-    refused in one process's words; a version the model lacks is the model process's to say."""
+    refused in one process's words; a version the model lacks is the model process's to say, and leaves
+    the front-end's view of the model in place."""
     dispatcher = ChannelDispatcher(Settings.from_env({}), socket_path(server.process.pid))
     sent, call, stream = [], dispatcher.channel.call, dispatcher.channel.stream
     dispatcher.channel.call = lambda op, *args, **kw: sent.append(op) or call(op, *args, **kw)
@@ -382,6 +383,7 @@ def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the
     assert infer("/v1/models/double:predict", b'{"instances": [[1, 2')[:2] == (["tfserving"], 400)
     assert infer("/v1/models/double/versions/7:predict", row) == (
         ["tfserving_tensors"], 404, {"error": "Servable not found for request: Specific(double, 7)"})
+    assert infer("/v1/models/double:predict", row)[:2] == (["tfserving_tensors"], 200)  # the view still serves
     assert infer("/v1/models/echo:predict", row) == (
         ["v2_view", "tfserving"], 400,
         {"error": "model 'echo' is a SageMaker handler model: it takes a request body (POST /models/echo/invoke), not tensors"})
