@@ -144,7 +144,8 @@ class InferenceService:
                 break
             inferred, requested = decoded
             try:
-                answer = await self._tensors.call(key, views.tensor_call(client, view, inferred), len(binary))
+                answer = await self._tensors.call(key, views.tensor_call(client, view, inferred),
+                                                  views.call_size(len(binary), inferred.inputs))
             except ModelNotFound:
                 self._views.not_found(name, view, bool(version))
                 raise

@@ -45,7 +45,7 @@ class RemoteInference:
             document, (inferred, requested) = decoded
             try:
                 answer = self._tensors.call(key, views.tensor_call([request.client.number, request.client.requests], view,
-                                                                   inferred), len(body))
+                                                                   inferred), views.call_size(len(body), inferred.inputs))
             except ModelNotFound:
                 self._views.not_found(name, view, version is not None)
                 raise

@@ -41,8 +41,8 @@ class RemoteTFServing:
                 break
             inputs, encode = decoded
             try:
-                result = self._tensors.call((os.getpid(), name, *path), [client.number, client.requests,
-                                                                         view.generation, inputs], len(body))
+                result = self._tensors.call((os.getpid(), name, *path), [client.number, client.requests, view.generation,
+                                                                         inputs], views.call_size(len(body), inputs))
             except ModelNotFound:
                 self._views.not_found(name, view, path != (None, None))
                 raise

@@ -11,6 +11,7 @@ from typing import Mapping
 from container.inference import InferRequest
 from container.limits import Limits
 from container.models.signature import Signature, TensorSpec
+from container.tensors import decoded_size
 from container.v2 import documents
 
 TRIES = 3  # decodings against a fresh view before a request goes as its document
@@ -66,6 +67,13 @@ def decode(view: TensorView, document: dict, binary, limits: Limits, name: str) 
 def tensor_call(client: list, view: TensorView, request: InferRequest) -> list:
     """A call of `v2_infer_tensors` (api/http_channel.py); `client`: its number and the requests it has made."""
     return [*client, view.generation, request.inputs, request.outputs, request.parameters, request.request_id]
+
+
+def call_size(body_size: int, inputs: dict) -> int:
+    """What a call of decoded tensors weighs for grouping (channel/groups.py): its tensors' bytes, or its
+    body's where more (a BYTES element counts as its reference only). A JSON number takes as little as
+    two bytes and an FP64 element eight, and a gRPC request's typed contents are not in its raw bytes."""
+    return max(body_size, decoded_size(inputs.values()))
 
 
 def description(view) -> list | None:
