@@ -206,7 +206,9 @@ class Triton:
         self.url = f"http://127.0.0.1:{ports[0]}"
         self.grpc_url = f"http://127.0.0.1:{ports[1]}"
         self.log = scratch / "triton.log"
-        environment = {**os.environ, "LD_LIBRARY_PATH": str(package.parent / "nvidia_pytriton.libs")}
+        # the wheel's libraries first; then any the environment names (bench/device/run: the stub's libpython)
+        libraries = [str(package.parent / "nvidia_pytriton.libs"), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+        environment = {**os.environ, "LD_LIBRARY_PATH": ":".join(libraries)}
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [str(tritonserver()), f"--model-repository={scratch / 'models'}", f"--backend-directory={backends}",
