@@ -19,7 +19,7 @@ from container.api.v2_infer import answer_body, is_raw
 from container.channel.blobs import large
 from container.channel.groups import MOST_BYTES, Groups
 from container.channel.hub_client import HubChannelClient
-from container.errors import InvalidRequest, ModelNotFound, PayloadTooLarge
+from container.errors import InvalidRequest, PayloadTooLarge
 from container.http_frontend.views import FrontEndViews
 from container.limits import Limits
 from container.v2 import codec, documents, views
@@ -37,24 +37,20 @@ class RemoteInference:
         name, version = request.params["name"], request.params.get("version")
         key = (os.getpid(), name, version)
         header_length = request.header(codec.HEADER_LENGTH)
-        for _ in range(0 if heavy else views.TRIES):
-            view = self._views.get(name)
-            decoded = view and _decoded(view, body, header_length, self.limits, name)
-            if not decoded:
-                break
-            document, (inferred, requested) = decoded
-            try:
-                answer = self._tensors.call(key, views.tensor_call([request.client.number, request.client.requests], view,
-                                                                   inferred), views.call_size(len(body), inferred.inputs))
-            except ModelNotFound:
-                self._views.not_found(name, view, version is not None)
-                raise
-            if answer:
-                ran, outputs = answer
-                return answer_body(*offload.run(documents.heavy_outputs(outputs), documents.answer, document, inferred,
-                                                name, ran, outputs, requested, view.signature, view.labels, None), False)
-            self._views.stale(name, view)  # decoded against a load that no longer serves
-        return self._by_document(request, body, heavy, key, header_length)
+        client = [request.client.number, request.client.requests]
+
+        def cross(view: TensorView, decoded: tuple) -> list:
+            inferred = decoded[1][0]
+            return self._tensors.call(key, views.tensor_call(client, view, inferred), views.call_size(len(body), inferred.inputs))
+
+        ran = None if heavy else self._views.run(name, version is not None,
+                                                 lambda view: _decoded(view, body, header_length, self.limits, name), cross)
+        if ran is None:
+            return self._by_document(request, body, heavy, key, header_length)
+        view, (document, (inferred, requested)), (model_version, outputs) = ran
+        return answer_body(*offload.run(documents.heavy_outputs(outputs), documents.answer, document, inferred, name,
+                                        model_version, outputs, requested, view.signature, view.labels, None), False)
+
     def _by_document(self, request: Request, body: bytes, heavy: bool, key: tuple,
                      header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """The request for the model process to decode: its JSON parsed here, or, when it does not parse

@@ -17,7 +17,6 @@ from container.api.tfserving_infer import answer
 from container.channel.blobs import large
 from container.channel.groups import Groups
 from container.channel.hub_client import HubChannelClient
-from container.errors import ModelNotFound
 from container.http_frontend.views import FrontEndViews
 from container.limits import Limits
 from container.v2 import views
@@ -34,22 +33,17 @@ class RemoteTFServing:
     def __call__(self, request: Request, verb: str) -> Response:
         client, params, body = request.client, request.params, request.body
         name, path = params["name"], (params.get("version"), params.get("label"))
-        for _ in range(0 if offload.heavy(len(body)) else views.TRIES):
-            view = self._views.get(name)
-            decoded = view and _decoded(view, body, verb, self.limits)
-            if not decoded:
-                break
-            inputs, encode = decoded
-            try:
-                result = self._tensors.call((os.getpid(), name, *path), [client.number, client.requests, view.generation,
-                                                                         inputs], views.call_size(len(body), inputs))
-            except ModelNotFound:
-                self._views.not_found(name, view, path != (None, None))
-                raise
-            if result:  # [the outputs]; [] when decoded against a load that no longer serves
-                [outputs] = result
-                return answer(encode(outputs))
-            self._views.stale(name, view)  # decoded against a load that no longer serves
+
+        def cross(view: TensorView, decoded: tuple) -> list:
+            inputs = decoded[0]
+            return self._tensors.call((os.getpid(), name, *path), [client.number, client.requests, view.generation, inputs],
+                                      views.call_size(len(body), inputs))
+
+        ran = None if offload.heavy(len(body)) else self._views.run(
+            name, path != (None, None), lambda view: _decoded(view, body, verb, self.limits), cross)
+        if ran is not None:
+            _, (_, encode), [outputs] = ran
+            return answer(encode(outputs))
         [answered] = self._bodies.call((os.getpid(), name, *path, verb), [client.number, client.requests, large(body)],
                                        len(body))
         return answer(answered)

@@ -69,9 +69,10 @@ class DirectScheduler(Scheduler):
         """Requests that arrived together for a model of worker processes (a handler model's, a python
         model's), in as many shares as the model has instances (a worker each, and one message to it):
         each share is one `fn(its calls, answer)` on an instance thread, which answers each call as it is
-        done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases) or the exception) as each is answered; a call
-        that failed for want of device memory runs again, alone, once room is made for it. `items`: each
-        call's batch items, as its execution is counted (default: one each)."""
+        done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases)
+        or the exception) as each is answered; a call that failed for want of device memory runs again,
+        alone, once room is made for it. `items`: each call's batch items, as its execution is counted
+        (default: one each)."""
         answered, retried = Queue(), set()
         items = items or [1] * len(calls)
         shares = [_Share(positions, answered, statistics, items) for positions in _shares(len(calls), self._instances)]
