@@ -193,14 +193,16 @@ def _loaded_package(path: Path, listed: list[zipfile.ZipInfo], device: str, inde
     def load():
         return torch._C._aoti.AOTIModelPackageLoader(str(path), _package_model(listed), False, 1, index)
 
-    library = next((m.filename.split("/", 1)[1] for m in listed if m.filename.endswith(".so")), None)
+    # extracted under its archive's own name, which is the name the package was written under (`model.pt2`
+    # holds `model/…`), whatever the file is called now
+    library = next((m.filename for m in listed if m.filename.endswith(".so")), None)
     if device != "cpu" or library is None:
         return load()
     with _EXTRACTING:
         before = set(_extractions())
         loader = load()
         for directory in set(_extractions()) - before:
-            if (directory / "package" / library).is_file():
+            if (directory / library).is_file():
                 shutil.rmtree(directory, ignore_errors=True)
     return loader
 

@@ -229,15 +229,20 @@ def test_a_package_is_charged_unloaded_and_loaded_again(server):
 def test_a_loaded_package_leaves_nothing_in_the_temporary_directory_even_when_its_server_is_killed(
         start_server, tmp_path_factory, files):
     """torch's loader extracts a package under the temporary directory and removes it only once the
-    loader is freed: a killed server would leave every loaded package's files behind."""
+    loader is freed: a killed server would leave every loaded package's files behind. Packages keep
+    their files under the name they were written as (`package/…`, `accumulator/…`), whatever the
+    model's file is called."""
     root, scratch = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("t")
     triton_model(root, "aoti", files["package"], classifier_config("torch_aoti"))
+    triton_model(root, "running_total", files["accumulator"], RUNNING_TOTAL)
     server = start_server(root, SERVE_HTTP_WORKERS="0", SERVE_GRPC_PORT="off", TMPDIR=str(scratch))
     for _ in range(2):
-        assert server.load("aoti").status_code == 200
+        for name in ("aoti", "running_total"):
+            assert server.load(name).status_code == 200
         np.testing.assert_allclose(v2(server, "aoti", {"INPUT__0": ROWS})["OUTPUT__0"], expected(ROWS), rtol=1e-5)
         assert list(scratch.glob("aotinductor_*")) == []
-        assert server.request("DELETE", "/models/aoti").status_code == 200
+        for name in ("aoti", "running_total"):
+            assert server.request("DELETE", f"/models/{name}").status_code == 200
     assert server.load("aoti").status_code == 200
     os.killpg(server.process.pid, signal.SIGKILL)
     server.process.wait(30)
@@ -383,6 +388,9 @@ SEQUENCE = {
     "control_input": [{"name": "INPUT__1", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
     "state": [{"input_name": "INPUT__2", "output_name": "OUTPUT__1", "data_type": "TYPE_FP32", "dims": [1],
                "initial_state": [{"data_type": "TYPE_FP32", "dims": [1], "zero_data": True, "name": "zeros"}]}]}
+RUNNING_TOTAL = {"platform": "torch_aoti", "max_batch_size": 8, "sequence_batching": SEQUENCE,
+                 "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [1]}],
+                 "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [1]}]}
 
 
 @pytest.fixture(scope="module")
@@ -401,10 +409,7 @@ def policies(start_server, tmp_path_factory, files):
     triton_model(root, "bad_warmup", files["package"], classifier_config("torch_aoti", model_warmup=[
         {"name": "five features", "batch_size": 1, "inputs": {"INPUT__0": {"data_type": "TYPE_FP32", "dims": [5],
                                                                            "zero_data": True}}}]))
-    triton_model(root, "running_total", files["accumulator"], {
-        "platform": "torch_aoti", "max_batch_size": 8, "sequence_batching": SEQUENCE,
-        "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [1]}],
-        "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [1]}]})
+    triton_model(root, "running_total", files["accumulator"], RUNNING_TOTAL)
     return start_server(root, SERVE_HTTP_WORKERS="0", SERVE_ALLOW_CLIENT_SHM="true")
 
 
