@@ -38,7 +38,9 @@ from container.scheduling import scheduler_for
 from container.settings import Settings
 
 
-def create_app(settings: Settings) -> Flask:
+def create_app(settings: Settings, scratch: str | None = None) -> Flask:
+    """`scratch`: where the model process extracts archives and writes load requests' files (default: the
+    temporary directory)."""
     configure_logging(settings.log_level)
     logging.getLogger("container").info("serving", extra={"fields": {
         "mode": "multi-model" if settings.multi_model else "single-model", "model_root": settings.model_root,
@@ -54,7 +56,7 @@ def create_app(settings: Settings) -> Flask:
     runtime = Runtime(backends, release_memory, free_memory)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
-                        downloads=downloads, s3_roots=settings.s3_roots)
+                        downloads=downloads, s3_roots=settings.s3_roots, scratch=scratch)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
     core = Core(registry, schedulers, settings.allow_model_files)
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),

@@ -4,7 +4,7 @@ import os
 import shutil
 import time
 
-from container import channel, frontends, resources
+from container import channel, frontends, resources, workdirs
 from container.channel.blobs import Blobs
 from container.settings import Settings
 
@@ -29,8 +29,10 @@ def when_ready(server):
     worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile). Once the
     master is told to stop, a front-end that exits is not started again; at SIGTERM the HTTP front-ends
     drain before the worker is told to, as their requests under way need it."""
+    for pid in workdirs.stale_servers():
+        _remove_server_files(pid)
+    server.workdir = workdirs.claim(os.getpid())  # held, by this process and its worker, until they exit
     path = channel.socket_path(os.getpid())
-    channel.make_socket_directory(path)
     server.http_front_ends = http_front_ends(server, path)
     grpc = frontends.grpc_front_ends(_settings.http_workers, _settings.grpc_port, path, server.log) if _settings.grpc_port else []
     server.front_ends = [*server.http_front_ends, *grpc]
@@ -69,6 +71,15 @@ def on_exit(server):
     """The worker has drained and exited: the front-ends drain and exit too."""
     for front_end in getattr(server, "front_ends", ()):  # none when the master failed before it was ready
         front_end.stop(graceful_timeout)
-    path = channel.socket_path(os.getpid())
+    _remove_server_files(os.getpid())
+
+
+def child_exit(server, worker):
+    """The model process has exited, however it ended: nothing of its models' files serves any more."""
+    shutil.rmtree(workdirs.scratch(os.getpid(), worker.pid), ignore_errors=True)
+
+
+def _remove_server_files(master_pid: int) -> None:
+    path = channel.socket_path(master_pid)
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     Blobs(channel.blob_prefix(path)).remove_all()  # data a process that died wrote and nobody took

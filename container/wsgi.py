@@ -5,11 +5,13 @@ import os
 
 import gevent
 
+from container import workdirs
 from container.app import create_app, load_startup_models
 from container.settings import Settings
 
 settings = Settings.from_env(os.environ)
-app = create_app(settings)
+# the model process's scratch, which its master removes when it exits (gunicorn_conf.child_exit)
+app = create_app(settings, workdirs.make_private(workdirs.scratch(os.getppid(), os.getpid())))
 # Start-up objects (torch, the app) live forever: freeze them so the collections that unloading runs
 # skip them — a full collection over them holds the GIL ~90 ms and stalls every request.
 gc.collect()

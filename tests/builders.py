@@ -225,6 +225,14 @@ def wait_for(predicate, timeout: float = 30, message: str = "condition not met")
         time.sleep(0.02)
 
 
+def exited(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def poll(predicate, timeout: float = 30, message: str = "condition not met"):
     """`wait_for` for a test that runs greenlets: the wait lets them run."""
     import gevent

@@ -3,7 +3,8 @@ their answers as msgpack frames over a Unix socket (wire.py), served in the mode
 (server.py) and made from a front-end's asyncio loop (client.py)."""
 
 import os
-import tempfile
+
+from container import workdirs
 
 FRAMING = 1 << 20  # room for a call's description beside its largest allowed data
 
@@ -16,19 +17,11 @@ def max_call(max_payload_bytes: int) -> int:
 
 
 def socket_path(master_pid: int) -> str:
-    """The model process's channel socket, in a directory of the server's own (0700): the gunicorn
+    """The model process's channel socket, in the server's own directory (workdirs.py): the gunicorn
     master's pid names it, so its worker and its front-ends find it without being told."""
-    return os.path.join(tempfile.gettempdir(), f"container-{master_pid}", "models.sock")
+    return os.path.join(workdirs.server(master_pid), "models.sock")
 
 
 def blob_prefix(path: str) -> str:
     """The names of the channel's shared-memory data (blobs.py): its directory's, `container-<master pid>`."""
     return os.path.basename(os.path.dirname(path))
-
-
-def make_socket_directory(path: str) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    info = os.stat(directory, follow_symlinks=False)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{directory} is not this user's private directory; refusing to serve the channel there")

@@ -12,11 +12,12 @@ from container.models.config import parse_json_config, relative_path
 CONFIG_FILES = ("config.pbtxt", "config.json")
 
 
-def build_override(config: str, files: dict[str, bytes], base: Path | None) -> Path:
-    """A new directory holding `config` as config.json and either `files` or, without files, every
-    other entry of `base` (linked, not copied). Blocking; the caller owns and removes the directory."""
+def build_override(config: str, files: dict[str, bytes], base: Path | None, scratch_root: str | None = None) -> Path:
+    """A new directory under `scratch_root` (default the temporary directory) holding `config` as config.json
+    and either `files` or, without files, every other entry of `base` (linked, not copied). Blocking; the
+    caller owns and removes the directory."""
     parse_json_config(config.encode())  # a bad config is refused before anything is written
-    directory = Path(tempfile.mkdtemp(prefix="override-"))
+    directory = Path(tempfile.mkdtemp(prefix="override-", dir=scratch_root))
     try:
         (directory / "config.json").write_text(config)
         if files:

@@ -115,8 +115,10 @@ class Counters:
 
 class Registry:
     def __init__(self, model_root: str, cache: MemoryCache, runtime: Runtime, limits: Limits | None = None,
-                 load_threads: int = 4, downloads: DownloadCache | None = None, s3_roots: tuple[str, ...] = ()):
+                 load_threads: int = 4, downloads: DownloadCache | None = None, s3_roots: tuple[str, ...] = (),
+                 scratch: str | None = None):
         self.model_root = model_root
+        self.scratch = scratch  # where archives are extracted and overrides written (None: the temporary directory)
         self.s3_roots = s3_roots  # each ends with '/'; absolute s3:// urls must fall under one
         self.downloads = downloads
         self.limits = limits or Limits()
@@ -231,7 +233,7 @@ class Registry:
         if not files and is_s3(self.model_root):
             raise InvalidRequest("a config override of a model in S3 needs the model's files as 'file:' parameters")
         base = None if files else resolve_url(self.model_root, self.locate(name))
-        return self._pool.apply(build_override, (config, files, base))
+        return self._pool.apply(build_override, (config, files, base, self.scratch))
 
     def predicted_bytes(self, url: str) -> int:
         """What a load of `url` would be charged, found at once: its last load's measure, else the size
@@ -288,7 +290,7 @@ class Registry:
     # -- internals ---------------------------------------------------------------------------------
 
     def _load(self, model: Model, path: Path, owned: bool) -> None:
-        model.source = source = self._pool.apply(open_source, (path, self.limits))
+        model.source = source = self._pool.apply(open_source, (path, self.limits, self.scratch))
         if owned:
             source.scratch = path
         config = source.layout.config if isinstance(source.layout, TritonLayout) else None

@@ -132,15 +132,16 @@ def repository_entries(root: str) -> list[tuple[str, str]]:
     return entries
 
 
-def open_source(path: Path, limits: Limits) -> ModelSource:
-    """Blocking: extract an archive if need be and recognise the layout. Run it off the event loop."""
+def open_source(path: Path, limits: Limits, scratch_root: str | None = None) -> ModelSource:
+    """Blocking: extract an archive (into a new directory under `scratch_root`, default the temporary
+    directory) if need be and recognise the layout. Run it off the event loop."""
     scratch = None
     if path.is_dir():
         archives = [p for p in path.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
         if len(archives) == 1 and not _has_model_files(path):
             path = archives[0]  # SageMaker copies model.tar.gz into the model's directory
     if path.is_file():
-        scratch = Path(tempfile.mkdtemp(prefix="model-"))
+        scratch = Path(tempfile.mkdtemp(prefix="model-", dir=scratch_root))
         try:
             directory = _extract(path, scratch, limits)
             return ModelSource(directory, read_layout(directory, limits), scratch)

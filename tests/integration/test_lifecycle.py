@@ -1,5 +1,6 @@
 """Start-up and shutdown: single-model mode, models loaded at start, bad settings, SIGTERM."""
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from tests.builders import (
     Gate,
     Scale,
     archive,
+    exited,
     fp32_model,
     gated_load,
     gated_predict,
@@ -147,3 +149,42 @@ def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(tmp_pat
         idle.close()
     finally:
         server.stop()
+
+
+def test_a_model_process_leaves_no_files_behind_however_it_ends(start_server, tmp_path_factory):
+    """An archive's extraction and a load request's files live as long as the model process: gone when
+    it is killed and replaced, when the server stops, and, for a server killed outright, when the next
+    one starts where it ran."""
+    root, scratch = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("t")
+    archive(fp32_model(tmp_path_factory.mktemp("src"), "packed"), root / "packed.tar.gz")
+    fp32_model(root, "plain")
+    override = {"parameters": {"config": json.dumps({"backend": "pytorch", "max_batch_size": 8,
+                                                     "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                                                     "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]})}}
+
+    def start() -> Server:
+        server = start_server(root, TMPDIR=str(scratch), SERVE_GRPC_PORT="off")
+        assert server.load("packed", "packed.tar.gz").status_code == 200
+        assert server.request("POST", "/v2/repository/models/plain/load", json=override).status_code == 200
+        for prefix in ("model-", "override-"):  # the two kinds of scratch, both in use
+            assert list(scratch.glob(f"container-{server.process.pid}/worker-*/{prefix}*")), prefix
+        return server
+
+    server = start()
+    worker = server.worker_pid()
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
+    wait_for(lambda: not (scratch / f"container-{server.process.pid}" / f"worker-{worker}").exists(),
+             message="the killed model process's files stayed")
+    wait_for(lambda: server.load("packed", "packed.tar.gz").status_code == 200, 60, "the new model process did not load")
+    server.stop()
+    assert list(scratch.iterdir()) == []
+
+    killed = start()
+    worker = killed.worker_pid()  # holds the directory's lock with the master
+    os.killpg(killed.process.pid, signal.SIGKILL)
+    killed.process.wait(30)
+    wait_for(lambda: exited(worker), message="the killed model process did not end")
+    assert (scratch / f"container-{killed.process.pid}").is_dir()
+    start_server(root, TMPDIR=str(scratch), SERVE_GRPC_PORT="off")
+    assert not (scratch / f"container-{killed.process.pid}").exists()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.builders import Scale, defined, handler_model, wait_for
+from tests.builders import Scale, defined, exited, handler_model, wait_for
 
 MNIST_LIKE = """
 import os
@@ -388,8 +388,7 @@ def test_worker_memory_is_accounted_and_unload_ends_the_worker(server):
     line = next(m for m in metrics.splitlines() if m.startswith('serve_model_memory_bytes{device="cpu",model="pid"}'))
     assert float(line.split()[-1]) >= 64 << 20
     assert server.request("DELETE", "/models/pid").status_code == 200
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
-             10, "the worker outlived its model")
+    wait_for(lambda: exited(pid), 10, "the worker outlived its model")
 
 
 def test_requirements_install_into_the_models_own_directory_and_are_cached(server):
