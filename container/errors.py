@@ -23,6 +23,7 @@ ServeError (500)
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
 ├── ModelError (500)                    user code (model_fn, predict_fn, forward) raised, or its worker died
+│   ├── WorkerLost (500)                its worker died or hung (and was killed): the code did not finish
 │   └── DeviceFault (500)               a sticky CUDA error: the device is unusable until the process restarts
 └── HandlerError (any)                  user code chose the status (SageMaker's BaseInferenceToolkitError)
 """
@@ -119,6 +120,11 @@ class InsufficientStorage(ServeError):
 
 class ModelError(ServeError):
     status = 500
+
+
+class WorkerLost(ModelError):
+    """A worker process died or did not answer in time: what it ran did not finish, so no execution
+    is counted for it (as Triton counts none when a python model's stub dies)."""
 
 
 class DeviceOutOfMemory(InsufficientMemory):

@@ -23,7 +23,7 @@ from gevent.monkey import get_original
 from container import content, errors
 from container.backends import footprint
 from container.backends.forkserver import ForkServer
-from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError
+from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError, WorkerLost
 from container.models.cache import total_by_device
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
@@ -92,7 +92,7 @@ class WorkerProcess:
             raise
 
     def ask(self, message, doing: str, timeout: float | None = None):
-        """The worker's reply to `message`, or the error it reports, or a ModelError when it died or
+        """The worker's reply to `message`, or the error it reports, or a WorkerLost when it died or
         did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
         self.tell(message)
         return self.reply(doing, timeout)
@@ -164,7 +164,7 @@ class WorkerProcess:
         ready = {fd for fd, _ in self._poller.poll(None if timeout is None else timeout * 1000)}
         if not ready:
             self._kill()
-            raise ModelError(f"model '{self.name}' did not finish {doing} within {timeout:g} s; its worker process "
+            raise WorkerLost(f"model '{self.name}' did not finish {doing} within {timeout:g} s; its worker process "
                              f"was killed, and the next request starts it again")
         reply = None
         if self._connection.fileno() in ready:
@@ -175,7 +175,7 @@ class WorkerProcess:
         if reply is None:
             exit_code = self._process.wait(None)
             self.stop()
-            raise ModelError(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
+            raise WorkerLost(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
                              f"the next request starts it again")
         status, payload = reply
         if status == "ok":

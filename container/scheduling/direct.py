@@ -10,7 +10,7 @@ import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
-from container.errors import DeviceOutOfMemory
+from container.errors import DeviceOutOfMemory, WorkerLost
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
@@ -160,11 +160,9 @@ class _Share:
         self._open.discard(position)
         phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
         self.began = now
-        if isinstance(result, Exception):
-            self._answered.put((position, result))
-            return
-        self._statistics.record_execution(self._items[position], phases)
-        self._answered.put((position, (result, phases)))
+        if not isinstance(result, WorkerLost):  # the model ran, whether or not it raised: an execution, as Triton counts
+            self._statistics.record_execution(self._items[position], phases)
+        self._answered.put((position, result if isinstance(result, Exception) else (result, phases)))
 
     def fail(self, exc: Exception) -> None:
         for position in sorted(self._open):
