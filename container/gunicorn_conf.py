@@ -75,8 +75,12 @@ def on_exit(server):
 
 
 def child_exit(server, worker):
-    """The model process has exited, however it ended: nothing of its models' files serves any more."""
+    """The model process has exited, however it ended: nothing of its models' files serves any more;
+    and while no other one runs (gunicorn starts the next after this; a reload starts it before), no data
+    on its way over the channel will be taken: a request's a front-end wrote for it, an answer it wrote."""
     shutil.rmtree(workdirs.scratch(os.getpid(), worker.pid), ignore_errors=True)
+    if not server.WORKERS:
+        Blobs(channel.blob_prefix(channel.socket_path(os.getpid()))).remove_all()
 
 
 def _remove_server_files(master_pid: int) -> None:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +189,28 @@ def test_a_model_process_leaves_no_files_behind_however_it_ends(start_server, tm
     assert (scratch / f"container-{killed.process.pid}").is_dir()
     start_server(root, TMPDIR=str(scratch), SERVE_GRPC_PORT="off")
     assert not (scratch / f"container-{killed.process.pid}").exists()
+
+
+def test_data_on_its_way_to_a_model_process_that_died_is_removed(start_server, tmp_path_factory):
+    """A large tensor crosses to the model process in /dev/shm, which is memory: one a front-end wrote
+    for a model process killed before it read it (an OOM kill does that) would hold it until the server
+    stopped, and a crash loop would fill it."""
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "wide", dims=(-1,))
+    server = start_server(root, SERVE_GRPC_PORT="off", SERVE_LOAD_MODELS="wide", SERVE_HTTP_WORKERS="1")
+    wait_for(server.ready, message="the model did not load")
+    worker, blobs = server.worker_pid(), f"container-{server.process.pid}-*"
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 300_000], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 1_200_000}}]}).encode()
+    request = {"data": header + np.ones(300_000, np.float32).tobytes(),
+               "headers": {"Inference-Header-Content-Length": str(len(header))}}
+    # the front-end fetches its view of the model now: later it decodes and sends without asking
+    assert server.request("POST", "/v2/models/wide/infer", **request).status_code == 200
+    os.kill(worker, signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(server.request, "POST", "/v2/models/wide/infer", **request)
+        wait_for(lambda: list(Path("/dev/shm").glob(blobs)), message="the front-end did not write the tensor")
+        os.kill(worker, signal.SIGKILL)
+        assert answer.result().status_code == 503
+    wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
+    wait_for(lambda: not list(Path("/dev/shm").glob(blobs)), message="the tensor stayed in /dev/shm")
