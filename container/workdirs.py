@@ -5,12 +5,12 @@ so its master removes its scratch when it exits, the whole directory when the se
 the directories that servers killed outright left behind."""
 
 import contextlib
-import fcntl
 import os
 import tempfile
 
+from container import dirlock
+
 PREFIX = "container-"
-LOCK = "lock"  # held by the server that owns the directory (claim)
 
 
 def server(master_pid: int) -> str:
@@ -25,19 +25,31 @@ def make_private(directory: str) -> str:
     """`directory`, made if need be, and refused unless it is this user's alone: it is where the
     channel's socket and the models' files are."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    info = os.stat(directory, follow_symlinks=False)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{directory} is not this user's private directory; refusing to serve from there")
+    _check_private(directory)
     return directory
 
 
 def claim(master_pid: int) -> int:
-    """Make the server's directory and lock it for as long as the returned descriptor (and any copy a
-    fork made) is open: a lock is what tells a live server's directory from a dead one's, across pid
-    namespaces that share the directory, and whatever pid took a dead server's."""
-    fd = os.open(os.path.join(make_private(server(master_pid)), LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    """Make the server's directory, held (dirlock.py) for as long as the returned descriptor and the
+    worker's copy of it are open. It appears held: made under another name, held, then renamed, so a
+    server starting beside this one never takes it for a dead one's."""
+    directory = server(master_pid)
+    making = tempfile.mkdtemp(prefix=f".{PREFIX}{master_pid}-")
+    fd = dirlock.hold(making)
+    try:
+        os.rename(making, directory)
+    except OSError:
+        os.close(fd)
+        os.rmdir(making)
+        _check_private(directory)
+        raise PermissionError(f"{directory} is another running server's; refusing to serve there") from None
     return fd
+
+
+def _check_private(directory: str) -> None:
+    info = os.stat(directory, follow_symlinks=False)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{directory} is not this user's private directory; refusing to serve from there")
 
 
 def stale_servers() -> list[int]:
@@ -47,20 +59,6 @@ def stale_servers() -> list[int]:
         for entry in os.scandir(tempfile.gettempdir()):
             pid = entry.name.removeprefix(PREFIX)
             if entry.name.startswith(PREFIX) and pid.isdigit() and entry.is_dir(follow_symlinks=False) \
-                    and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not _held(entry.path):
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not dirlock.held(entry.path):
                 stale.append(int(pid))
     return stale
-
-
-def _held(directory: str) -> bool:
-    try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # no lock yet: a server between making its directory and locking it
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)

@@ -4,6 +4,7 @@
 pip expands `${VARIABLES}` in requirements files and quotes what it reads, from `-r` files too, so its
 output goes to the server's log and never into an answer: a failure names the file's own lines."""
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -14,11 +15,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from container import dirlock
 from container.errors import InvalidModel
 
 log = logging.getLogger(__name__)
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _CREDENTIALS = re.compile(r"//[^/@\s]*@")  # user:token@ in a url
+# `python -c _DIES_WITH_PARENT <parent pid> ARGS…` runs `python ARGS…`, killed when the parent dies (a
+# worker killed as its load timed out would leave pip running on, writing where nothing waits for it)
+_DIES_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                     "ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, kept across exec\n"
+                     "if os.getppid() != int(sys.argv[1]): sys.exit('the worker that ran pip has ended')\n"
+                     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n")
 
 
 def install(requirements: Path, cache_root: str) -> Path:
@@ -28,12 +36,11 @@ def install(requirements: Path, cache_root: str) -> Path:
     target = Path(cache_root) / key
     if (target / ".complete").is_file():
         return target
-    Path(cache_root).mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_root))
+    staging, held = _staging(Path(cache_root), key)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check",
-             "--target", str(staging), "-r", str(requirements)],
+            [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), "-m", "pip", "install", "--quiet", "--no-input",
+             "--disable-pip-version-check", "--target", str(staging), "-r", str(requirements)],
             cwd=requirements.parent, capture_output=True, text=True,
         )
         if result.returncode != 0:
@@ -49,7 +56,27 @@ def install(requirements: Path, cache_root: str) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(held)
     return target
+
+
+def _staging(cache_root: Path, key: str) -> tuple[Path, int]:
+    """A new directory to install into, held (dirlock.py) while this process installs. Those that no
+    process holds are removed first: a worker killed while pip ran (its load timed out, the OOM
+    killer) left its install behind, and each try of the same load would leave another. Making one and
+    sweeping go one at a time (a lock on the cache), so a staging directory is never swept before it is
+    held."""
+    cache_root.mkdir(parents=True, exist_ok=True)
+    cache = os.open(cache_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(cache, fcntl.LOCK_EX)
+        for entry in os.scandir(cache_root):
+            if entry.name.startswith(".") and entry.is_dir(follow_symlinks=False) and not dirlock.held(entry.path):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        staging = tempfile.mkdtemp(prefix=f".{key}-", dir=cache_root)
+        return Path(staging), dirlock.hold(staging)
+    finally:
+        os.close(cache)  # and its lock
 
 
 def failure_message(text: str, output: str, status: int, filename: str = "requirements.txt") -> str:

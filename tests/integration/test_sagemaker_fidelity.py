@@ -4,8 +4,10 @@ its loading rules, its hooks and context, its packages, and one worker process p
 import io
 import json
 import os
+import signal
 import textwrap
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -241,8 +243,11 @@ def server(start_server, root, mnist, tmp_path_factory):
     (requires / "code" / "requirements.txt").write_text(f"{wheel}\n")
     broken = handler_model(root, "brokenreqs", REQUIRES, Scale())
     (broken / "code" / "requirements.txt").write_text(f"{wheel.parent / 'missing-1.0-py3-none-any.whl'}\n")
-    server = start_server(root, SERVE_REQUIREMENTS_CACHE=str(tmp_path_factory.mktemp("reqcache")))
-    server.wheel = wheel
+    stalls = handler_model(root, "stalls", REQUIRES, Scale())  # pip waits on a pipe nobody writes to
+    os.mkfifo(fifo := tmp_path_factory.mktemp("fifo") / "more.txt")
+    (stalls / "code" / "requirements.txt").write_text(f"-r {fifo}\n")
+    server = start_server(root, SERVE_REQUIREMENTS_CACHE=str(cache := tmp_path_factory.mktemp("reqcache")))
+    server.wheel, server.requirements_cache = wheel, cache
     loaded(server, "mnist", "inplace", "defaults", "infinite", "returns", "dict", "raw", "context", "hooks", "toolkit",
            "crashes", "pid", "lazy", "anyname", "ownconfig", "requires")
     return server
@@ -409,6 +414,37 @@ def test_requirements_that_fail_are_a_400_naming_the_failing_line(server):
     assert answer.status_code == 400
     assert "requirements.txt did not install" in answer.json()["error"] and "line 1: '" in answer.json()["error"]
     assert "missing-1.0" in answer.json()["error"]  # the line as the file has it; pip's own words stay in the log
+
+
+def test_an_install_its_worker_did_not_live_to_finish_leaves_nothing_running_or_on_disk(server):
+    """pip runs in the model's worker as it loads: a worker killed meanwhile (its load timed out, the OOM
+    killer) takes pip with it, and the next install removes the directory pip was filling."""
+    requirements = str(server.model_root / "stalls" / "code" / "requirements.txt")
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(server.load, "stalls")
+        pip = wait_for(lambda: _running_with(requirements), message="pip did not start")
+        [staging] = [p for p in server.requirements_cache.iterdir() if p.name.startswith(".")]
+        os.kill(_parent(pip), signal.SIGKILL)
+        answer = loading.result()
+    assert answer.status_code == 500 and "was killed by SIGKILL" in answer.json()["error"], answer.text
+    wait_for(lambda: exited(pip), message="pip outlived the worker that ran it")
+    assert staging.is_dir()
+    assert server.load("brokenreqs").status_code == 400  # an install: it begins by sweeping
+    assert not staging.exists()
+
+
+def _running_with(argument: str) -> int | None:
+    for process in Path("/proc").iterdir():
+        try:
+            if process.name.isdigit() and argument.encode() in (process / "cmdline").read_bytes().split(b"\0"):
+                return int(process.name)
+        except OSError:  # it ended meanwhile
+            pass
+    return None
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.fixture(scope="module")

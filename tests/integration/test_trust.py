@@ -83,6 +83,11 @@ class Watched:
         self.server, self.scratch = server, scratch
         self.pid = server.worker_pid()
 
+    def scratch_entries(self) -> list[Path]:
+        """What is in the temporary directory and in the worker's own scratch directory within it."""
+        own = self.scratch / f"container-{self.server.process.pid}" / f"worker-{self.pid}"
+        return sorted([*self.scratch.iterdir(), *own.iterdir()])
+
     def descriptors(self) -> list[str]:
         """What the worker's descriptors point at, for a failure's message."""
         return sorted(descriptors(self.pid))
@@ -96,7 +101,7 @@ class Watched:
     def level(self) -> tuple[int, int, int, int]:
         """(descriptors, threads, processes below it, scratch directories) of the worker process."""
         return (len(os.listdir(f"/proc/{self.pid}/fd")), len(os.listdir(f"/proc/{self.pid}/task")),
-                len(psutil.Process(self.pid).children(recursive=True)), len(list(self.scratch.iterdir())))
+                len(psutil.Process(self.pid).children(recursive=True)), len(self.scratch_entries()))
 
     def leaves_nothing(self, attack, rounds: int = 3) -> None:
         """After `attack` has run once (thread pools grow to what they need, the fork server starts, for
@@ -110,7 +115,7 @@ class Watched:
         for _ in range(rounds):
             attack()
         wait_for(lambda: all(now <= then for now, then in zip(self.level(), level, strict=True)), 10,
-                 f"{self.level()} did not return to {level}: {self.descriptors()}, {sorted(self.scratch.iterdir())}")
+                 f"{self.level()} did not return to {level}: {self.descriptors()}, {self.scratch_entries()}")
 
     def still_serving(self) -> None:
         assert self.server.worker_pid() == self.pid, "the worker process was replaced"
@@ -387,12 +392,12 @@ def test_a_conflicting_override_leaves_no_scratch_directory(relaxed, gate):
     def conflict():
         gate.marker.unlink(missing_ok=True)
         level_before = relaxed.level()
-        scratch = len(list(relaxed.scratch.iterdir()))
+        scratch = len(relaxed.scratch_entries())
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(load_with, server, "slowload", ADMIN, config="{}")  # its model_fn waits at the gate
             gate.wait_entered()
             refused(load_with(server, "slowload", ADMIN, config="{}"), 409, "still loading")
-            assert len(list(relaxed.scratch.iterdir())) == scratch + 1  # the first override's directory alone
+            assert len(relaxed.scratch_entries()) == scratch + 1  # the first override's directory alone
             assert relaxed.level()[2] > level_before[2]  # its worker process, seen by the level
             gate.release()
             assert first.result().status_code == 200
