@@ -118,7 +118,7 @@ class Settings:
         "SERVE_INSTALL_REQUIREMENTS", "true", "`true`: pip-install a handler model's `code/requirements.txt` at load; `false` for air-gapped endpoints."
     )
     requirements_cache: str = _env(
-        "SERVE_REQUIREMENTS_CACHE", "/tmp/serve-requirements", "Where installed `requirements.txt` packages are kept, one directory per distinct file."
+        "SERVE_REQUIREMENTS_CACHE", "/tmp/serve-requirements", "Where installed `requirements.txt` packages are kept, one directory per distinct file; what an install its worker did not finish left is removed by the next install."
     )
     max_decoded_size: int = _env(
         "SERVE_MAX_DECODED_SIZE", "256MiB", "Largest decoded size of one request's tensors (elements × item size, BYTES lengths included), checked before allocating; larger requests get 413."

@@ -56,7 +56,7 @@ def test_resolve_url(tmp_path):
 def test_archive_members_cannot_escape(tmp_path, members, symlinks):
     archive = tar_with(tmp_path / "evil.tar.gz", {"model.pt": b"x", **members}, symlinks)
     with pytest.raises(InvalidModel, match="refused"):
-        open_source(archive, LIMITS)
+        open_source(archive, LIMITS, str(tmp_path))
     assert not (tmp_path.parent / "escape.txt").exists()
 
 
@@ -74,20 +74,20 @@ def test_links_are_judged_by_our_own_rule_whatever_the_python(tmp_path, monkeypa
     archive = tar_with(tmp_path / "links.tar.gz", {"model.pt": b"x"}, symlinks, hardlinks)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where extraction makes its scratch directory
     with pytest.raises(InvalidModel, match="link .* leads outside the model's own files"):
-        open_source(archive, LIMITS)
+        open_source(archive, LIMITS, str(tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["links.tar.gz"]  # nothing extracted is left behind
 
 
 def test_links_inside_the_archive_are_kept(tmp_path):
     archive = tar_with(tmp_path / "links.tar.gz", {"model.pt": b"x", "code/inference.py": b""},
                        {"code/weights.pt": "../model.pt"}, {"copy.pt": "model.pt"})
-    source = open_source(archive, LIMITS)
+    source = open_source(archive, LIMITS, str(tmp_path))
     assert (source.directory / "code" / "weights.pt").read_bytes() == b"x" == (source.directory / "copy.pt").read_bytes()
     source.remove_scratch()
 
 
 def test_absolute_members_land_inside(tmp_path):
-    source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}), LIMITS)
+    source = open_source(tar_with(tmp_path / "abs.tar.gz", {"/model.pt": b"x"}), LIMITS, str(tmp_path))
     assert source.layout.weights == [source.scratch / "model.pt"]
     source.remove_scratch()
 
@@ -95,20 +95,20 @@ def test_absolute_members_land_inside(tmp_path):
 def test_an_archive_deeper_than_python_can_recurse_is_refused_at_any_depth_limit(tmp_path):
     archive = tar_with(tmp_path / "deep.tar.gz", {"/".join(["d"] * 2000) + "/model.pt": b"x"})
     with pytest.raises(InvalidModel, match="SERVE_MAX_ARCHIVE_DEPTH"):
-        open_source(archive, LIMITS)
+        open_source(archive, LIMITS, str(tmp_path))
     with pytest.raises(InvalidModel, match="cannot be read"):  # the limit raised: still a 400, never a RecursionError
-        open_source(archive, Limits(archive_depth=100_000))
+        open_source(archive, Limits(archive_depth=100_000), str(tmp_path))
 
 
 def test_corrupt_archive(tmp_path):
     (tmp_path / "bad.tar.gz").write_bytes(b"not gzip")
     with pytest.raises(InvalidModel, match="cannot be read"):
-        open_source(tmp_path / "bad.tar.gz", LIMITS)
+        open_source(tmp_path / "bad.tar.gz", LIMITS, str(tmp_path))
 
 
 def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
     archive = tar_with(tmp_path / "m.tar.gz", {"inner/model.pt": b"weights", "inner/code/inference.py": b""})
-    source = open_source(archive, LIMITS)
+    source = open_source(archive, LIMITS, str(tmp_path))
     assert isinstance(source.layout, SageMakerLayout) and (source.directory / "code" / "inference.py").is_file()
     assert source.estimated_bytes() == len(b"weights")
     source.remove_scratch()
@@ -118,7 +118,7 @@ def test_archive_with_a_top_folder_and_scratch_cleanup(tmp_path):
 def test_directory_holding_only_model_tar_gz(tmp_path):
     (tmp_path / "m").mkdir()
     tar_with(tmp_path / "m" / "model.tar.gz", {"model.pth": b"w"})
-    assert [p.name for p in open_source(tmp_path / "m", LIMITS).layout.weights] == ["model.pth"]
+    assert [p.name for p in open_source(tmp_path / "m", LIMITS, str(tmp_path)).layout.weights] == ["model.pth"]
 
 
 def test_triton_layout_versions(tmp_path):
@@ -130,9 +130,9 @@ def test_triton_layout_versions(tmp_path):
         (tmp_path / version / "model.pt").write_bytes(b"12345")
     (tmp_path / "3").mkdir()  # no model file: not a version
     with pytest.raises(InvalidModel, match="version_labels"):
-        open_source(tmp_path, LIMITS)
+        open_source(tmp_path, LIMITS, str(tmp_path))
     (tmp_path / "config.json").write_bytes((tmp_path / "config.json").read_bytes().replace(b"9", b"2"))
-    source = open_source(tmp_path, LIMITS)
+    source = open_source(tmp_path, LIMITS, str(tmp_path))
     assert isinstance(source.layout, TritonLayout) and sorted(source.layout.versions) == [1, 2]
     assert source.estimated_bytes() == 10
 
