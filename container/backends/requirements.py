@@ -37,20 +37,23 @@ def install(requirements: Path, cache_root: str) -> Path:
     if (target / ".complete").is_file():
         return target
     staging, held = _staging(Path(cache_root), key)
+    packages, scratch = staging / "packages", staging / "tmp"  # pip's own temporary files too: a killed pip leaves them
     try:
+        packages.mkdir()
+        scratch.mkdir()
         result = subprocess.run(
             [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), "-m", "pip", "install", "--quiet", "--no-input",
-             "--disable-pip-version-check", "--target", str(staging), "-r", str(requirements)],
-            cwd=requirements.parent, capture_output=True, text=True,
+             "--disable-pip-version-check", "--target", str(packages), "-r", str(requirements)],
+            cwd=requirements.parent, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(scratch)},
         )
         if result.returncode != 0:
             output = (result.stderr + result.stdout).strip()
             log.warning("requirements.txt did not install", extra={"fields": {
                 "requirements": str(requirements), "exit": result.returncode, "pip": output[-4000:]}})
             raise InvalidModel(failure_message(text.decode(errors="replace"), output, result.returncode, requirements.name))
-        (staging / ".complete").touch()
+        (packages / ".complete").touch()
         try:
-            os.rename(staging, target)
+            os.rename(packages, target)
         except OSError:  # another worker installed the same file meanwhile: use theirs
             if not (target / ".complete").is_file():
                 raise

@@ -418,12 +418,14 @@ def test_requirements_that_fail_are_a_400_naming_the_failing_line(server):
 
 def test_an_install_its_worker_did_not_live_to_finish_leaves_nothing_running_or_on_disk(server):
     """pip runs in the model's worker as it loads: a worker killed meanwhile (its load timed out, the OOM
-    killer) takes pip with it, and the next install removes the directory pip was filling."""
+    killer) takes pip with it, and the next install removes the directory pip was filling, its own
+    temporary files included."""
     requirements = str(server.model_root / "stalls" / "code" / "requirements.txt")
     with ThreadPoolExecutor(1) as pool:
         loading = pool.submit(server.load, "stalls")
         pip = wait_for(lambda: _running_with(requirements), message="pip did not start")
         [staging] = [p for p in server.requirements_cache.iterdir() if p.name.startswith(".")]
+        wait_for(lambda: list((staging / "tmp").iterdir()), message="pip made no temporary files of its own")
         os.kill(_parent(pip), signal.SIGKILL)
         answer = loading.result()
     assert answer.status_code == 500 and "was killed by SIGKILL" in answer.json()["error"], answer.text
