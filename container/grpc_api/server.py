@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 _SERVICES = ("", "inference.GRPCInferenceService")
 _HEALTH_PERIOD = 1.0  # seconds between health checks of the model process
 _CONNECT_WAIT = 60.0  # seconds between words that the model process is not reached yet
+_ORPHAN_CHECK = 1.0  # seconds between looks at whether the master is still there
 _GRACE = 30.0  # seconds the calls under way have at SIGTERM, as gunicorn's graceful timeout
 _FRAMING = 64 << 10  # room for a message's protobuf beside its largest allowed tensor data
 _COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
@@ -50,6 +51,11 @@ def options(settings: Settings, shared: bool) -> list[tuple[str, int]]:
 
 
 async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    orphaned = asyncio.create_task(_watch_master(os.getppid(), stopping))
     channel = ChannelClient(channel_path, max_call(settings.max_payload_bytes))
     channel.start()
     clients = Clients()
@@ -60,8 +66,14 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     ])
     # Listen once the model process is reached, as the HTTP front-ends accept only then: until then a
     # connection goes to a front-end that is ready (the port is shared) or waits for one.
-    while not await channel.wait_connected(_CONNECT_WAIT):
-        log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
+    waited = 0.0
+    while not await channel.wait_connected(_ORPHAN_CHECK):
+        if stopping.is_set():
+            return
+        waited += _ORPHAN_CHECK
+        if waited >= _CONNECT_WAIT:
+            log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
+            waited = 0.0
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     try:
@@ -72,11 +84,7 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
         raise SystemExit(2) from None
     await server.start()
     log.info("gRPC listening", extra={"fields": {"port": settings.grpc_port}})
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    watching = [asyncio.create_task(_watch_health(channel, checks)), asyncio.create_task(_forget_idle(channel, clients))]
+    watching = [orphaned, asyncio.create_task(_watch_health(channel, checks)), asyncio.create_task(_forget_idle(channel, clients))]
     await stopping.wait()
     log.info("gRPC draining")
     for task in watching:
@@ -84,6 +92,14 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     await checks.enter_graceful_shutdown()
     await server.stop(_GRACE)
     await channel.close()
+
+
+async def _watch_master(master: int, stopping: asyncio.Event) -> None:
+    """Stop once the master is gone (killed outright): an orphan must not hold the port."""
+    while os.getppid() == master:
+        await asyncio.sleep(_ORPHAN_CHECK)
+    log.error("the master is gone; exiting", extra={"fields": {"master": master}})
+    stopping.set()
 
 
 async def _forget_idle(channel: ChannelClient, clients: Clients) -> None:

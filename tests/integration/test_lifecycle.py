@@ -214,3 +214,18 @@ def test_data_on_its_way_to_a_model_process_that_died_is_removed(start_server, t
         assert answer.result().status_code == 503
     wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
     wait_for(lambda: not list(Path("/dev/shm").glob(blobs)), message="the tensor stayed in /dev/shm")
+
+
+def test_every_process_of_a_server_whose_master_was_killed_exits(start_server, tmp_path_factory):
+    """SIGKILL to gunicorn's master alone (the OOM killer picks one process): an orphaned front-end would
+    hold its port, sharing it with the next server's, and answer its share of calls with errors."""
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "plain")
+    server = start_server(root)
+    wait_for(server.grpc_ready, message="the gRPC front-end did not start")
+    processes = [server.worker_pid(), *server.http_pids(), *server.grpc_pids()]
+    assert server.http_pids() and server.grpc_pids()
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(30)
+    for pid in processes:
+        wait_for(lambda pid=pid: exited(pid), 30, f"process {pid} outlived its master")
