@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import time
 
 from container import channel, frontends, resources, workdirs
@@ -39,6 +40,7 @@ def when_ready(server):
     for front_end in server.front_ends:
         front_end.start()
     server.handle_term = _draining_first(server.http_front_ends, server.front_ends, server.handle_term)
+    server.handle_hup = lambda: _restart_model_process(server)
     for name in ("handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it at once
         setattr(server, name, _draining_first([], server.front_ends, getattr(server, name)))
 
@@ -65,6 +67,16 @@ def _draining_first(draining, front_ends, handle):
             front_end.wait(max(0.0, deadline - time.monotonic()))
         handle()
     return handle_stop
+
+
+def _restart_model_process(server) -> None:
+    """SIGHUP: gunicorn would start a new worker beside the old one while it drains, two processes
+    loading and holding models (a GPU's memory among them) at once, which no memory budget allows for.
+    Here the model process drains and exits, as at SIGTERM, and gunicorn starts the next once it has; the
+    front-ends answer 503 with Retry-After meanwhile, as while any model process restarts."""
+    server.log.info("Hang up: the model process drains, then a new one starts")
+    for pid in list(server.WORKERS):
+        os.kill(pid, signal.SIGTERM)
 
 
 def on_exit(server):

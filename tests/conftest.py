@@ -86,7 +86,11 @@ class Server:
 
     def worker_pid(self) -> int:
         """The gunicorn worker: the model process (the master's other children are front-ends)."""
-        return next(pid for pid, command in self._children() if "gunicorn" in command)
+        return next(iter(self.worker_pids()))
+
+    def worker_pids(self) -> list[int]:
+        """Every gunicorn worker running (one, but while gunicorn replaces it)."""
+        return [pid for pid, command in self._children() if "gunicorn" in command]
 
     def grpc_pid(self) -> int:
         """The first gRPC front-end's pid (StopIteration while none runs)."""

@@ -229,3 +229,31 @@ def test_every_process_of_a_server_whose_master_was_killed_exits(start_server, t
     server.process.wait(30)
     for pid in processes:
         wait_for(lambda pid=pid: exited(pid), 30, f"process {pid} outlived its master")
+
+
+def test_sighup_restarts_the_model_process_after_it_drains_never_beside_it(tmp_path_factory):
+    """gunicorn's reload starts a new worker beside the old: two model processes, each loading and
+    holding models in one memory budget. Here the old one finishes its requests and exits first."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
+    root = tmp_path_factory.mktemp("hup")
+    handler_model(root, "gated", gated_predict(gate), Scale())
+    fp32_model(root, "plain")
+    server = Server(root, SERVE_LOAD_MODELS="gated,plain", SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info")
+    try:
+        wait_for(server.ready, message="the models named at start did not load")
+        old = server.worker_pid()
+        with ThreadPoolExecutor(1) as pool:
+            inflight = pool.submit(server.invoke, "gated", [[4.0]])
+            gate.wait_entered()
+            os.kill(server.process.pid, signal.SIGHUP)
+            wait_for(lambda: "Hang up: the model process drains" in server.log.read_text(), message="no SIGHUP handled")
+            assert server.worker_pids() == [old]  # draining, alone
+            gate.release()
+            assert inflight.result().json() == [[8.0]]
+        wait_for(lambda: server.replaced(old), 60, "gunicorn did not start the next model process")
+        wait_for(server.ready, 60, "the next model process did not load the models named at start")
+        answer = server.request("POST", "/v2/models/plain/infer", json={
+            "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+        assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [2, 4, 6, 8]
+    finally:
+        server.stop()
