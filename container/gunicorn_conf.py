@@ -41,6 +41,9 @@ def when_ready(server):
         front_end.start()
     server.handle_term = _draining_first(server.http_front_ends, server.front_ends, server.handle_term)
     server.handle_hup = lambda: _restart_model_process(server)
+    server.handle_ttin = server.handle_usr2 = lambda: server.log.warning(
+        "Ignored: one model process owns the models (SIGTTIN would add another, SIGUSR2 start a second "
+        "server beside this one); SIGHUP restarts it")
     for name in ("handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it at once
         setattr(server, name, _draining_first([], server.front_ends, getattr(server, name)))
 

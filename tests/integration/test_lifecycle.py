@@ -257,3 +257,16 @@ def test_sighup_restarts_the_model_process_after_it_drains_never_beside_it(tmp_p
         assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [2, 4, 6, 8]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTTIN, signal.SIGUSR2])
+def test_signals_that_would_run_a_second_model_process_are_ignored(start_server, tmp_path_factory, sig):
+    """gunicorn adds a worker at SIGTTIN and starts a second master beside itself at SIGUSR2: either
+    would make two processes own the models."""
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "plain")
+    server = start_server(root, SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info")
+    worker = server.worker_pid()
+    os.kill(server.process.pid, sig)
+    wait_for(lambda: "Ignored: one model process owns the models" in server.log.read_text(), message="not ignored")
+    assert server.worker_pids() == [worker] and server.load("plain").status_code == 200
