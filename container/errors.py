@@ -19,7 +19,7 @@ ServeError (500)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
 │   └── QueueTimeout (503)              a request waited out its queue timeout, or for a sequence slot
 ├── Unsupported (501)                   a feature this server does not have (gRPC's UNIMPLEMENTED)
-├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction
+├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction; a disk is full
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
 │   └── DeviceOutOfMemory (507)         a device ran out of memory; the scheduler frees room, retries, splits
 ├── ModelError (500)                    user code (model_fn, predict_fn, forward) raised, or its worker died
@@ -27,6 +27,8 @@ ServeError (500)
 │   └── DeviceFault (500)               a sticky CUDA error: the device is unusable until the process restarts
 └── HandlerError (any)                  user code chose the status (SageMaker's BaseInferenceToolkitError)
 """
+
+import errno
 
 
 class ServeError(Exception):
@@ -148,3 +150,14 @@ class HandlerError(ServeError):
     def __init__(self, message: str, status: int):
         super().__init__(message)
         self.status = status
+
+
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # the disk, a quota, the process's file size limit
+
+
+def no_room(exc: OSError, what: str) -> InsufficientStorage | None:
+    """A 507 when a write of `what` failed for want of room, in words that name no path of the server's;
+    None when it failed otherwise."""
+    if exc.errno not in _NO_ROOM:
+        return None
+    return InsufficientStorage(f"no room to write {what}: {exc.strerror}; free the server's disk or give it more")

@@ -20,8 +20,8 @@ PROJECT = Path(__file__).resolve().parent.parent
 class Server:
     logs: Path | None = None  # where servers write their logs (set per session below; default: the temporary directory)
 
-    def __init__(self, model_root: Path, port: int | None = None, **env):
-        """`port`: where it listens for HTTP (default: a free one)."""
+    def __init__(self, model_root: Path, port: int | None = None, wrapper: tuple[str, ...] = (), **env):
+        """`port`: where it listens for HTTP (default: a free one); `wrapper`: a command that runs it (`prlimit …`)."""
         self.model_root = model_root
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -40,7 +40,7 @@ class Server:
         # not beside the model root: that may be the repository's own examples/
         with tempfile.NamedTemporaryFile(prefix=f"server-{self.port}-", suffix=".log", dir=self.logs, delete=False) as log:
             self.log = Path(log.name)
-            self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment,
+            self.process = subprocess.Popen([*wrapper, str(PROJECT / "serve")], cwd=PROJECT, env=environment,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for(self._answers, 60, f"server did not answer /ping (log: {self.log})")

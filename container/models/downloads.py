@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gevent.event import AsyncResult
 
-from container.errors import InsufficientStorage
+from container.errors import InsufficientStorage, no_room
 from container.models.s3 import S3, Listing, S3Url
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,10 @@ class DownloadCache:
             partial = self.directory / f"{_TEMPORARY}{key}-{uuid.uuid4().hex[:8]}"
             try:
                 self._pool.apply(self._write, (url, listing, partial, self.directory / key))
+            except OSError as exc:
+                if (full := no_room(exc, f"the download of {url}")) is None:
+                    raise
+                raise full from None
             finally:
                 self._reserved -= listing.bytes
         except BaseException as exc:

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from container.errors import InvalidModel, InvalidRequest
+from container.errors import InvalidModel, InvalidRequest, no_room
 from container.models.config import parse_json_config, relative_path
 
 CONFIG_FILES = ("config.pbtxt", "config.json")
@@ -31,9 +31,11 @@ def build_override(config: str, files: dict[str, bytes], base: Path | None, scra
             for entry in base.iterdir():
                 if entry.name not in CONFIG_FILES:
                     os.symlink(entry.resolve(), directory / entry.name)
-    except OSError as exc:  # a name no file system takes
+    except OSError as exc:  # a name no file system takes, or no room
         shutil.rmtree(directory, ignore_errors=True)
-        raise InvalidRequest(f"the model's files cannot be written: {exc.strerror}: {exc.filename}") from None
+        named = os.path.relpath(exc.filename, directory) if exc.filename else "a file"  # not the server's path
+        raise (no_room(exc, f"the model's files ({named})")
+               or InvalidRequest(f"the model's files cannot be written: {exc.strerror}: {named}")) from None
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

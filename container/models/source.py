@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound
+from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound, no_room
 from container.limits import Limits, whole_number
 from container.models.config import (
     DEFAULT_FILENAMES,
@@ -348,7 +348,10 @@ def _extract(archive: Path, into: Path, limits: Limits) -> Path:
                     files.add(posixpath.normpath(member.name))
     except tarfile.FilterError as exc:
         raise InvalidModel(f"archive {archive.name!r} refused: {exc}") from None
-    except (tarfile.TarError, EOFError, OSError, zlib.error, RecursionError) as exc:  # deep paths recurse in mkdir
+    except OSError as exc:  # its words, not its path: the path is the server's
+        raise (no_room(exc, f"archive {archive.name!r}'s files")
+               or InvalidModel(f"archive {archive.name!r} cannot be extracted: {exc.strerror or exc}")) from None
+    except (tarfile.TarError, EOFError, zlib.error, RecursionError) as exc:  # deep paths recurse in mkdir
         raise InvalidModel(f"archive {archive.name!r} cannot be read: {exc}") from None
     entries = list(into.iterdir())
     if len(entries) == 1 and entries[0].is_dir() and not _has_model_files(into):

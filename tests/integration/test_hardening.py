@@ -6,6 +6,7 @@ import io
 import os
 import socket
 import tarfile
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.builders import (
     MIB,
     Scale,
     Upper,
+    archive,
     fp32_model,
     handler_model,
     tensor,
@@ -264,10 +266,31 @@ def test_override_files_that_clash(server):
                          ({"file:" + "d" * 300 + "/model.pt": model}, "cannot be written"),
                          ({"file:1/config.json": model, "file:config.json": model}, "config")):
         response = server.request("POST", "/v2/repository/models/clash/load", json={"parameters": {"config": config, **files}})
-        refused(response, 400, words)
+        assert tempfile.gettempdir() not in refused(response, 400, words)  # the server's own paths are its own
     assert server.request("POST", "/v2/repository/models/clash/load", json={"parameters": {
         "config": config, "file:1/model.pt": model}}).status_code == 200
     still_serving(server)
+
+
+def test_a_full_disk_is_a_507_whose_words_name_no_path_of_the_servers(start_server, tmp_path_factory):
+    """What the server writes for a load (an archive extracted, a load request's files) may meet a full
+    disk: the server's storage, a 507 as for a download that does not fit, never a 400 that blames the
+    model. A file size limit (prlimit) stands in for the full disk here: writes past it fail as they
+    would (EFBIG, ENOSPC)."""
+    root = tmp_path_factory.mktemp("models")
+    padded = fp32_model(tmp_path_factory.mktemp("src"), "padded")
+    (padded / "1" / "padding.bin").write_bytes(bytes(16 * MIB))  # an archive of a few KiB
+    archive(padded, root / "padded.tar.gz")
+    fp32_model(root, "plain")
+    server = start_server(root, wrapper=("prlimit", f"--fsize={8 * MIB}", "--"), SERVE_GRPC_PORT="off",
+                          SERVE_HTTP_WORKERS="0", SAGEMAKER_MAX_PAYLOAD_IN_MB="32",  # the body crosses no file
+                          SERVE_ALLOW_MODEL_FILES="true")
+    config = (root / "plain" / "config.json").read_text()
+    written = {"config": config, "file:1/model.pt": base64.b64encode(bytes(9 * MIB)).decode()}
+    for answer in (server.load("padded", "padded.tar.gz"),
+                   server.request("POST", "/v2/repository/models/uploaded/load", json={"parameters": written})):
+        assert tempfile.gettempdir() not in refused(answer, 507, "no room to write")
+    assert server.load("plain").status_code == 200
 
 
 @pytest.mark.parametrize("change, words", [

@@ -171,6 +171,17 @@ def test_the_disk_budget_evicts_unused_downloads_then_answers_507(start_server, 
     assert counter(server, "serve_download_cache_bytes") <= 20 * MIB
 
 
+def test_a_full_disk_under_the_download_cache_is_a_507_naming_no_path(start_server, s3, tmp_path):
+    """A file size limit (prlimit) stands in for a full disk: a write past it fails as one would."""
+    cache = tmp_path / "cache"
+    server = start_server(tmp_path / "local", wrapper=("prlimit", f"--fsize={4 * MIB}", "--"), **s3.env(cache))
+    full = server.load("big", "s3://models/big")  # an 8 MiB model
+    assert full.status_code == 507 and "no room to write the download of s3://models/big" in full.json()["error"]
+    assert str(cache) not in full.json()["error"]
+    assert server.load("a", "s3://models/repo/a").status_code == 200 and invoke_ok(server, "a")
+    assert not [p for p in cache.iterdir() if p.name.startswith(".partial")]  # nothing of the failed download
+
+
 def test_a_restart_reuses_the_disk_cache(start_server, s3, tmp_path):
     cache = tmp_path / "cache"
     first = start_server(tmp_path / "one", **s3.env(cache))
