@@ -72,6 +72,12 @@ def _draining_first(draining, front_ends, handle):
     return handle_stop
 
 
+def post_fork(server, worker):
+    """In the new worker, before it sets its own signal handlers: until then a signal goes to the
+    master's, copied into it by the fork, which only queues it (`Worker.init_signals` reads the queue)."""
+    worker.signals_before_its_own = server.SIG_QUEUE
+
+
 def _restart_model_process(server) -> None:
     """SIGHUP: gunicorn would start a new worker beside the old one while it drains, two processes
     loading and holding models (a GPU's memory among them) at once, which no memory budget allows for.
@@ -91,11 +97,11 @@ def on_exit(server):
 
 def child_exit(server, worker):
     """The model process has exited, however it ended: nothing of its models' files serves any more;
-    and while no other one runs (gunicorn starts the next after this; a reload starts it before), no data
-    on its way over the channel will be taken: a request's a front-end wrote for it, an answer it wrote."""
+    and while no other one runs (gunicorn starts the next after this), what the front-ends wrote for it
+    will not be taken. What it wrote itself, its last answers, the front-ends may still be reading."""
     shutil.rmtree(workdirs.scratch(os.getpid(), worker.pid), ignore_errors=True)
     if not server.WORKERS:
-        Blobs(channel.blob_prefix(channel.socket_path(os.getpid()))).remove_all()
+        Blobs(channel.blob_prefix(channel.socket_path(os.getpid()))).remove_all(sparing=worker.pid)
 
 
 def _remove_server_files(master_pid: int) -> None:

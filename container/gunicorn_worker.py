@@ -5,6 +5,7 @@ channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): i
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
 import os
+import signal
 
 from gevent.event import Event
 from gevent.monkey import get_original
@@ -17,6 +18,7 @@ from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
 _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 class Worker(GeventWorker):
@@ -70,6 +72,15 @@ class Worker(GeventWorker):
         while self.alive:
             self.notify()
             self.stopping.wait(1.0)  # gunicorn's heartbeat each second, as its own loop beats
+
+    def init_signals(self):
+        super().init_signals()
+        # a SIGTERM (the master stopping, `docker stop`) that came between the fork and here was queued
+        # by the master's handler and lost: the worker served on until the master's graceful timeout
+        queued = getattr(self, "signals_before_its_own", None)  # gunicorn_conf.post_fork
+        while queued is not None and not queued.empty():
+            if queued.get_nowait() in _STOPS:
+                self.alive = False
 
     def _retire(self) -> None:
         self.alive = False

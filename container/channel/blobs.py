@@ -73,8 +73,9 @@ class Blobs:
         """Data this process wrote that will not be sent after all."""
         (self.directory / name).unlink(missing_ok=True)
 
-    def remove_all(self) -> None:
-        """What processes of this server wrote and nobody took (one died in between)."""
+    def remove_all(self, sparing: int | None = None) -> None:
+        """What processes of this server wrote and nobody took (one died in between); `sparing`: but
+        what the process of that pid wrote."""
         for path in self.directory.glob(f"{self.prefix}-*"):
-            if self._shape.fullmatch(path.name):
+            if self._shape.fullmatch(path.name) and path.name.split("-")[-2] != str(sparing):
                 path.unlink(missing_ok=True)

@@ -270,3 +270,18 @@ def test_signals_that_would_run_a_second_model_process_are_ignored(start_server,
     os.kill(server.process.pid, sig)
     wait_for(lambda: "Ignored: one model process owns the models" in server.log.read_text(), message="not ignored")
     assert server.worker_pids() == [worker] and server.load("plain").status_code == 200
+
+
+def test_sigterm_as_gunicorn_replaces_the_model_process_stops_the_server_at_once(start_server, tmp_path_factory):
+    """A SIGTERM that reaches a new model process before it has set its own handlers goes to the copy of
+    the master's handler the fork gave it, which only queues it: the process served on until the master's
+    graceful timeout (30 s) killed it."""
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "plain")
+    # one front-end: here the signal then reaches the new process in that window in every run
+    server = start_server(root, SERVE_GRPC_PORT="off", SERVE_HTTP_WORKERS="1")
+    worker = server.worker_pid()
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
+    os.killpg(server.process.pid, signal.SIGTERM)  # as the new one starts
+    assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout

@@ -2,6 +2,8 @@
 bytes, large data beside the frame in shared memory, and a frame can make nothing but plain values,
 numeric or BYTES tensors, and mappings of data this server's processes wrote."""
 
+import os
+
 import msgpack
 import numpy as np
 import pytest
@@ -148,3 +150,11 @@ def test_what_nobody_took_is_removed_by_the_master(blobs, tmp_path):
     (tmp_path / "unrelated").write_bytes(b"")
     blobs.remove_all()
     assert [p.name for p in tmp_path.iterdir()] == ["unrelated"]
+
+
+def test_what_one_process_wrote_may_be_spared(blobs, tmp_path):
+    """The model process's last answers, which the front-ends may still be reading as it exits."""
+    ours = blobs.put(b"an answer")
+    (tmp_path / "container-test-1-0").write_bytes(b"a request for it")  # another process's (pid 1)
+    blobs.remove_all(sparing=os.getpid())
+    assert [p.name for p in tmp_path.iterdir()] == [ours]
