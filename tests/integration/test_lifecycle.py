@@ -221,7 +221,7 @@ def test_every_process_of_a_server_whose_master_was_killed_exits(start_server, t
     hold its port, sharing it with the next server's, and answer its share of calls with errors."""
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "plain")
-    server = start_server(root)
+    server = start_server(root, SERVE_HTTP_WORKERS="2")  # front-ends of both kinds, whatever the machine
     wait_for(server.grpc_ready, message="the gRPC front-end did not start")
     processes = [server.worker_pid(), *server.http_pids(), *server.grpc_pids()]
     assert server.http_pids() and server.grpc_pids()
