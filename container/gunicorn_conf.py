@@ -101,10 +101,14 @@ def child_exit(server, worker):
     will not be taken. What it wrote itself, its last answers, the front-ends may still be reading."""
     shutil.rmtree(workdirs.scratch(os.getpid(), worker.pid), ignore_errors=True)
     if not server.WORKERS:
-        Blobs(channel.blob_prefix(channel.socket_path(os.getpid()))).remove_all(sparing=worker.pid)
+        _blobs(os.getpid()).remove_all(sparing=worker.pid)
 
 
 def _remove_server_files(master_pid: int) -> None:
-    path = channel.socket_path(master_pid)
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-    Blobs(channel.blob_prefix(path)).remove_all()  # data a process that died wrote and nobody took
+    shutil.rmtree(workdirs.server(master_pid), ignore_errors=True)
+    _blobs(master_pid).remove_all()  # data a process that died wrote and nobody took
+
+
+def _blobs(master_pid: int) -> Blobs:
+    """The channel's data in shared memory, of the server whose master is `master_pid`."""
+    return Blobs(channel.blob_prefix(channel.socket_path(master_pid)))

@@ -4,6 +4,7 @@ backends/gpus.py); and how the C heap keeps what it frees."""
 import ctypes
 import os
 import resource
+import signal
 from pathlib import Path
 
 import psutil
@@ -111,3 +112,12 @@ def keep_freed_heap(environ=os.environ) -> bool:
         return False
     environ["MALLOC_MMAP_THRESHOLD_"], environ["MALLOC_TRIM_THRESHOLD_"] = str(MMAP_THRESHOLD), str(TRIM_THRESHOLD)
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def die_with_parent() -> None:
+    """Be killed when the parent (the thread that started this process) ends: PR_SET_PDEATHSIG, which
+    an exec keeps."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

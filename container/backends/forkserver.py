@@ -25,6 +25,7 @@ import sys
 
 from gevent.monkey import get_original
 
+from container import resources
 from container.errors import ModelError
 
 # A fork takes milliseconds, a new fork server's imports seconds: one silent this long is stuck. Starts
@@ -223,7 +224,7 @@ def _child(connection_fd: int) -> int:
 
     from container.backends.worker_process import receive
 
-    _die_with_parent()
+    resources.die_with_parent()
     connection = Connection(connection_fd)
     try:
         target, args = receive(connection)
@@ -239,12 +240,3 @@ def _child(connection_fd: int) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass

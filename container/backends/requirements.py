@@ -23,8 +23,9 @@ _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _CREDENTIALS = re.compile(r"//[^/@\s]*@")  # user:token@ in a url
 # `python -c _DIES_WITH_PARENT <parent pid> ARGS…` runs `python ARGS…`, killed when the parent dies (a
 # worker killed as its load timed out would leave pip running on, writing where nothing waits for it)
-_DIES_WITH_PARENT = ("import ctypes, os, signal, sys\n"
-                     "ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, kept across exec\n"
+_DIES_WITH_PARENT = ("import os, sys\n"
+                     "from container.resources import die_with_parent\n"
+                     "die_with_parent()\n"
                      "if os.getppid() != int(sys.argv[1]): sys.exit('the worker that ran pip has ended')\n"
                      "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n")
 
