@@ -26,7 +26,7 @@ from container.api.shared_memory import SharedMemory, shared_memory_routes
 from container.api.v2 import v2_routes
 from container.api.v2_generate import generate_routes
 from container.api.v2_repository import repository_routes
-from container.backends import WorkerOptions, load_backends
+from container.backends import WorkerOptions, load_backends, server_memory
 from container.backends.gpus import Gpus
 from container.backends.torch_runtime import configure_threads, free_memory, release_memory, warm_up
 from container.core import Core
@@ -53,7 +53,7 @@ def create_app(settings: Settings, scratch: str | None = None) -> Flask:
     backends = functools.partial(load_backends, options=worker_options(settings, gpus, channel.socket_path(os.getppid())))
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
-    runtime = Runtime(backends, release_memory, free_memory)
+    runtime = Runtime(backends, release_memory, free_memory, server_memory)
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads, s3_roots=settings.s3_roots, scratch=scratch)
@@ -96,13 +96,14 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:
     """Budgets for models: SERVE_MEMORY_LIMIT, never more than the container's RAM less the idle
-    process and the front-end processes beside it; on each GPU, SERVE_GPU_MEMORY_LIMIT of it less what
-    was in use before any model."""
+    process, the front-end processes beside it and what the server's own parts take later (the cache's
+    ceiling); on each GPU, SERVE_GPU_MEMORY_LIMIT of it less what was in use before any model."""
     beside = frontends.memory(settings.http_workers, settings.grpc_port is not None)
-    budgets = {"cpu": min(settings.memory_limit, resources.memory_limit() - idle_bytes - beside)}
+    limits = {"cpu": settings.memory_limit}
     for device in gpus.devices:
-        budgets[device] = gpus.budget(device, settings.gpu_budget(gpus.totals[device]))
-    return MemoryCache(budgets, evict=settings.eviction == "lru")
+        limits[device] = gpus.budget(device, settings.gpu_budget(gpus.totals[device]))
+    return MemoryCache(limits, evict=settings.eviction == "lru",
+                       ceilings={"cpu": resources.memory_limit() - idle_bytes - beside})
 
 
 def load_startup_models(app: Flask, settings: Settings) -> None:

@@ -388,6 +388,10 @@ class Core:
                 kinds.setdefault(kind, []).append(sizes)
         return {kind: total_by_device(sizes) for kind, sizes in kinds.items()}
 
+    def server_memory(self) -> dict[str, dict[str, int]]:
+        """Part → device → what the server's own parts took after its idle start (no model is charged it)."""
+        return self._registry.runtime.server_memory()
+
     def held_memory(self, in_process: dict[str, int]) -> dict[str, int]:
         """Device → what the models really hold: `in_process` (this process's own measure) plus what the
         handler models' worker processes hold, which is not in this process's pages."""

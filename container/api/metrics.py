@@ -92,14 +92,23 @@ class ServerCollector:
         measured = GaugeMetricFamily("serve_memory_measured_bytes", "Memory the models really hold per device: the "
                                      "server's own pages above its idle start plus its handler workers' (cpu), torch's "
                                      "reservations (cuda)", labels=["device"])
-        held = self._held()
+        server = GaugeMetricFamily("serve_memory_server_bytes", "Memory the server's own parts took after its idle "
+                                   "start, no model's, which lowers the budget where the container's RAM bounds it: "
+                                   "runtimes prepared on demand, the fork server of handler workers",
+                                   labels=["device", "part"])
+        parts = self.core.server_memory()
+        held = self._held(parts["runtimes"])
         for device, (limit, used) in self.core.memory().items():
             budget.add_metric([device], limit)
             accounted.add_metric([device], used)
             measured.add_metric([device], held.get(device, 0))
+        for part, sizes in parts.items():
+            for device, size in sizes.items():
+                server.add_metric([device, part], size)
         yield budget
         yield accounted
         yield measured
+        yield server
         per_model = GaugeMetricFamily("serve_model_memory_bytes", "Memory accounted to each model", labels=["model", "device"])
         per_kind = GaugeMetricFamily("serve_model_measured_bytes", "What each model's accounting rests on: its weights, "
                                      "the growth its load measured, its activation peak", labels=["model", "device", "kind"])
@@ -119,8 +128,9 @@ class ServerCollector:
         yield depth
         yield sequences
 
-    def _held(self) -> dict[str, int]:
-        held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes, 0)}
+    def _held(self, runtimes: dict[str, int]) -> dict[str, int]:
+        """`runtimes`: what the runtimes prepared since the idle start hold in this process, no model's."""
+        held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes - runtimes["cpu"], 0)}
         for device in self.gpus.devices:
             held[device] = self.gpus.reserved(device)
         return self.core.held_memory(held)

@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from container.backends import pt2, python_backend
+from container.backends import footprint, pt2, python_backend, worker_process
 from container.backends.ensemble import Ensemble
 from container.backends.handler_worker import HandlerWorker
 from container.backends.pytorch import Replicas, TorchScriptModel
@@ -43,6 +43,13 @@ def load_backends(name: str, source: ModelSource, device: str, options: WorkerOp
     if isinstance(layout, TritonLayout):
         return _torchscript_versions(name, source, device)
     return {1: HandlerWorker(name, source.directory, device, options)}
+
+
+def server_memory() -> dict[str, dict[str, int]]:
+    """Part → device → bytes the server's own parts took after its idle start, which no model is
+    charged: the runtimes this process prepared since (footprint.prepared), and the fork server
+    handler workers start from."""
+    return {"runtimes": {"cpu": footprint.runtime_bytes()}, "fork_server": {"cpu": worker_process.fork_server_bytes()}}
 
 
 def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
@@ -76,6 +83,7 @@ def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, obje
     """A `.pt2` model's versions, its config completed from the latest one's recorded tensors first
     where it leaves them out."""
     layout = source.layout
+    pt2.prepare_runtime(layout.versions.values())
     if layout.signature is None:
         layout.complete(pt2.completed(layout.config, layout.versions[max(layout.versions)]))
     samples = warmup_samples(source.directory, layout.config)

@@ -1,11 +1,17 @@
 """What a model really costs, measured rather than counted: the memory its load made this process
 hold, and the peak its executions reach above that (activations, workspaces), on the host and on
 its GPU. Both probes see the whole process, so measurements take turns under one lock; only loads
-and a model's first few executions are measured, so serving never waits on it."""
+and a model's first few executions are measured, so serving never waits on it.
+
+A runtime's one-time costs (the modules torch.export's loader imports: ~90 MiB) are prepared once
+outside any measurement (`prepared`) and held by the server, not by the first model that needed them."""
 
 import ctypes
+import logging
+import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import torch
@@ -14,10 +20,33 @@ from gevent.monkey import get_original
 LEARNING_RUNS = 3  # executions of each model that measure its activation peak
 _turn = get_original("threading", "Lock")()  # taken by native threads (loads, executions), never the event loop
 _process = psutil.Process()
+_runtimes: dict[str, int] = {}  # a runtime prepared in this process → the own bytes preparing it took
+log = logging.getLogger(__name__)
 try:
     _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
 except (OSError, AttributeError):  # not glibc: freed memory is whatever the allocator keeps
     _malloc_trim = None
+
+
+def prepared(runtime: str, prepare: Callable[[], None]) -> None:
+    """Run `prepare`, a runtime's one-time work, once in this process and outside any model's
+    measurement: what it leaves the process holding is the server's (`runtime_bytes`), as the idle
+    process's is, not the first model's. A `prepare` that raises is tried again by the next call."""
+    if runtime in _runtimes:
+        return
+    with _turn:
+        if runtime in _runtimes:
+            return
+        started, own = time.monotonic(), _own()
+        prepare()
+        _runtimes[runtime] = max(_own() - own, 0)
+    log.info("prepared runtime", extra={"fields": {"runtime": runtime, "bytes": _runtimes[runtime],
+                                                   "seconds": round(time.monotonic() - started, 3)}})
+
+
+def runtime_bytes() -> int:
+    """What the runtimes prepared in this process hold, its own pages: host bytes no model is charged."""
+    return sum(_runtimes.values())
 
 
 @contextmanager
@@ -61,6 +90,13 @@ def _resident() -> int:
     if _malloc_trim is not None:
         _malloc_trim(0)
     return _process.memory_info().rss
+
+
+def _own() -> int:
+    """This process's own pages (USS, as /metrics measures the server): a walk of its page tables, too
+    slow for every load, once per runtime."""
+    _resident()  # the heap trimmed
+    return _process.memory_full_info().uss
 
 
 def _reserved(device: str) -> int:

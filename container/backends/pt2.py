@@ -13,6 +13,7 @@ compiled code checks them), so at load it is run once on the config's tensors, z
 many rows when it is to batch: a config that does not bind is refused then, with the package's words.
 """
 
+import io
 import json
 import platform
 import shutil
@@ -147,6 +148,31 @@ class Program:
             raise InvalidRequest(f"the model takes {pytree.tree_unflatten([leaf.path for leaf in self.inputs], self._in_spec)}; "
                                  f"it was called with {len(leaves)} tensor(s) in another structure")
         return pytree.tree_unflatten(self.run(leaves), self._out_spec)
+
+
+def prepare_runtime(paths) -> None:
+    """The first ExportedProgram a process loads imports ~90 MiB of torch's modules (its serializer,
+    sympy, networkx): done once beforehand, outside any model's measurement, by exporting, saving and
+    loading back a tiny program, so that no model is charged them (footprint.prepared). A package's
+    loader imports nothing."""
+    for path in paths:
+        try:
+            exported = archive_kind(path) != AOTI_PLATFORM
+        except InvalidModel:  # its load refuses it, in its own words
+            continue
+        if exported:
+            footprint.prepared("torch.export", _export_round_trip)
+            return
+
+
+def _export_round_trip() -> None:
+    """With a dynamic batch dimension, as served programs have: their symbolic shapes import more."""
+    buffer = io.BytesIO()
+    rows = {"input": {0: torch.export.Dim("batch")}}
+    torch.export.save(torch.export.export(torch.nn.Linear(2, 2), (torch.ones(2, 2),), dynamic_shapes=rows), buffer)
+    buffer.seek(0)
+    with torch.inference_mode():
+        torch.export.load(buffer).module()(torch.ones(1, 2))
 
 
 def load_program(path: Path, platform: str, device: str) -> Program:

@@ -189,6 +189,12 @@ class WorkerProcess:
         self.stop()
 
 
+def fork_server_bytes() -> int:
+    """The fork server's own heap (its imports, shared copy-on-write with the workers, which are
+    charged only their own pages); 0 while none runs."""
+    return _forkserver.held()
+
+
 def _socket_pair() -> tuple[Connection, Connection]:
     """Blocking ends from the unpatched `_socket` module: gevent's sockets are non-blocking, and
     their ends outlive a dead peer in this process, so a crash would never read as EOF."""

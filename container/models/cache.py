@@ -19,10 +19,20 @@ def _mib(n: int) -> str:
 
 
 class MemoryCache:
-    def __init__(self, budgets: dict[str, int], evict: bool):
-        self.budgets = dict(budgets)
+    def __init__(self, limits: dict[str, int], evict: bool, ceilings: dict[str, int] | None = None):
+        """`limits`: what models may hold per device, as configured; `ceilings`: what the machine leaves
+        them where that may be less (the host's RAM less the server's processes at start), lowered by
+        what the server's own parts take later (`server_holds`). A device's budget is the lesser."""
+        self._limits, self._ceilings = dict(limits), dict(ceilings or {})
         self.evict = evict
         self._sizes: OrderedDict[Hashable, dict[str, int]] = OrderedDict()  # least recently used first
+        self.server_holds({})
+
+    def server_holds(self, sizes: dict[str, int]) -> None:
+        """The server's own parts hold `sizes` now beyond its start (runtimes prepared on demand, the
+        fork server): bytes no model is charged, which the machine no longer leaves to models."""
+        self.budgets = {device: min(limit, self._ceilings[device] - sizes.get(device, 0))
+                        if device in self._ceilings else limit for device, limit in self._limits.items()}
 
     def used(self, device: str) -> int:
         return sum(sizes.get(device, 0) for sizes in self._sizes.values())

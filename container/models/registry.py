@@ -97,6 +97,7 @@ class Runtime:
     load_backends: Callable[[str, ModelSource, str], dict]  # (name, source, device) → {version: backend}
     release_memory: Callable[[], None]
     free_memory: Callable[[str], int]  # device → bytes free on it now
+    server_memory: Callable[[], dict[str, dict[str, int]]]  # part → device → bytes the server took since its start
 
 
 @dataclass
@@ -346,6 +347,7 @@ class Registry:
         """Charge `sizes` to `model`: idle extra workers of handler pools end first where the budget
         lacks room, then idle models are evicted, least recently used first. The pools then learn how
         many more workers the room left allows."""
+        self.cache.server_holds(total_by_device(self.runtime.server_memory().values()))
         if not self.cache.fits(model, sizes):
             sizes = self._shed_extra_workers(model, sizes)
         victims = self.cache.reserve(model, sizes, idle=self._evictable)

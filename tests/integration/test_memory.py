@@ -1,12 +1,13 @@
 """The memory-aware cache on a real server: LRU eviction of idle models, 507s, SERVE_EVICTION=none,
-memory really returned on unload, and out-of-memory recovery; and large requests served from the heap
-that the last ones freed."""
+memory really returned on unload, out-of-memory recovery, and what the server itself takes kept apart
+from what models are charged; and large requests served from the heap that the last ones freed."""
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
@@ -195,6 +196,50 @@ def test_a_handler_whose_model_fn_returns_no_module_is_charged_what_its_worker_h
     measured = metrics[("serve_memory_measured_bytes", (("device", "cpu"),))]
     accounted = metrics[("serve_memory_accounted_bytes", (("device", "cpu"),))]
     assert 0.8 * accounted <= measured <= 1.2 * accounted
+
+
+CPU = (("device", "cpu"),)
+
+
+def test_what_the_server_itself_takes_is_no_models_and_leaves_models_less_room(start_server, tmp_path):
+    """The first ExportedProgram makes the model process import ~100 MiB of torch.export's modules, the
+    first handler model starts the fork server (~150 MiB of its own heap): the server's, not the first
+    such model's. Where the container's RAM bounds the budget (SERVE_MEMORY_LIMIT=100%), it shrinks by them."""
+    root = tmp_path / "models"
+    (root / "program" / "1").mkdir(parents=True)
+    rows = {"x": {0: torch.export.Dim("batch")}}
+    torch.export.save(torch.export.export(Scale().eval(), (torch.ones(2, 4),), dynamic_shapes=rows),
+                      root / "program" / "1" / "model.pt2")
+    handler_model(root, "handler", None, Scale())
+    server = start_server(root, SERVE_MEMORY_LIMIT="100%")
+
+    def charged(model: str) -> float:
+        return server.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", model)))]
+
+    def server_part(metrics: dict, part: str) -> float:
+        return metrics[("serve_memory_server_bytes", (("device", "cpu"), ("part", part)))]
+
+    start = server.metrics()
+    assert server_part(start, "runtimes") == server_part(start, "fork_server") == 0
+    assert server.load("program").status_code == 200
+    loaded = server.metrics()
+    runtimes = server_part(loaded, "runtimes")
+    assert runtimes > 32 * MIB and charged("program") < 4 * MIB  # it was charged 99 MiB of torch's modules
+    assert loaded[("serve_memory_budget_bytes", CPU)] == start[("serve_memory_budget_bytes", CPU)] - runtimes
+
+    assert server.load("handler").status_code == 200 and server.invoke("handler", [[1.0]]).json() == [[2.0]]
+    both = server.metrics()
+    fork_server = server_part(both, "fork_server")
+    assert server_part(both, "runtimes") == runtimes and fork_server > 32 * MIB
+    assert charged("handler") < fork_server / 2  # its worker's own pages: the fork server's are shared
+    shrunk = start[("serve_memory_budget_bytes", CPU)] - runtimes - fork_server
+    assert abs(both[("serve_memory_budget_bytes", CPU)] - shrunk) < 4 * MIB  # the fork server's heap, measured twice
+    # what the models are measured to hold leaves the server's own parts out, as their accounting does
+    assert both[("serve_memory_measured_bytes", CPU)] < both[("serve_memory_accounted_bytes", CPU)] + 16 * MIB
+
+    assert server.request("DELETE", "/models/program").status_code == 200
+    assert server.load("program").status_code == 200 and server.metrics()[
+        ("serve_memory_server_bytes", (("device", "cpu"), ("part", "runtimes")))] == runtimes  # prepared once
 
 
 PAGE = 4096

@@ -84,3 +84,15 @@ def test_release_and_unknown_devices():
     c.reserve("a", {"cpu": 60 * MIB, "cuda:7": 10 << 40}, everyone_idle)  # no budget for cuda:7: not limited
     c.release("a")
     assert c.used("cpu") == 0
+
+
+def test_the_budget_is_the_configured_limit_or_what_the_machine_leaves_less_what_the_server_takes():
+    c = MemoryCache({"cpu": 100 * MIB, "cuda:0": 50 * MIB}, evict=True, ceilings={"cpu": 120 * MIB})
+    assert c.budgets == {"cpu": 100 * MIB, "cuda:0": 50 * MIB}  # the limit binds
+    c.reserve("a", {"cpu": 30 * MIB}, everyone_idle)
+    c.reserve("b", {"cpu": 30 * MIB}, everyone_idle)
+    c.server_holds({"cpu": 40 * MIB})  # a runtime, a helper process: now the machine binds
+    assert c.budgets == {"cpu": 80 * MIB, "cuda:0": 50 * MIB}
+    assert list(c.reserve("c", {"cpu": 30 * MIB}, everyone_idle)) == ["a"]
+    c.server_holds({})  # what held it ended
+    assert c.budgets["cpu"] == 100 * MIB and list(c.reserve("d", {"cpu": 40 * MIB}, everyone_idle)) == []

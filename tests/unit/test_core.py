@@ -8,7 +8,7 @@ import gevent
 import numpy as np
 import pytest
 
-from container.backends import WorkerOptions, load_backends
+from container.backends import WorkerOptions, load_backends, server_memory
 from container.backends.torch_runtime import free_memory, release_memory
 from container.core import Core
 from container.errors import (
@@ -49,7 +49,7 @@ class Closings:
 
 
 def make_core(root, budget: int = 1 << 34, schedulers=None) -> Core:
-    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions()), release_memory, free_memory)
+    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions()), release_memory, free_memory, server_memory)
     registry = Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime)
     return Core(registry, schedulers or scheduler_for)
 

@@ -13,7 +13,7 @@ import gevent
 import numpy as np
 import pytest
 
-from container.backends import WorkerOptions, load_backends
+from container.backends import WorkerOptions, load_backends, server_memory
 from container.backends.torch_runtime import free_memory, release_memory
 from container.backends.worker_process import WorkerProcess
 from container.core import Core
@@ -82,7 +82,7 @@ class TritonPythonModel:
 
 
 def make_core(root, **options) -> Core:
-    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory)
+    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory, server_memory)
     return Core(Registry(str(root), MemoryCache({"cpu": 1 << 34}, evict=True), runtime), scheduler_for)
 
 
