@@ -17,6 +17,7 @@ a new one.
 """
 
 import atexit
+import contextlib
 import os
 import select
 import signal
@@ -81,16 +82,17 @@ class ForkServer:
         self._pid: int | None = None
         self._socket = None
 
-    def spawn(self, connection_fd: int) -> Child:
+    def spawn(self, connection_fd: int, runtimes: tuple[str, ...] = ()) -> Child:
         """A new process, given a copy of `connection_fd`: the first message it reads there is
-        `(target, args)`, and it runs `target(connection, *args)`."""
+        `(target, args)`, and it runs `target(connection, *args)`. `runtimes` (`_RUNTIMES`' names) are
+        those it will use: prepared first, once, in the fork server, whose children then share them."""
         status_read, status_write = os.pipe()
         try:
             if not self._lock.acquire(timeout=2 * _ANSWER_SECONDS):
                 raise ModelError(f"no model worker could be started within {2 * _ANSWER_SECONDS} s: other starts held "
                                  f"the fork server; retry")
             try:
-                pid = self._ask([connection_fd, status_write])
+                pid = self._ask([connection_fd, status_write], runtimes)
             finally:
                 self._lock.release()
         except BaseException:
@@ -115,12 +117,12 @@ class ForkServer:
         with self._lock:
             self._end()
 
-    def _ask(self, fds: list[int]) -> int:
+    def _ask(self, fds: list[int], runtimes: tuple[str, ...]) -> int:
         import _socket
 
         try:
             server = self._running()
-            server.sendmsg([b"f"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+            server.sendmsg([" ".join(("f", *runtimes)).encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
             if not _readable([server.fileno()], _ANSWER_SECONDS):
                 raise TimeoutError(f"no answer within {_ANSWER_SECONDS} s")
             answer = server.recv(32)
@@ -172,7 +174,9 @@ def main(fd: int) -> None:
 
     import torch  # noqa: F401  (imported once, to be shared)
 
-    from container.backends import handler_worker, python_backend  # noqa: F401  (the workers' code)
+    from container.backends import handler_worker, pt2, python_backend  # noqa: F401  (the workers' code)
+
+    runtimes = {pt2.EXPORT_RUNTIME: pt2.prepare_export}
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -191,12 +195,17 @@ def main(fd: int) -> None:
             _reap(statuses)
         if control.fileno() in ready:
             try:
-                _, fds, _, _ = socket.recv_fds(control, 1, 2)
+                asked, fds, _, _ = socket.recv_fds(control, 256, 2)
             except OSError:
                 return
             if len(fds) != 2:  # EOF: the model process has gone
                 return
             connection_fd, status_write = fds
+            for runtime in asked.decode().split()[1:]:
+                prepare = runtimes.pop(runtime, None)  # once
+                if prepare is not None:
+                    with contextlib.suppress(Exception):  # then each child imports what it needs, and says why it fails
+                        prepare()
             pid = os.fork()
             if pid == 0:
                 control.close()

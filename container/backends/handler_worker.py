@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gevent.monkey import get_original
 
-from container.backends import footprint
+from container.backends import footprint, pt2
 from container.backends.handler import HandlerModel
 from container.backends.torch_runtime import release_memory
 from container.backends.worker_process import (
@@ -60,6 +60,8 @@ class HandlerWorker:
         self._devices = spread(device, list(options.cuda_contexts))
         self._device_of: dict[WorkerProcess, str] = {}
         self._directory = str(directory)
+        # an ExportedProgram beside the code (the default model_fn's): torch.export's modules shared, not each worker's
+        self._runtimes = (pt2.EXPORT_RUNTIME,) if pt2.needs_export_runtime(directory.glob("*.pt2")) else ()
         self._workers = [self._new_worker() for _ in range(self._least)]
         self._device_bytes: dict[WorkerProcess, dict[str, int]] = {}
         self._last_used: dict[WorkerProcess, float] = {}
@@ -84,7 +86,7 @@ class HandlerWorker:
         """A worker on the GPU with the fewest of the pool's workers (on a GPU server), or on the model's device."""
         held = Counter(self._device_of.values())
         device = min(self._devices, key=lambda d: held[d])  # the first of the least held: the model's own GPU first
-        worker = WorkerProcess(self.name, serve, (self.name, self._directory, device, self._options))
+        worker = WorkerProcess(self.name, serve, (self.name, self._directory, device, self._options), self._runtimes)
         self._device_of[worker] = device
         return worker
 

@@ -41,6 +41,7 @@ from container.tensors import zeros
 EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
                "{name: {0: torch.export.Dim('batch')}}), and compile that")
 _EXTRACTING = threading.Lock()  # one package extracted at a time (_loaded_package)
+EXPORT_RUNTIME = "torch.export"  # its name where it is prepared: this process (footprint), the fork server
 
 
 @dataclass(frozen=True)
@@ -152,21 +153,26 @@ class Program:
 
 def prepare_runtime(paths) -> None:
     """The first ExportedProgram a process loads imports ~90 MiB of torch's modules (its serializer,
-    sympy, networkx): done once beforehand, outside any model's measurement, by exporting, saving and
-    loading back a tiny program, so that no model is charged them (footprint.prepared). A package's
-    loader imports nothing."""
+    sympy, networkx): done once beforehand, outside any model's measurement, so that no model is
+    charged them (footprint.prepared)."""
+    if needs_export_runtime(paths):
+        footprint.prepared(EXPORT_RUNTIME, prepare_export)
+
+
+def needs_export_runtime(paths) -> bool:
+    """Whether one of `paths` is an ExportedProgram: a package's loader imports nothing."""
     for path in paths:
         try:
-            exported = archive_kind(path) != AOTI_PLATFORM
+            if archive_kind(path) != AOTI_PLATFORM:
+                return True
         except InvalidModel:  # its load refuses it, in its own words
             continue
-        if exported:
-            footprint.prepared("torch.export", _export_round_trip)
-            return
+    return False
 
 
-def _export_round_trip() -> None:
-    """With a dynamic batch dimension, as served programs have: their symbolic shapes import more."""
+def prepare_export() -> None:
+    """Export, save and load back a tiny program, with a dynamic batch dimension as served programs
+    have (their symbolic shapes import more): every module a load needs, imported."""
     buffer = io.BytesIO()
     rows = {"input": {0: torch.export.Dim("batch")}}
     torch.export.save(torch.export.export(torch.nn.Linear(2, 2), (torch.ones(2, 2),), dynamic_shapes=rows), buffer)

@@ -60,9 +60,10 @@ class WorkerProcess:
     """One worker: `start()` runs `target(connection, *args)` in a new process and returns its first
     reply; `ask(message)` sends one message and returns the reply. Callers take turns (`lock`)."""
 
-    def __init__(self, name: str, target, args: tuple):
+    def __init__(self, name: str, target, args: tuple, runtimes: tuple[str, ...] = ()):
+        """`runtimes`: those its code will use, which the fork server prepares for every worker to share."""
         self.name = name
-        self._target, self._args = target, args
+        self._target, self._args, self._runtimes = target, args, runtimes
         self.lock = get_original("threading", "Lock")()  # callers are native threads
         self._process = self._connection = self._poller = None
 
@@ -77,7 +78,7 @@ class WorkerProcess:
     def start(self, timeout: float | None = None, doing: str = "loading"):
         parent, child = _socket_pair()
         try:
-            process = _forkserver.spawn(child.fileno())
+            process = _forkserver.spawn(child.fileno(), self._runtimes)
         finally:
             child.close()
         self._process, self._connection = process, parent
