@@ -120,6 +120,9 @@ class Settings:
     requirements_cache: str = _env(
         "SERVE_REQUIREMENTS_CACHE", "/tmp/serve-requirements", "Where installed `requirements.txt` packages are kept, one directory per distinct file; what an install its worker did not finish left is removed by the next install."
     )
+    requirements_cache_size: int = _env(
+        "SERVE_REQUIREMENTS_CACHE_SIZE", "25%", "Most bytes the requirements cache keeps after an install: bytes with optional KiB/MiB/GiB suffix, or a percentage of its file system; installs no worker uses leave, least recently used first."
+    )
     max_decoded_size: int = _env(
         "SERVE_MAX_DECODED_SIZE", "256MiB", "Largest decoded size of one request's tensors (elements × item size, BYTES lengths included), checked before allocating; larger requests get 413."
     )
@@ -223,6 +226,8 @@ class Settings:
             program=_program(raw["program"]),
             install_requirements=_boolean("SERVE_INSTALL_REQUIREMENTS", raw["install_requirements"]),
             requirements_cache=raw["requirements_cache"],
+            requirements_cache_size=_size("SERVE_REQUIREMENTS_CACHE_SIZE", raw["requirements_cache_size"],
+                                          _disk(raw["requirements_cache"])),
             max_decoded_size=_size("SERVE_MAX_DECODED_SIZE", raw["max_decoded_size"], 1),
             max_archive_size=_size("SERVE_MAX_ARCHIVE_SIZE", raw["max_archive_size"], memory_limit),
             max_archive_members=_positive("SERVE_MAX_ARCHIVE_MEMBERS", raw["max_archive_members"]),

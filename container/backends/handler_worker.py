@@ -302,7 +302,8 @@ def _load(name: str, directory: Path, device: str, options: WorkerOptions) -> Ha
         sys.path.insert(0, str(code))
         if options.install_requirements and (code / "requirements.txt").is_file():
             # after site-packages: what the image ships wins over a second copy of it
-            sys.path.append(str(requirements.install(code / "requirements.txt", options.requirements_cache)))
+            installed = requirements.install(code / "requirements.txt", options.requirements_cache, options.requirements_cache_size)
+            sys.path.append(str(installed))
     if device.startswith("cuda"):
         import torch
 

@@ -44,6 +44,7 @@ class WorkerOptions:
     default_accept: str = content.JSON
     install_requirements: bool = True
     requirements_cache: str = "/tmp/serve-requirements"
+    requirements_cache_size: int = 1 << 32  # bytes the cache keeps after an install, at most
     torch_threads: int = 1  # what a pool's workers share
     handler_workers: int = 1  # worker processes of each handler model, at least
     handler_max_workers: int = 1  # ... and at most, while requests wait for one

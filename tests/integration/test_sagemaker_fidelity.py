@@ -435,6 +435,39 @@ def test_an_install_its_worker_did_not_live_to_finish_leaves_nothing_running_or_
     assert not staging.exists()
 
 
+def test_the_requirements_cache_keeps_to_its_size_and_never_evicts_what_a_worker_uses(start_server, tmp_path):
+    """SERVE_REQUIREMENTS_CACHE_SIZE of one byte: after each install, only what a worker uses stays.
+    Three models whose files differ only by a comment are three installs of the same wheel."""
+    wheel = tiny_wheel(tmp_path)
+    for name in "abc":
+        directory = handler_model(tmp_path / "models", name, REQUIRES, Scale())
+        (directory / "code" / "requirements.txt").write_text(f"# {name}\n{wheel}\n")
+    cache = tmp_path / "cache"
+    server = start_server(tmp_path / "models", SERVE_REQUIREMENTS_CACHE=str(cache), SERVE_REQUIREMENTS_CACHE_SIZE="1")
+
+    def installs() -> int:
+        return sum(1 for entry in cache.iterdir() if not entry.name.startswith("."))
+
+    def without_the_wheel(name: str):
+        os.rename(wheel, wheel.with_suffix(".gone"))  # a load that needs pip fails
+        try:
+            return server.load(name)
+        finally:
+            os.rename(wheel.with_suffix(".gone"), wheel)
+
+    loaded(server, "a", "b")
+    assert installs() == 2  # over its size, but each is in use
+    assert server.request("DELETE", "/models/a").status_code == 200  # its worker has ended
+    loaded(server, "c")
+    assert installs() == 2 and all(post(server, n, b"x", "text/plain").text == "hello from requirements.txt" for n in "bc")
+    assert without_the_wheel("a").status_code == 400  # its install was evicted: pip ran, and failed
+    loaded(server, "a")  # installed again; b and c are in use, so they stay
+    assert installs() == 3
+    assert server.request("DELETE", "/models/b").status_code == 200
+    assert without_the_wheel("b").status_code == 200  # kept: served from the cache, no pip
+    assert post(server, "b", b"x", "text/plain").text == "hello from requirements.txt"
+
+
 def _running_with(argument: str) -> int | None:
     for process in Path("/proc").iterdir():
         try:
