@@ -29,7 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from container.backends import footprint
-from container.backends.pytorch import tensor_index, to_numpy, to_torch
+from container.backends.pytorch import reshaped, tensor_index, to_numpy, to_torch
 from container.backends.torch_runtime import device_error, device_scope, guarded, last_line
 from container.errors import InvalidModel, InvalidRequest, ModelError, ServeError
 from container.models.pt2_archive import AOTI_PLATFORM, archive_kind, is_program, members, read_member, where
@@ -38,6 +38,7 @@ from container.models.statistics import Phases
 from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import zeros
 
+Range = tuple[str, int, int | None]  # a dynamic dimension's symbol, its least and its most size (None: unbounded)
 EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
                "{name: {0: torch.export.Dim('batch')}}), and compile that")
 _EXTRACTING = threading.Lock()  # one package extracted at a time (_loaded_package)
@@ -47,11 +48,13 @@ EXPORT_RUNTIME = "torch.export"  # its name where it is prepared: this process (
 @dataclass(frozen=True)
 class Leaf:
     """One tensor of the call: where it sits, and its type and shape where the file records them
-    (an ExportedProgram does; -1 for a dynamic dimension)."""
+    (an ExportedProgram does; -1 for a dynamic dimension), with each dynamic dimension's symbol and
+    the sizes it may take, as the program was exported (None where it says none)."""
 
     path: str
     datatype: str | None = None
     shape: tuple[int, ...] | None = None
+    ranges: tuple[Range | None, ...] = ()
 
 
 class Pt2Model:
@@ -74,6 +77,10 @@ class Pt2Model:
         self._output_names = [s.name for s in signature.outputs]
         if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
             raise self._unbatched()
+        for specs, leaves, kind in ((self._inputs, self.program.inputs, "input"), (self._outputs, self.program.outputs, "output")):
+            for spec, leaf in zip(specs, leaves, strict=True):
+                if spec is not None and leaf.shape is not None:
+                    _check_config_shape(spec, leaf, kind, signature.max_batch_size)
         if any(leaf.datatype is None for leaf in self.program.inputs):  # a package: what it takes is unrecorded
             self._probe()
 
@@ -99,7 +106,11 @@ class Pt2Model:
 
     def _execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         start = time.perf_counter_ns()
-        leaves = [to_torch(spec, inputs[spec.name], self.device) for spec in self._inputs]
+        batched = self.signature.max_batch_size > 0
+        arrays = [inputs[spec.name] if spec.reshape is None else reshaped(spec, inputs[spec.name], batched, True, self.name)
+                  for spec in self._inputs]
+        _check_request_shapes(self._inputs, self.program.inputs, arrays)
+        leaves = [to_torch(spec, array, self.device) for spec, array in zip(self._inputs, arrays, strict=True)]
         converted = time.perf_counter_ns()
         try:
             results = self.program.run(leaves)
@@ -109,11 +120,15 @@ class Pt2Model:
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
         wanted = outputs or self._output_names
-        produced = {spec.name: to_numpy(spec, results[i], self.name, None) for i, spec in enumerate(self._outputs)
+        produced = {spec.name: self._from_model(spec, results[i], batched) for i, spec in enumerate(self._outputs)
                     if spec is not None and spec.name in wanted}
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
         return produced
+
+    def _from_model(self, spec: TensorSpec, value, batched: bool) -> np.ndarray:
+        array = to_numpy(spec, value, self.name, None)
+        return array if spec.reshape is None else reshaped(spec, array, batched, False, self.name)
 
     def _probe(self) -> None:
         """Run once on zeros of the config's tensors (and on two rows where it batches): a package's
@@ -254,9 +269,9 @@ def _load_export(path: Path, device: str) -> Program:
     module = program.module()
     in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
     typed = _typed(program)
-    inputs = [Leaf(leaf.path, *typed.get(name, (None, None)))
+    inputs = [Leaf(leaf.path, *typed.get(name, ()))
               for leaf, name in zip(_leaves(in_spec, "ARGS", "KWARGS"), program.graph_signature.user_inputs, strict=True)]
-    outputs = [Leaf(leaf.path, *typed.get(name, (None, None)))
+    outputs = [Leaf(leaf.path, *typed.get(name, ()))
                for leaf, name in zip(_leaves(out_spec, "RESULT"), program.graph_signature.user_outputs, strict=True)]
     weights = sum(t.numel() * t.element_size() for t in (*program.state_dict.values(), *program.constants.values())
                   if isinstance(t, torch.Tensor))
@@ -332,15 +347,77 @@ def _bind(specs: tuple[TensorSpec, ...], leaves: list[Leaf], stem: str, kind: st
     return bound
 
 
-def _typed(program) -> dict[str, tuple[str | None, tuple[int, ...] | None]]:
-    """Each user input's and output's (datatype, shape) as the exported graph records them."""
+def _check_config_shape(spec: TensorSpec, leaf: Leaf, kind: str, max_batch_size: int) -> None:
+    """The config's shape for `spec` (as the model sees it: its batch dimension and `reshape`) is one the
+    program takes: the same rank, its fixed sizes, sizes within its dynamic ones' ranges, and where the
+    model batches, a first dimension of 1 to max_batch_size rows."""
+    seen = spec.shape if spec.reshape is None else ((-1,) if max_batch_size else ()) + spec.reshape
+    fits = len(seen) == len(leaf.shape) and all(
+        size == -1 or _takes(fixed, ranged, size) for size, fixed, ranged in zip(seen, leaf.shape, leaf.ranges, strict=True))
+    rows = leaf.ranges[0] if max_batch_size and kind == "input" and leaf.ranges else None
+    if fits and rows is not None and not _takes(-1, rows, 1):
+        raise InvalidModel(f"{kind} '{spec.name}' ({leaf.path}) was exported for at least {rows[1]} rows, so a request "
+                           f"of one row could not run: export it with Dim('batch', min=1)")
+    if fits and rows is not None and not _takes(-1, rows, max_batch_size):
+        raise InvalidModel(f"{kind} '{spec.name}' ({leaf.path}) was exported for at most {rows[2]} rows: set "
+                           f"max_batch_size to {rows[2]} or less, or export it with a larger Dim('batch', max=…)")
+    if not fits:
+        raise InvalidModel(f"{kind} '{spec.name}' is {list(seen)} in the config (as the model sees it, its batch "
+                           f"dimension first where it batches); the program's {leaf.path} is {_shape_text(leaf)}")
+
+
+def _check_request_shapes(specs: list[TensorSpec], leaves: list[Leaf], arrays: list[np.ndarray]) -> None:
+    """Each input's sizes (as the model sees them) are ones the program takes, and sizes the program ties
+    together (one symbol in several dimensions) agree: a request it would refuse with its guards is told
+    what to send instead. A package records no shapes: its own checks are all there is."""
+    tied: dict[str, tuple[str, int, int]] = {}
+    for spec, leaf, array in zip(specs, leaves, arrays, strict=True):
+        if leaf.shape is None:
+            continue
+        name = spec.name
+        for dimension, (size, fixed, ranged) in enumerate(zip(array.shape, leaf.shape, leaf.ranges, strict=True)):
+            if not _takes(fixed, ranged, size):
+                raise InvalidRequest(f"input '{name}' has {size} in dimension {dimension}; the model takes "
+                                     f"{_size_text(fixed, ranged)} there ({_shape_text(leaf)})")
+            if ranged is None:
+                continue
+            first = tied.setdefault(ranged[0], (name, dimension, size))
+            if first[2] != size:
+                raise InvalidRequest(f"input '{name}' has {size} in dimension {dimension} and input '{first[0]}' has "
+                                     f"{first[2]} in dimension {first[1]}; the model takes the same size in both")
+
+
+def _takes(fixed: int, ranged: Range | None, size: int) -> bool:
+    if fixed != -1:
+        return size == fixed
+    return ranged is None or (ranged[1] <= size and (ranged[2] is None or size <= ranged[2]))
+
+
+def _size_text(fixed: int, ranged: Range | None) -> str:
+    if fixed != -1 or ranged is None:
+        return str(fixed) if fixed != -1 else "any size"
+    return f"{ranged[1]} to {ranged[2]}" if ranged[2] is not None else f"at least {ranged[1]}"
+
+
+def _shape_text(leaf: Leaf) -> str:
+    return "[" + ", ".join(_size_text(fixed, ranged) for fixed, ranged in zip(leaf.shape, leaf.ranges, strict=True)) + "]"
+
+
+def _typed(program) -> dict[str, tuple]:
+    """Each user input's and output's (datatype, shape, ranges) as the exported graph records them."""
+    import sympy  # the program's loader imported it
+
+    bounds = {str(symbol): (int(r.lower), int(r.upper) if isinstance(r.upper, sympy.Integer) else None)
+              for symbol, r in program.range_constraints.items()}
     found = {}
     for node in program.graph.nodes:
         values = [node] if node.op == "placeholder" else list(node.args[0]) if node.op == "output" else []
         for value in values:
             fake = getattr(value, "meta", {}).get("val")
             if isinstance(fake, torch.Tensor):
-                found[value.name] = (_datatype(fake.dtype), tuple(d if isinstance(d, int) else -1 for d in fake.shape))
+                ranges = tuple(None if isinstance(d, int) or str(d.node.expr) not in bounds
+                               else (str(d.node.expr), *bounds[str(d.node.expr)]) for d in fake.shape)
+                found[value.name] = (_datatype(fake.dtype), tuple(d if isinstance(d, int) else -1 for d in fake.shape), ranges)
     return found
 
 

@@ -117,13 +117,13 @@ class TorchScriptModel:
     def _to_model(self, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
         if spec.reshape is None:
             return array
-        return _reshaped(spec, array, self.signature.max_batch_size > 0, True, self.name)
+        return reshaped(spec, array, self.signature.max_batch_size > 0, True, self.name)
 
     def _from_model(self, spec: TensorSpec, value, batch: int | None) -> np.ndarray:
         array = to_numpy(spec, value, self.name, batch)
         if spec.reshape is None:
             return array
-        return _reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
+        return reshaped(spec, array, self.signature.max_batch_size > 0, False, self.name)
 
 
 class Replicas:
@@ -244,7 +244,7 @@ def to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndarr
     return value.numpy()
 
 
-def _reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool, model: str) -> np.ndarray:
+def reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool, model: str) -> np.ndarray:
     """A tensor with a config `reshape`, from the client's dims to the model's shape or back; the
     batch dimension stays as it is."""
     dims = spec.reshape if to_model else (spec.shape[1:] if batched else spec.shape)

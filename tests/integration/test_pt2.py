@@ -18,11 +18,13 @@ import pytest
 import requests
 import torch
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.builders import wait_for
 from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (a fixture this module uses too)
 
 BATCH = torch.export.Dim("batch", min=1, max=64)
+LENGTH = torch.export.Dim("length", min=1, max=16)
 
 
 class Classifier(torch.nn.Module):
@@ -55,6 +57,13 @@ class Blend(torch.nn.Module):
         return {"mixed": mixed, "parts": (x.sum(dim=1), bias * 2)}
 
 
+class Masked(torch.nn.Module):
+    """Values and their mask, one size tying their second dimensions: the masked sum of each row."""
+
+    def forward(self, values, mask):
+        return (values * mask).sum(dim=1)
+
+
 def exported(module, args, kwargs=None, shapes=None):
     return torch.export.export(module.eval(), args, kwargs or {}, dynamic_shapes=shapes)
 
@@ -66,13 +75,17 @@ def files(tmp_path_factory) -> dict[str, Path]:
     x = torch.ones(2, 4)
     classifier = exported(Classifier(), (x,), shapes={"x": {0: BATCH}})
     made = {"package": directory / "package.pt2", "program": directory / "program.pt2",
-            "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2", "accumulator": directory / "accumulator.pt2"}
+            "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2", "accumulator": directory / "accumulator.pt2",
+            "masked": directory / "masked.pt2", "pairs": directory / "pairs.pt2"}
     torch._inductor.aoti_compile_and_package(classifier, package_path=str(made["package"]))
     accumulator = exported(Accumulator(), (torch.ones(2, 1), torch.ones(2, 1, dtype=torch.int32), torch.zeros(2, 1)),
                            shapes={"value": {0: BATCH}, "start": {0: BATCH}, "state": {0: BATCH}})
     torch._inductor.aoti_compile_and_package(accumulator, package_path=str(made["accumulator"]))
     torch.export.save(classifier, made["program"])
     torch.export.save(exported(Classifier(), (x,)), made["fixed"])
+    torch.export.save(exported(Classifier(), (x,), shapes={"x": {0: torch.export.Dim("pairs", min=2, max=64)}}), made["pairs"])
+    torch.export.save(exported(Masked(), (x, torch.ones(2, 4)), shapes={"values": {0: BATCH, 1: LENGTH},
+                                                                         "mask": {0: BATCH, 1: LENGTH}}), made["masked"])
     torch.export.save(exported(Blend(), (x, {"scale": torch.full((4,), 2.0)}), {"bias": torch.ones(2, 4)},
                                shapes={"x": {0: BATCH}, "weights": {"scale": None}, "bias": {0: BATCH}}), made["blend"])
     return made
@@ -108,6 +121,9 @@ def server(start_server, tmp_path_factory, files):
         "torch_aoti", dynamic_batching={"max_queue_delay_microseconds": 2_000_000, "preferred_batch_size": [4]}))
     triton_model(root, "program", files["program"], classifier_config("torch_export"))
     triton_model(root, "bare", files["program"], None)
+    triton_model(root, "masked", files["masked"], None)
+    triton_model(root, "reshaped", files["program"], classifier_config("torch_export", input=[
+        {"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [2, 2], "reshape": {"shape": [4]}}]))
     triton_model(root, "blend", files["blend"], {
         "platform": "torch_export", "max_batch_size": 0,
         "input": [{"name": "ARGS[0]", "data_type": "TYPE_FP32", "dims": [-1, 4]},
@@ -151,6 +167,40 @@ def test_a_config_left_out_is_completed_from_the_programs_record(server):
     assert config["platform"] == "torch_export"
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"] + config["output"]] == [
         ("INPUT__0", "TYPE_FP32", [-1, 4]), ("OUTPUT__0", "TYPE_FP32", [-1, 3])]
+
+
+def test_a_request_the_programs_shapes_refuse_is_a_400_saying_what_it_takes_and_others_are_served(server):
+    """What the program was exported to take (a range for each dynamic size, one size tying two inputs)
+    is checked before it runs, over every protocol, where its own guards failed as a 500."""
+    ensure(server, "masked")
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    refused = {
+        "the tie": ({"INPUT__0": values, "INPUT__1": np.ones((2, 2), np.float32)},
+                    "input 'INPUT__1' has 2 in dimension 1 and input 'INPUT__0' has 3 in dimension 1; the model takes "
+                    "the same size in both"),
+        "the range": ({"INPUT__0": np.ones((1, 17), np.float32), "INPUT__1": np.ones((1, 17), np.float32)},
+                      "input 'INPUT__0' has 17 in dimension 1; the model takes 1 to 16 there ([1 to 64, 1 to 16])"),
+    }
+    with grpcclient.InferenceServerClient(f"localhost:{server.grpc_port}") as client:
+        for inputs, words in refused.values():
+            body = {"inputs": [{"name": n, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist()}
+                               for n, v in inputs.items()]}
+            answer = server.request("POST", "/v2/models/masked/infer", json=body)
+            assert answer.status_code == 400 and answer.json() == {"error": words}
+            tensors = [grpcclient.InferInput(n, list(v.shape), "FP32") for n, v in inputs.items()]
+            for tensor, value in zip(tensors, inputs.values(), strict=True):
+                tensor.set_data_from_numpy(value)
+            with pytest.raises(InferenceServerException) as raised:
+                client.infer("masked", tensors, client_timeout=30)
+            assert raised.value.status() == "StatusCode.INVALID_ARGUMENT" and words in raised.value.message()
+    mask = np.array([[1, 0, 1], [0, 1, 1]], np.float32)
+    np.testing.assert_allclose(v2(server, "masked", {"INPUT__0": values, "INPUT__1": mask})["OUTPUT__0"], [2, 9])
+
+
+def test_a_config_reshape_is_what_the_program_sees(server):
+    ensure(server, "reshaped")
+    np.testing.assert_allclose(v2(server, "reshaped", {"INPUT__0": ROWS.reshape(2, 2, 2)})["OUTPUT__0"], expected(ROWS),
+                               rtol=1e-5)
 
 
 def test_tensors_bind_to_the_calls_structure_by_path(server):
@@ -311,6 +361,12 @@ def refusals(start_server, tmp_path_factory, files):
         {"name": "INPUT__0", "data_type": "TYPE_INT64", "dims": [4]}]))
     triton_model(root, "wrong_names", files["program"], classifier_config("torch_export", input=[
         {"name": "features", "data_type": "TYPE_FP32", "dims": [4]}]))
+    triton_model(root, "wrong_dims", files["program"], classifier_config("torch_export", input=[
+        {"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [2, 4]}]))
+    triton_model(root, "wrong_output", files["program"], classifier_config("torch_export", output=[
+        {"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [7]}]))
+    triton_model(root, "too_many_rows", files["program"], classifier_config("torch_export", max_batch_size=128))
+    triton_model(root, "two_rows_at_least", files["pairs"], classifier_config("torch_export"))
     return start_server(root, SERVE_HTTP_WORKERS="0")
 
 
@@ -327,6 +383,13 @@ def refusals(start_server, tmp_path_factory, files):
     ("wrong_type", "input 'INPUT__0' is INT32 in the config; the program's ARGS[0] is FP32"),
     ("wrong_package_type", "does not run on the config's tensors"),
     ("wrong_names", "do not name the program's: INPUT__0 (ARGS[0]: FP32 [-1, 4])"),
+    ("wrong_dims", "input 'INPUT__0' is [-1, 2, 4] in the config (as the model sees it, its batch dimension first where "
+                   "it batches); the program's ARGS[0] is [1 to 64, 4]"),
+    ("wrong_output", "output 'OUTPUT__0' is [-1, 7] in the config (as the model sees it, its batch dimension first "
+                     "where it batches); the program's RESULT is [1 to 64, 3]"),
+    ("too_many_rows", "input 'INPUT__0' (ARGS[0]) was exported for at most 64 rows: set max_batch_size to 64 or less"),
+    ("two_rows_at_least", "input 'INPUT__0' (ARGS[0]) was exported for at least 2 rows, so a request of one row could "
+                          "not run: export it with Dim('batch', min=1)"),
 ])
 def test_what_cannot_be_served_is_a_400_with_its_reason_and_leaves_nothing(refusals, name, words):
     answer = refusals.load(name)
