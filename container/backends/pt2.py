@@ -405,9 +405,7 @@ def _shape_text(leaf: Leaf) -> str:
 
 def _typed(program) -> dict[str, tuple]:
     """Each user input's and output's (datatype, shape, ranges) as the exported graph records them."""
-    import sympy  # the program's loader imported it
-
-    bounds = {str(symbol): (int(r.lower), int(r.upper) if isinstance(r.upper, sympy.Integer) else None)
+    bounds = {str(symbol): (int(r.lower), int(r.upper) if r.upper.is_Integer else None)  # not torch's int_oo
               for symbol, r in program.range_constraints.items()}
     found = {}
     for node in program.graph.nodes:
