@@ -109,7 +109,8 @@ class Pt2Model:
         batched = self.signature.max_batch_size > 0
         arrays = [inputs[spec.name] if spec.reshape is None else reshaped(spec, inputs[spec.name], batched, True, self.name)
                   for spec in self._inputs]
-        _check_request_shapes(self._inputs, self.program.inputs, arrays)
+        _check_request_shapes((spec.name, leaf, array.shape) for spec, leaf, array in zip(self._inputs, self.program.inputs,
+                                                                                            arrays, strict=True))
         leaves = [to_torch(spec, array, self.device) for spec, array in zip(self._inputs, arrays, strict=True)]
         converted = time.perf_counter_ns()
         try:
@@ -163,6 +164,8 @@ class Program:
         if spec != self._in_spec:
             raise InvalidRequest(f"the model takes {pytree.tree_unflatten([leaf.path for leaf in self.inputs], self._in_spec)}; "
                                  f"it was called with {len(leaves)} tensor(s) in another structure")
+        _check_request_shapes((recorded.path, recorded, tuple(value.shape)) for value, recorded in zip(leaves, self.inputs, strict=True)
+                              if isinstance(value, torch.Tensor))
         return pytree.tree_unflatten(self.run(leaves), self._out_spec)
 
 
@@ -366,16 +369,17 @@ def _check_config_shape(spec: TensorSpec, leaf: Leaf, kind: str, max_batch_size:
                            f"dimension first where it batches); the program's {leaf.path} is {_shape_text(leaf)}")
 
 
-def _check_request_shapes(specs: list[TensorSpec], leaves: list[Leaf], arrays: list[np.ndarray]) -> None:
-    """Each input's sizes (as the model sees them) are ones the program takes, and sizes the program ties
-    together (one symbol in several dimensions) agree: a request it would refuse with its guards is told
-    what to send instead. A package records no shapes: its own checks are all there is."""
+def _check_request_shapes(inputs) -> None:
+    """Each input's sizes (name, leaf, shape as the model sees it) are ones the program takes, and sizes
+    the program ties together (one symbol in several dimensions) agree: a request it would refuse with
+    its guards is told what to send instead. A package records no shapes: its own checks are all there is."""
     tied: dict[str, tuple[str, int, int]] = {}
-    for spec, leaf, array in zip(specs, leaves, arrays, strict=True):
+    for name, leaf, shape in inputs:
         if leaf.shape is None:
             continue
-        name = spec.name
-        for dimension, (size, fixed, ranged) in enumerate(zip(array.shape, leaf.shape, leaf.ranges, strict=True)):
+        if len(shape) != len(leaf.shape):
+            raise InvalidRequest(f"input '{name}' has {len(shape)} dimensions; the model takes {_shape_text(leaf)}")
+        for dimension, (size, fixed, ranged) in enumerate(zip(shape, leaf.shape, leaf.ranges, strict=True)):
             if not _takes(fixed, ranged, size):
                 raise InvalidRequest(f"input '{name}' has {size} in dimension {dimension}; the model takes "
                                      f"{_size_text(fixed, ranged)} there ({_shape_text(leaf)})")

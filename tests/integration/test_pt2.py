@@ -133,6 +133,8 @@ def server(start_server, tmp_path_factory, files):
                    {"name": "RESULT[parts][1]", "data_type": "TYPE_FP32", "dims": [-1, 4]}]})
     (root / "sagemaker").mkdir()
     shutil.copy(files["package"], root / "sagemaker" / "model.pt2")
+    (root / "sagemaker_program").mkdir()
+    shutil.copy(files["program"], root / "sagemaker_program" / "model.pt2")
     server = start_server(root, SERVE_HTTP_WORKERS="0")
     wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")
     return server
@@ -263,6 +265,17 @@ def test_a_sagemaker_directory_with_model_pt2_is_served_by_the_default_model_fn(
     ensure(server, "sagemaker")
     answer = server.invoke("sagemaker", ROWS.tolist())
     assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(np.array(answer.json(), np.float32), expected(ROWS), rtol=1e-5)
+
+
+def test_the_default_model_fn_s_program_refuses_a_shape_it_does_not_take_as_a_400(server):
+    ensure(server, "sagemaker_program")
+    refusals = {"[[1, 2, 3]]": "input 'ARGS[0]' has 3 in dimension 1; the model takes 4 there ([1 to 64, 4])",
+                "[1, 2, 3, 4]": "input 'ARGS[0]' has 1 dimensions; the model takes [1 to 64, 4]"}
+    for body, words in refusals.items():
+        answer = server.invoke("sagemaker_program", json.loads(body))
+        assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    answer = server.invoke("sagemaker_program", ROWS.tolist())
     np.testing.assert_allclose(np.array(answer.json(), np.float32), expected(ROWS), rtol=1e-5)
 
 
