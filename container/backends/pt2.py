@@ -133,18 +133,25 @@ class Pt2Model:
 
     def _probe(self) -> None:
         """Run once on zeros of the config's tensors (and on two rows where it batches): a package's
-        compiled checks are the only record of its inputs' types and shapes."""
+        compiled checks are the only record of its inputs' types and shapes, and what it returns the
+        only record of its outputs' shapes."""
         rows = [1, 2] if self.signature.max_batch_size >= 2 else [1] if self.signature.max_batch_size else [None]
         for count in rows:
             sample = {s.name: zeros(s.datatype, _sample_shape(s.shape, count)) for s in self._inputs}
             try:
-                self._guarded(sample, None, Phases())
+                produced = self._guarded(sample, None, Phases())
             except ServeError as exc:
                 expected = ", ".join(f"{_position('INPUT', i)} ({leaf.path})" for i, leaf in enumerate(self.program.inputs))
                 if count == 2:
                     raise self._unbatched() from None
                 raise InvalidModel(f"model '{self.name}' does not run on the config's tensors ({exc}); it takes "
                                    f"{expected}") from None
+            shapes = {spec.name: spec.shape for spec in self._outputs if spec is not None}
+            for name, array in produced.items():
+                dims = shapes[name]
+                if len(dims) != array.ndim or any(d not in (-1, size) for d, size in zip(dims, array.shape, strict=True)):
+                    raise InvalidModel(f"output '{name}' is {list(dims)} in the config; on the config's tensors, zeros, the "
+                                       f"package returned {list(array.shape)} there")
 
     def _unbatched(self) -> InvalidModel:
         return InvalidModel(f"model '{self.name}' was exported for a fixed number of rows, so max_batch_size "

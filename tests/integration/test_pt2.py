@@ -380,6 +380,8 @@ def refusals(start_server, tmp_path_factory, files):
         {"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [7]}]))
     triton_model(root, "too_many_rows", files["program"], classifier_config("torch_export", max_batch_size=128))
     triton_model(root, "two_rows_at_least", files["pairs"], classifier_config("torch_export"))
+    triton_model(root, "wrong_package_output", files["package"], classifier_config("torch_aoti", output=[
+        {"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [7]}]))
     return start_server(root, SERVE_HTTP_WORKERS="0")
 
 
@@ -401,6 +403,8 @@ def refusals(start_server, tmp_path_factory, files):
     ("wrong_output", "output 'OUTPUT__0' is [-1, 7] in the config (as the model sees it, its batch dimension first "
                      "where it batches); the program's RESULT is [1 to 64, 3]"),
     ("too_many_rows", "input 'INPUT__0' (ARGS[0]) was exported for at most 64 rows: set max_batch_size to 64 or less"),
+    ("wrong_package_output", "output 'OUTPUT__0' is [-1, 7] in the config; on the config's tensors, zeros, the package "
+                             "returned [1, 3] there"),
     ("two_rows_at_least", "input 'INPUT__0' (ARGS[0]) was exported for at least 2 rows, so a request of one row could "
                           "not run: export it with Dim('batch', min=1)"),
 ])
