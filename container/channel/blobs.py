@@ -5,7 +5,9 @@
 
 Names are `<prefix>-<pid>-<n>`, the prefix the channel's (`container-<master pid>`), so the receiver
 takes only what a process of this server wrote: a name of another shape, a link, a file of another
-user or of another size is refused. The master removes what a crashed process left (`remove_all`)."""
+user or of another size is refused. The master removes what a crashed process left (`remove_all`).
+The model process writes for each front-end's connection apart (`<prefix>-<pid>-<connection>.<n>`),
+and removes what a connection's front-end never took once it has hung up (`remove_untaken`)."""
 
 import itertools
 import mmap
@@ -33,10 +35,18 @@ def large(data):
 
 
 class Blobs:
-    def __init__(self, prefix: str, directory: Path = DIRECTORY):
+    def __init__(self, prefix: str, directory: Path = DIRECTORY, connection: int | None = None):
+        """`connection`: the one connection what this writes is for (the model process's side of it)."""
         self.prefix, self.directory = prefix, directory
-        self._names = (f"{prefix}-{os.getpid()}-{n}" for n in itertools.count())
-        self._shape = re.compile(rf"{re.escape(prefix)}-\d+-\d+")
+        self._own = f"{prefix}-{os.getpid()}-" + ("" if connection is None else f"{connection}.")
+        self._names = (f"{self._own}{n}" for n in itertools.count())
+        self._shape = re.compile(rf"{re.escape(prefix)}-\d+-(?:\d+\.)?\d+")
+
+    def remove_untaken(self) -> None:
+        """What this process wrote for its connection and the reader never took: it has hung up, and takes
+        nothing more (it takes each name as it reads the frame that holds it)."""
+        for path in self.directory.glob(f"{self._own}*"):
+            path.unlink(missing_ok=True)
 
     def put(self, data) -> str:
         name = next(self._names)

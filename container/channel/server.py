@@ -5,6 +5,7 @@ front-end's connection ends (it exited, or died), `on_disconnect` hears its pid:
 kept for it (its HTTP clients) goes."""
 
 import inspect
+import itertools
 import logging
 import os
 import struct
@@ -32,7 +33,7 @@ class ChannelServer:
         call a front-end may send (a request body's limit, and room for its description)."""
         self.path, self.operations, self.max_frame = path, operations, max_frame
         self.on_disconnect = on_disconnect
-        self.blobs = Blobs(blob_prefix(path))
+        self._blob_prefix, self._connections = blob_prefix(path), itertools.count()
         # Calls under way, counted rather than kept in a gevent Group: a raw greenlet per call costs ~7 µs
         # less on the model process's one core, and drain() needs only to know when none is left.
         self._under_way = 0
@@ -60,30 +61,32 @@ class ChannelServer:
     def _serve(self, sock, _address) -> None:
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
         frames, outbox = FrameReader(sock, self.max_frame), Outbox(sock)
+        blobs = Blobs(self._blob_prefix, connection=next(self._connections))
         try:
             while (frame := frames.next()) is not None:
                 self._under_way += 1
                 self._none_under_way.clear()
-                self._answerers.start(outbox, frame)
+                self._answerers.start(outbox, blobs, frame)
         except OSError:
             return
         finally:
             outbox.close()
             sock.close()
+            blobs.remove_untaken()  # a front-end killed with large answers on their way
             self.on_disconnect(pid)
 
-    def _answer(self, outbox: Outbox, frame: bytes) -> None:
+    def _answer(self, outbox: Outbox, blobs: Blobs, frame: bytes) -> None:
         try:
-            self._respond(outbox, frame)
+            self._respond(outbox, blobs, frame)
         finally:
             self._under_way -= 1
             if not self._under_way:
                 self._none_under_way.set()
 
-    def _respond(self, outbox: Outbox, frame: bytes) -> None:
+    def _respond(self, outbox: Outbox, blobs: Blobs, frame: bytes) -> None:
         call_id = None
         try:
-            call_id, op, args = wire.unpack(frame, self.blobs)
+            call_id, op, args = wire.unpack(frame, blobs)
             if self.draining:
                 raise Unavailable("the server is shutting down")
             operation = self.operations.get(op)
@@ -92,13 +95,13 @@ class ChannelServer:
             result = operation(*args)
             if inspect.isgenerator(result):  # a stream: each item as it comes, then the end
                 for item in result:
-                    outbox.send(wire.pack([call_id, wire.ITEM, item], self.blobs))
+                    outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
                 result = None
             answer = [call_id, wire.ANSWER, result]
         except Exception as exc:
             answer = [call_id, wire.ERROR, wire.error_of(exc)]
         try:
-            data = wire.pack(answer, self.blobs)
+            data = wire.pack(answer, blobs)
         except (ServeError, TypeError, ValueError) as exc:
             log.exception("channel answer could not be packed")
             data = wire.pack([call_id, 1, ["ServeError", f"the answer could not cross the channel: {exc}", 500]])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -214,6 +215,35 @@ def test_data_on_its_way_to_a_model_process_that_died_is_removed(start_server, t
         assert answer.result().status_code == 503
     wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
     wait_for(lambda: not list(Path("/dev/shm").glob(blobs)), message="the tensor stayed in /dev/shm")
+
+
+def test_an_answer_on_its_way_to_a_front_end_that_died_is_removed(start_server, tmp_path_factory):
+    """The model process writes a large answer to /dev/shm for the front-end that asked: a front-end killed
+    before it read it would leave it there until the server stopped."""
+    root = tmp_path_factory.mktemp("models")
+    gate = Gate(tmp_path_factory.mktemp("gates"), "answer")
+    handler_model(root, "wide", f"""
+import torch
+def predict_fn(data, model):
+    {gate.code()}
+    return torch.ones(400_000)  # 2.4 MB of JSON
+""", Scale())
+    server = start_server(root, SERVE_GRPC_PORT="off", SERVE_LOAD_MODELS="wide", SERVE_HTTP_WORKERS="1")
+    wait_for(server.ready, message="the model did not load")
+    [front_end], worker = server.http_pids(), server.worker_pid()
+    answers = f"container-{server.process.pid}-{worker}-*"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(server.invoke, "wide", [1.0])
+        gate.wait_entered()
+        os.kill(front_end, signal.SIGSTOP)  # it asked, and reads nothing more
+        gate.release()
+        wait_for(lambda: list(Path("/dev/shm").glob(answers)), message="the model process wrote no answer")
+        os.kill(front_end, signal.SIGKILL)
+        with pytest.raises(requests.ConnectionError):
+            answer.result()
+    wait_for(lambda: not list(Path("/dev/shm").glob(answers)), message="the answer stayed in /dev/shm")
+    wait_for(lambda: server.http_pids() not in ([], [front_end]), message="the front-end was not started again")
+    assert server.request("GET", "/ping").status_code == 200
 
 
 def test_every_process_of_a_server_whose_master_was_killed_exits(start_server, tmp_path_factory):

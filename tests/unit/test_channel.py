@@ -158,3 +158,17 @@ def test_what_one_process_wrote_may_be_spared(blobs, tmp_path):
     (tmp_path / "container-test-1-0").write_bytes(b"a request for it")  # another process's (pid 1)
     blobs.remove_all(sparing=os.getpid())
     assert [p.name for p in tmp_path.iterdir()] == [ours]
+
+
+def test_what_a_connection_s_reader_never_took_goes_when_it_hangs_up(blobs, tmp_path):
+    """The model process writes for each front-end's connection apart: one killed with large answers on
+    their way leaves them to nobody, and the others' are theirs still."""
+    first, second = (Blobs("container-test", tmp_path, connection=n) for n in (0, 1))
+    taken, untaken, others = first.put(b"read"), first.put(b"never read"), second.put(b"on its way")
+    assert bytes(blobs.take(taken, 4)) == b"read"  # a front-end takes what it reads at once
+    first.remove_untaken()
+    assert [p.name for p in tmp_path.iterdir()] == [others] and untaken != others
+    assert bytes(blobs.take(others, 10)) == b"on its way"
+    second.put(b"a last answer")
+    blobs.remove_all(sparing=os.getpid())  # the model process's own, per connection or not, spared alike
+    assert len(list(tmp_path.iterdir())) == 1
