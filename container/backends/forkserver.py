@@ -172,11 +172,13 @@ def main(fd: int) -> None:
     the workers."""
     import socket
 
-    import torch  # noqa: F401  (imported once, to be shared)
+    import torch  # imported once, to be shared
 
     from container.backends import handler_worker, pt2, python_backend  # noqa: F401  (the workers' code)
 
-    runtimes = {pt2.EXPORT_RUNTIME: pt2.prepare_export}
+    # torch.export's fake tensors ask whether CUDA is available, which starts CUDA's driver in a build with
+    # CUDA, and a process forked after that cannot use CUDA: there each worker imports the modules itself
+    runtimes = {} if torch.backends.cuda.is_built() else {pt2.EXPORT_RUNTIME: pt2.prepare_export}
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
