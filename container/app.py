@@ -88,10 +88,10 @@ def create_app(settings: Settings, scratch: str | None = None) -> Flask:
 def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerOptions:
     """`channel_path`: the model process's channel, which python models' BLS calls reach the core by."""
     return WorkerOptions(settings.program, settings.default_accept, settings.install_requirements,
-                         settings.requirements_cache, settings.requirements_cache_size, torch.get_num_threads(), settings.handler_workers(len(gpus.devices)),
-                         settings.handler_max_workers(len(gpus.devices)), settings.handler_idle_seconds, gpus.contexts,
-                         settings.log_level, settings.load_timeout, settings.python_response_timeout,
-                         settings.ts_response_timeout, channel_path)
+                         settings.requirements_cache, settings.requirements_cache_size, torch.get_num_threads(),
+                         settings.handler_workers(len(gpus.devices)), settings.handler_max_workers(len(gpus.devices)),
+                         settings.handler_idle_seconds, gpus.contexts, settings.log_level, settings.load_timeout,
+                         settings.python_response_timeout, settings.ts_response_timeout, channel_path)
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

@@ -3,7 +3,7 @@ hold, and the peak its executions reach above that (activations, workspaces), on
 its GPU. Both probes see the whole process, so measurements take turns under one lock; only loads
 and a model's first few executions are measured, so serving never waits on it.
 
-A runtime's one-time costs (the modules torch.export's loader imports: ~90 MiB) are prepared once
+A runtime's one-time costs (the modules torch.export's loader imports: about 100 MiB) are prepared once
 outside any measurement (`prepared`) and held by the server, not by the first model that needed them."""
 
 import ctypes

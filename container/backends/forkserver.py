@@ -84,8 +84,8 @@ class ForkServer:
 
     def spawn(self, connection_fd: int, runtimes: tuple[str, ...] = ()) -> Child:
         """A new process, given a copy of `connection_fd`: the first message it reads there is
-        `(target, args)`, and it runs `target(connection, *args)`. `runtimes` (`_RUNTIMES`' names) are
-        those it will use: prepared first, once, in the fork server, whose children then share them."""
+        `(target, args)`, and it runs `target(connection, *args)`. `runtimes` (such as pt2.EXPORT_RUNTIME)
+        are those it will use: prepared first, once, in the fork server, whose children then share them."""
         status_read, status_write = os.pipe()
         try:
             if not self._lock.acquire(timeout=2 * _ANSWER_SECONDS):
@@ -122,7 +122,8 @@ class ForkServer:
 
         try:
             server = self._running()
-            server.sendmsg([" ".join(("f", *runtimes)).encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+            descriptors = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
+            server.sendmsg([" ".join(("f", *runtimes)).encode()], [descriptors])
             if not _readable([server.fileno()], _ANSWER_SECONDS):
                 raise TimeoutError(f"no answer within {_ANSWER_SECONDS} s")
             answer = server.recv(32)

@@ -177,7 +177,7 @@ class Program:
 
 
 def prepare_runtime(paths) -> None:
-    """The first ExportedProgram a process loads imports ~90 MiB of torch's modules (its serializer,
+    """The first ExportedProgram a process loads imports about 100 MiB of torch's modules (its serializer,
     sympy, networkx): done once beforehand, outside any model's measurement, so that no model is
     charged them (footprint.prepared)."""
     if needs_export_runtime(paths):

@@ -108,11 +108,13 @@ def _evict(cache_root: Path, most_bytes: int) -> None:
         fd = dirlock.take(str(entry))
         if fd is None:  # a worker uses it
             continue
+        gone = cache_root / f".evicted-{entry.name}"
+        shutil.rmtree(gone, ignore_errors=True)  # an eviction of the same install cut short, since the last sweep
         try:
-            os.rename(entry, cache_root / f".evicted-{entry.name}")
+            os.rename(entry, gone)
         finally:
             os.close(fd)
-        shutil.rmtree(cache_root / f".evicted-{entry.name}", ignore_errors=True)
+        shutil.rmtree(gone, ignore_errors=True)
         total -= sizes[entry]
         log.info("evicted installed requirements", extra={"fields": {"directory": entry.name, "bytes": sizes[entry]}})
     if total > most_bytes:
