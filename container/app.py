@@ -53,7 +53,8 @@ def create_app(settings: Settings, scratch: str | None = None) -> Flask:
     backends = functools.partial(load_backends, options=worker_options(settings, gpus, channel.socket_path(os.getppid())))
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
-    runtime = Runtime(backends, release_memory, free_memory, server_memory)
+    front_ends = frontends.Connected(frontends.memory(settings.http_workers, settings.grpc_port is not None))
+    runtime = Runtime(backends, release_memory, free_memory, functools.partial(own_memory, front_ends))
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads, s3_roots=settings.s3_roots, scratch=scratch)
@@ -78,10 +79,15 @@ def create_app(settings: Settings, scratch: str | None = None) -> Flask:
     app = Flask("container", static_folder=None)
     app.wsgi_app = dispatcher
     clients = FrontEndClients()
+
+    def front_end_gone(pid: int) -> None:
+        clients.close_all(pid)
+        front_ends.disconnected(pid)
+
     app.extensions.update(registry=registry, core=core, dispatcher=dispatcher, metrics_dispatcher=metrics_only,
                           channel={**channel_operations(core, shared_memory, clients, settings.log_level),
                                    **http_operations(dispatcher, clients, core, shared_memory, settings.default_accept)},
-                          front_end_gone=clients.close_all)
+                          front_end_came=front_ends.connected, front_end_gone=front_end_gone)
     return app
 
 
@@ -92,6 +98,12 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
                          settings.handler_workers(len(gpus.devices)), settings.handler_max_workers(len(gpus.devices)),
                          settings.handler_idle_seconds, gpus.contexts, settings.log_level, settings.load_timeout,
                          settings.python_response_timeout, settings.ts_response_timeout, channel_path)
+
+
+def own_memory(front_ends: frontends.Connected) -> dict[str, dict[str, int]]:
+    """Part → device → what the server's own parts took after its start, no model's: the backends' (a
+    runtime, the fork server), and what the front-ends hold beyond what was set aside for them."""
+    return {**server_memory(), "front_ends": {"cpu": front_ends.beyond_allowance()}}
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

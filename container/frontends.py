@@ -5,12 +5,16 @@ them when it exits."""
 
 import errno
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
+
+import psutil
 
 # What each front-end process holds (its PSS), measured with a model loaded and requests served
 # (29 and 41 MiB on 2026-11-25), rounded up: the models' budget leaves room for them.
@@ -74,6 +78,44 @@ class FrontEnd:
                 return
             self.log.error("front-end exited; starting it again", extra={"fields": {
                 "front_end": self.name, "pid": self.process.pid, "status": code, "after_seconds": delay / 2}})
+
+
+class Connected:
+    """The front-end processes connected to the model process (their pids, as the channel's peer
+    credentials give them), and what they hold beyond what the budget set aside for them at start: each
+    keeps up to glibc's trim threshold of freed heap (resources.keep_freed_heap), and a large request
+    or a burst leaves it holding more than its idle pages."""
+
+    def __init__(self, allowance: int):
+        self.allowance = allowance  # memory(): what the budget set aside for all of them
+        self._pids: Counter[int] = Counter()  # pid → its connections
+
+    def connected(self, pid: int) -> None:
+        """A channel connection from `pid`, counted when it is a front-end: a process the master started,
+        as it started this one. A python model's worker connects too, for its BLS calls: its memory is
+        its model's."""
+        try:
+            if psutil.Process(pid).ppid() == os.getppid():
+                self._pids[pid] += 1
+        except psutil.Error:
+            pass
+
+    def disconnected(self, pid: int) -> None:
+        if pid in self._pids:
+            self._pids[pid] -= 1
+            if not self._pids[pid]:
+                del self._pids[pid]
+
+    def beyond_allowance(self) -> int:
+        """Their anonymous resident bytes together, less the allowance (0 below it)."""
+        held = 0
+        for pid in list(self._pids):
+            try:
+                memory = psutil.Process(pid).memory_info()
+            except psutil.Error:  # gone, its disconnection not heard yet
+                continue
+            held += memory.rss - memory.shared
+        return max(held - self.allowance, 0)
 
 
 def memory(http_workers: int, grpc: bool) -> int:

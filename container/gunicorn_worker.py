@@ -48,7 +48,7 @@ class Worker(GeventWorker):
         # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
         self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
                                      channel.max_call(self.settings.max_payload_bytes),
-                                     on_disconnect=extensions["front_end_gone"])
+                                     on_connect=extensions["front_end_came"], on_disconnect=extensions["front_end_gone"])
         if self.settings.metrics_port is not None:
             scrapes = Connections(extensions["metrics_dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
                                   _METRICS_CONNECTIONS)

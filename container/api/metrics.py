@@ -94,7 +94,8 @@ class ServerCollector:
                                      "reservations (cuda)", labels=["device"])
         server = GaugeMetricFamily("serve_memory_server_bytes", "Memory the server's own parts took after its idle "
                                    "start, no model's, which lowers the budget where the container's RAM bounds it: "
-                                   "runtimes prepared on demand, the fork server of handler workers",
+                                   "runtimes prepared on demand, the fork server of handler workers, the front-ends "
+                                   "beyond what was set aside for them",
                                    labels=["device", "part"])
         parts = self.core.server_memory()
         held = self._held(parts["runtimes"])

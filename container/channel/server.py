@@ -1,8 +1,8 @@
 """The model process's end of the channel: a Unix socket served on the gevent hub. Each call runs in a
 greenlet of its own (one kept from an earlier call), so calls from one front-end overlap as HTTP requests
-do; answers go back in the order they finish. An operation that returns a generator streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). When a
-front-end's connection ends (it exited, or died), `on_disconnect` hears its pid: what the model process
-kept for it (its HTTP clients) goes."""
+do; answers go back in the order they finish. An operation that returns a generator streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). A
+front-end's connection is heard by pid as it comes (`on_connect`: its memory is measured) and as it ends
+(`on_disconnect`: it exited, or died; what the model process kept for it, its HTTP clients, goes)."""
 
 import inspect
 import itertools
@@ -28,11 +28,12 @@ KEEP_ANSWERERS = 128  # idle greenlets kept for the next calls; past that many, 
 
 class ChannelServer:
     def __init__(self, path: str, operations: dict[str, Callable], max_frame: int,
+                 on_connect: Callable[[int], None] = lambda pid: None,
                  on_disconnect: Callable[[int], None] = lambda pid: None):
         """`operations`: op name → the function a call runs with its arguments; `max_frame`: the largest
         call a front-end may send (a request body's limit, and room for its description)."""
         self.path, self.operations, self.max_frame = path, operations, max_frame
-        self.on_disconnect = on_disconnect
+        self.on_connect, self.on_disconnect = on_connect, on_disconnect
         self._blob_prefix, self._connections = blob_prefix(path), itertools.count()
         # Calls under way, counted rather than kept in a gevent Group: a raw greenlet per call costs ~7 µs
         # less on the model process's one core, and drain() needs only to know when none is left.
@@ -62,6 +63,7 @@ class ChannelServer:
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
         frames, outbox = FrameReader(sock, self.max_frame), Outbox(sock)
         blobs = Blobs(self._blob_prefix, connection=next(self._connections))
+        self.on_connect(pid)
         try:
             while (frame := frames.next()) is not None:
                 self._under_way += 1
