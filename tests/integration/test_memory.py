@@ -2,6 +2,7 @@
 memory really returned on unload, out-of-memory recovery, and what the server itself takes kept apart
 from what models are charged; and large requests served from the heap that the last ones freed."""
 
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
+from container import frontends
 from tests.builders import (
     MIB,
     Allocates,
@@ -246,6 +248,37 @@ def test_what_the_server_itself_takes_is_no_models_and_leaves_models_less_room(s
     assert server.request("DELETE", "/models/program").status_code == 200
     assert server.load("program").status_code == 200 and server.metrics()[
         ("serve_memory_server_bytes", (("device", "cpu"), ("part", "runtimes")))] == runtimes  # prepared once
+
+
+def anonymous(pid: int) -> int:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["RssAnon"].split()[0]) * 1024
+
+
+def test_what_the_front_ends_keep_after_a_burst_beyond_their_share_leaves_models_less_room(start_server, tmp_path):
+    """Large JSON requests leave each front-end that decoded them holding far more than the idle size the
+    budget set aside for it (glibc and Python keep freed memory for the next request): that excess is
+    the server's, measured from the front-ends' pids, and a RAM-bound budget leaves it out."""
+    root = tmp_path / "models"
+    fp32_model(root, "wide", dims=(-1,), max_batch_size=0)
+    fp32_model(root, "later")
+    server = start_server(root, SERVE_MEMORY_LIMIT="100%", SERVE_HTTP_WORKERS="2", SERVE_LOAD_MODELS="wide")
+    wait_for(server.ready, message="the model did not load")
+    front_ends = [*server.http_pids(), *server.grpc_pids()]
+    allowance = 2 * frontends.HTTP_FRONT_END_BYTES + 2 * frontends.GRPC_FRONT_END_BYTES
+    start = server.metrics()
+    assert start[("serve_memory_server_bytes", (("device", "cpu"), ("part", "front_ends")))] == 0
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [700_000], "data": [1.5] * 700_000}]})
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: server.request("POST", "/v2/models/wide/infer", data=body).status_code, range(16)))
+    assert answers == [200] * 16
+    held = sum(anonymous(pid) for pid in front_ends)
+    assert server.load("later").status_code == 200  # a load charges the budget anew
+    after = server.metrics()
+    beyond = after[("serve_memory_server_bytes", (("device", "cpu"), ("part", "front_ends")))]
+    assert beyond > 32 * MIB and abs(beyond - (held - allowance)) < 16 * MIB
+    shrunk = start[("serve_memory_budget_bytes", CPU)] - after[("serve_memory_budget_bytes", CPU)]
+    assert abs(shrunk - beyond) < 16 * MIB  # TorchScript models only: no runtime, no fork server
 
 
 PAGE = 4096
