@@ -16,6 +16,8 @@ from collections import Counter
 
 import psutil
 
+from container import resources
+
 # What each front-end process holds (its PSS), measured with a model loaded and requests served
 # (29 and 41 MiB on 2026-11-25), rounded up: the models' budget leaves room for them.
 HTTP_FRONT_END_BYTES = 32 << 20
@@ -108,14 +110,7 @@ class Connected:
 
     def beyond_allowance(self) -> int:
         """Their anonymous resident bytes together, less the allowance (0 below it)."""
-        held = 0
-        for pid in list(self._pids):
-            try:
-                memory = psutil.Process(pid).memory_info()
-            except psutil.Error:  # gone, its disconnection not heard yet
-                continue
-            held += memory.rss - memory.shared
-        return max(held - self.allowance, 0)
+        return max(sum(resources.anonymous_bytes(pid) for pid in list(self._pids)) - self.allowance, 0)
 
 
 def memory(http_workers: int, grpc: bool) -> int:

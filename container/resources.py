@@ -67,6 +67,15 @@ def _cgroup_usage() -> int | None:
 _RESERVED_FILES = 256
 
 
+def anonymous_bytes(pid: int) -> int:
+    """The anonymous resident memory of process `pid` (its heap, not the files it maps); 0 once it is gone."""
+    try:
+        memory = psutil.Process(pid).memory_info()
+    except psutil.Error:
+        return 0
+    return memory.rss - memory.shared
+
+
 def raise_open_file_limit() -> int:
     """Raise the soft limit on open files to the hard one (allowed without privileges); the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

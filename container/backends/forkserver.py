@@ -24,7 +24,6 @@ import signal
 import struct
 import sys
 
-import psutil
 from gevent.monkey import get_original
 
 from container import resources
@@ -104,13 +103,7 @@ class ForkServer:
 
     def held(self) -> int:
         """Its anonymous resident bytes (the heap its imports made); 0 while it does not run."""
-        if self._socket is None:
-            return 0
-        try:
-            memory = psutil.Process(self._pid).memory_info()
-        except psutil.Error:
-            return 0
-        return memory.rss - memory.shared
+        return resources.anonymous_bytes(self._pid) if self._socket is not None else 0
 
     def stop(self) -> None:
         """Ends the fork server, and with it every child (at exit, once the server has drained)."""

@@ -39,15 +39,17 @@ def test_the_front_ends_memory_beyond_their_allowance_is_measured_and_nothing_el
     """In a forked 'model process': a sibling (a process its parent started, as the master starts the
     front-ends) holding 64 MiB is measured; its own child (as a python model's worker, which reaches the
     channel too) is not; nor the sibling once its connection is gone."""
-    holds = "import sys, time; held = bytearray(64 << 20); held[::4096] = b'x' * (16384); sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"
-    with subprocess.Popen([sys.executable, "-c", holds], stdout=subprocess.PIPE, text=True) as sibling:
+    # touches 64 MiB, says so, then holds it until its stdin closes (the test ends it, or kills it)
+    holds = "import sys; held = bytearray(64 << 20); held[::4096] = b'x' * 16384; print('ready', flush=True); sys.stdin.read()"
+    with subprocess.Popen([sys.executable, "-c", holds], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as sibling:
         try:
             assert sibling.stdout.readline() == "ready\n"
             read, write = os.pipe()
             pid = os.fork()
             if pid == 0:  # the model process
                 try:
-                    with subprocess.Popen([sys.executable, "-c", holds], stdout=subprocess.PIPE, text=True) as child:
+                    with subprocess.Popen([sys.executable, "-c", holds], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          text=True) as child:
                         child.stdout.readline()
                         front_ends, none_allowed = frontends.Connected(32 << 20), frontends.Connected(0)
                         for connected in (front_ends, none_allowed):
