@@ -239,7 +239,7 @@ class Core:
         if not request.checked:
             signature.check(request.inputs, request.outputs, self.limits)
         items = next(iter(request.inputs.values())).shape[0] if signature.max_batch_size else 1
-        return new_job(backend, statistics, request, items)
+        return new_job(backend, statistics, request, items, signature.batching)
 
     def responses(self, lease: Lease, request: InferRequest):
         """`infer` as its responses, each as it is sent: (outputs, or the error it carries, or None for a

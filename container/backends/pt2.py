@@ -70,17 +70,24 @@ class Pt2Model:
         with footprint.load_growth(device, self._grown):
             self.program = load_program(path, platform, device)
         # a sequence model's control and state tensors are the program's too, named as its inputs and outputs are
-        inputs = (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in signature.states))
+        inputs = (*signature.inputs, *signature.made_inputs(), *(c.tensor for c in signature.controls),
+                  *(s.input for s in signature.states))
         self._inputs = _bind(inputs, self.program.inputs, "INPUT", "input")
         self._outputs = _bind((*signature.outputs, *(s.output for s in signature.states)), self.program.outputs,
                               "OUTPUT", "output")
         self._output_names = [s.name for s in signature.outputs]
-        if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for leaf in self.program.inputs):
+        # a ragged input, one the server makes, or a scattered output: its first dimension is no count of rows
+        batching = signature.batching
+        unrowed = {s.name for s in signature.made_inputs()} | set(batching.ragged) if batching else set()
+        scattered = {b.target for b in batching.outputs} if batching else set()
+        if signature.max_batch_size and any(leaf.shape and leaf.shape[0] != -1 for spec, leaf in
+                                            zip(self._inputs, self.program.inputs, strict=True) if spec.name not in unrowed):
             raise self._unbatched()
         for specs, leaves, kind in ((self._inputs, self.program.inputs, "input"), (self._outputs, self.program.outputs, "output")):
             for spec, leaf in zip(specs, leaves, strict=True):
-                if spec is not None and leaf.shape is not None:
-                    _check_config_shape(spec, leaf, kind, signature.max_batch_size)
+                if spec is not None and leaf.shape is not None and spec.name not in scattered:
+                    rows = signature.max_batch_size if spec.name not in unrowed else 0
+                    _check_config_shape(spec, signature.model_shape(spec), leaf, kind, rows)
         if any(leaf.datatype is None for leaf in self.program.inputs):  # a package: what it takes is unrecorded
             self._probe()
 
@@ -135,9 +142,13 @@ class Pt2Model:
         """Run once on zeros of the config's tensors (and on two rows where it batches): a package's
         compiled checks are the only record of its inputs' types and shapes, and what it returns the
         only record of its outputs' shapes."""
-        rows = [1, 2] if self.signature.max_batch_size >= 2 else [1] if self.signature.max_batch_size else [None]
+        signature = self.signature
+        rows = [1, 2] if signature.max_batch_size >= 2 else [1] if signature.max_batch_size else [None]
         for count in rows:
-            sample = {s.name: zeros(s.datatype, _sample_shape(s.shape, count)) for s in self._inputs}
+            sample = {s.name: zeros(s.datatype, _sample_shape(s.shape, count))
+                      for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in signature.states))}
+            if signature.batching is not None:
+                sample = signature.batching.merge([sample])
             try:
                 produced = self._guarded(sample, None, Phases())
             except ServeError as exc:
@@ -146,8 +157,11 @@ class Pt2Model:
                     raise self._unbatched() from None
                 raise InvalidModel(f"model '{self.name}' does not run on the config's tensors ({exc}); it takes "
                                    f"{expected}") from None
+            scattered = {b.target for b in signature.batching.outputs} if signature.batching else set()
             shapes = {spec.name: spec.shape for spec in self._outputs if spec is not None}
             for name, array in produced.items():
+                if name in scattered:  # its shape is the batch's, as the model lays its requests out
+                    continue
                 dims = shapes[name]
                 if len(dims) != array.ndim or any(d not in (-1, size) for d, size in zip(dims, array.shape, strict=True)):
                     raise InvalidModel(f"output '{name}' is {list(dims)} in the config; on the config's tensors, zeros, the "
@@ -357,11 +371,11 @@ def _bind(specs: tuple[TensorSpec, ...], leaves: list[Leaf], stem: str, kind: st
     return bound
 
 
-def _check_config_shape(spec: TensorSpec, leaf: Leaf, kind: str, max_batch_size: int) -> None:
-    """The config's shape for `spec` (as the model sees it: its batch dimension and `reshape`) is one the
-    program takes: the same rank, its fixed sizes, sizes within its dynamic ones' ranges, and where the
-    model batches, a first dimension of 1 to max_batch_size rows."""
-    seen = spec.shape if spec.reshape is None else ((-1,) if max_batch_size else ()) + spec.reshape
+def _check_config_shape(spec: TensorSpec, seen: tuple[int, ...], leaf: Leaf, kind: str, max_batch_size: int) -> None:
+    """The config's shape for `spec`, `seen` as the model sees it (its batch dimension and `reshape`), is
+    one the program takes: the same rank, its fixed sizes, sizes within its dynamic ones' ranges, and
+    where the model batches (`max_batch_size`; 0 for a tensor whose first dimension counts no rows), a
+    first dimension of 1 to max_batch_size rows."""
     fits = len(seen) == len(leaf.shape) and all(
         size == -1 or _takes(fixed, ranged, size) for size, fixed, ranged in zip(seen, leaf.shape, leaf.ranges, strict=True))
     rows = leaf.ranges[0] if max_batch_size and kind == "input" and leaf.ranges else None

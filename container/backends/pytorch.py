@@ -42,13 +42,17 @@ class TorchScriptModel:
             self.module = load_torchscript(path, device)
         self._counted = module_bytes(self.module)
         states = signature.states
-        self._specs = {s.name: s for s in (*signature.inputs, *(c.tensor for c in signature.controls), *(s.input for s in states))}
+        self._specs = {s.name: s for s in (*signature.inputs, *signature.made_inputs(), *(c.tensor for c in signature.controls),
+                                           *(s.input for s in states))}
         self._order = _bind_inputs(self.module, signature)
         self._outputs = _bind_outputs(signature)
         # fixed for the model's life, so computed once rather than on every execution
         self._output_names = [s.name for s in signature.outputs]
         self._needed = max(index for _, index in self._outputs) + 1 if self._outputs else 0
         self._doing = f"running model '{name}'"
+        ragged = signature.batching.ragged if signature.batching else ()
+        # an input whose first dimension counts the batch's rows (for the strings a model returns flat)
+        self._rows = next((s.name for s in signature.inputs if s.name not in ragged), None) if signature.max_batch_size else None
 
     def memory(self) -> dict[str, int]:
         return footprint.charged(self._counted, self._grown, self._peak)
@@ -91,7 +95,7 @@ class TorchScriptModel:
                 raise
             raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
         inferred = time.perf_counter_ns()
-        batch = len(next(iter(inputs.values()))) if self.signature.max_batch_size and inputs else None
+        batch = len(inputs[self._rows]) if self._rows in inputs else None
         produced = self._name_outputs(result, batch)
         wanted = outputs or self._output_names
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
@@ -167,13 +171,13 @@ def _bind_inputs(module, signature: Signature) -> list[str] | None:
 
     The config's inputs bind as Triton's libtorch backend binds them: by argument name when every
     name is an argument, else by `<name>__<index>` when every name carries an index, else in config
-    order. Sequence control and state inputs bind by their index (Triton requires one) or, where
-    they have none, by argument name."""
+    order; the inputs the server makes for each batch (`batch_input`) follow them. Sequence control and
+    state inputs bind by their index (Triton requires one) or, where they have none, by argument name."""
     arguments = module.forward.schema.arguments[1:]  # drop self
     if len(arguments) == 1 and isinstance(arguments[0].type, torch.DictType):
         return None
     params = [a.name for a in arguments]
-    inputs = [s.name for s in signature.inputs]
+    inputs = [s.name for s in (*signature.inputs, *signature.made_inputs())]
     if all(n in params for n in inputs):
         positions = {n: params.index(n) for n in inputs}
     elif all(tensor_index(n) is not None for n in inputs):

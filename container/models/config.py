@@ -164,6 +164,10 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
         raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch' or 'python'")
     if config.max_batch_size < 0:
         raise InvalidModel("max_batch_size must be 0 (no batching) or positive")
+    if (config.batch_input or config.batch_output) and kind_of(config) in (PYTHON_BACKEND, ENSEMBLE_PLATFORM):
+        raise InvalidModel(f"batch_input and batch_output are for TorchScript and PyTorch 2 models, which run a batch as "
+                           f"one call; {'an ensemble' if kind_of(config) == ENSEMBLE_PLATFORM else 'a python model'} "
+                           f"gets each request's own tensors")
     if not complete:
         return
     if not config.input or not config.output:

@@ -7,6 +7,7 @@ import numpy as np
 
 from container.errors import InvalidInput, InvalidModel
 from container.limits import Limits
+from container.models.batch_io import BatchIO
 from container.models.triton_schema import model_config_pb2 as pb
 from container.tensors import datatype_of, decoded_size, from_config
 
@@ -48,6 +49,7 @@ class Signature:
     max_batch_size: int = 0
     controls: tuple[ControlSpec, ...] = ()  # sequence models: after the inputs, in control_input order
     states: tuple[StateSpec, ...] = ()  # sequence models: after the controls (inputs) and the outputs
+    batching: BatchIO | None = None  # ragged inputs, batch inputs and batch outputs (batch_io.py)
 
     @classmethod
     def from_config(cls, config, initial_states: dict[str, np.ndarray] | None = None) -> "Signature":
@@ -71,8 +73,21 @@ class Signature:
                                         (initial_states or {}).get(state.input_name)))
         return cls(
             tuple(tensor(t, t.optional) for t in config.input), tuple(tensor(t) for t in config.output),
-            config.max_batch_size, tuple(controls), tuple(states),
+            config.max_batch_size, tuple(controls), tuple(states), BatchIO.from_config(config),
         )
+
+    def made_inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs the server makes for each batch (`batch_input`), as the model receives them."""
+        if self.batching is None:
+            return ()
+        return tuple(TensorSpec(target, b.datatype, b.shape()) for b in self.batching.inputs for target in b.targets)
+
+    def model_shape(self, spec: TensorSpec) -> tuple[int, ...]:
+        """`spec`'s shape as the model receives it: one flat dimension for a ragged input, else its shape
+        (a config `reshape`, with the batch dimension, where it has one)."""
+        if self.batching is not None and spec.name in self.batching.ragged:
+            return (-1,)
+        return spec.shape if spec.reshape is None else ((-1,) if self.max_batch_size else ()) + spec.reshape
 
     def sole_input(self) -> TensorSpec | None:
         """The input a request that names none is for: the model's one input, or its one required input."""

@@ -68,9 +68,10 @@ def warm(backend, samples: list[Sample], signature: Signature) -> None:
     for sample in samples:
         try:
             signature.check_inputs(sample.inputs)
+            inputs = sample.inputs if signature.batching is None else signature.batching.merge([sample.inputs])
             for copy in getattr(backend, "copies", [backend]):
                 for _ in range(sample.count):
-                    copy.execute(sample.inputs, None, Phases())
+                    copy.execute(inputs, None, Phases())
         except DeviceFault:
             raise  # a broken device context: the worker must be replaced, whatever ran
         except (InvalidRequest, ModelError) as exc:  # out of memory keeps its 507

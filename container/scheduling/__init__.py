@@ -34,10 +34,10 @@ def scheduler_for(model_name: str, config=None, signature: Signature | None = No
     return DirectScheduler(model_name, instances, recover, inline_below_ns)
 
 
-def new_job(backend, statistics, request: InferRequest, items: int) -> Job:
+def new_job(backend, statistics, request: InferRequest, items: int, batching=None) -> Job:
     respond = request.respond
     if respond is not None:  # the backend sends a decoupled model's responses from an execution thread
         loop = get_hub().loop
         respond = functools.partial(loop.run_callback_threadsafe, respond)
     return Job(backend, statistics, request.inputs, request.outputs, items, request.parameters, respond=respond,
-               request_id=request.request_id)
+               request_id=request.request_id, batching=batching)

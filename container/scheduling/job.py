@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gevent.event import AsyncResult
 
+from container.models.batch_io import BatchIO
 from container.models.statistics import Phases, Statistics
 
 _order = itertools.count()
@@ -34,33 +35,41 @@ class Job:
     result: AsyncResult = field(default_factory=AsyncResult)  # (outputs, phases) or the exception
     respond: object = None  # a decoupled model's responses: InferRequest.respond, callable from any thread
     request_id: str = ""  # the client's id for the request, as a python model's request shows it
+    batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
 
     def batch_key(self) -> tuple:
-        """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size."""
+        """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size (a
+        ragged input's shape aside)."""
+        if self.batching is not None:
+            return id(self.backend), tuple(self.batching.key(n, a) for n, a in sorted(self.inputs.items()))
         return id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
 
 
 def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exception]]:
     """On an execution thread: concatenate the jobs' inputs, execute once, hand each job its slice. A
     backend that takes request lists gets the jobs' requests as they are, and may fail some alone:
-    their results are the exceptions."""
+    their results are the exceptions. A model with ragged inputs, batch inputs or batch outputs has
+    its batch made and cut by batch_io.py."""
     phases = Phases()
-    backend = jobs[0].backend
+    backend, batching = jobs[0].backend, jobs[0].batching
     if getattr(backend, "takes_request_lists", False):  # a python model: a response (or error) per request
         return phases, backend.execute_requests([(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs],
                                                 [job.respond for job in jobs])
-    if len(jobs) == 1:
+    if len(jobs) == 1 and batching is None:
         return phases, [backend.execute(jobs[0].inputs, jobs[0].outputs, phases)]
     started = time.perf_counter_ns()
-    inputs = {name: np.concatenate([job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+    requests = [job.inputs for job in jobs]
+    if batching is None:
+        inputs = {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}
+    else:
+        inputs = batching.merge(requests)
     merged = time.perf_counter_ns()
     wanted = None if any(job.outputs is None for job in jobs) else list(dict.fromkeys(n for job in jobs for n in job.outputs))
     outputs = backend.execute(inputs, wanted, phases)
     phases.input_ns += merged - started
     bounds = np.cumsum([0] + [job.items for job in jobs])
-    return phases, [
-        {name: outputs[name][bounds[i]: bounds[i + 1]] for name in (job.outputs or outputs)} for i, job in enumerate(jobs)
-    ]
+    shares = [{name: outputs[name][bounds[i]: bounds[i + 1]] for name in (job.outputs or outputs)} for i, job in enumerate(jobs)]
+    return phases, shares if batching is None else batching.scatter(outputs, requests, shares)
 
 
 def on_loop(execute, args: tuple, submitted: int):

@@ -124,7 +124,7 @@ class SequenceBatcher(Scheduler):
             inputs = {**job.inputs, **self._controls(sequence_id, start, end), **sequence.state}
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
             run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted,
-                      respond=job.respond, request_id=job.request_id)
+                      respond=job.respond, request_id=job.request_id, batching=job.batching)
             self._ready.append((run, sequence))
             self._arrived.set()
             try:
@@ -242,7 +242,7 @@ class SequenceBatcher(Scheduler):
         inputs = {name: zeros(datatype_of(array), array.shape) for name, array in template.inputs.items()}
         corrid = next((c for c in self.signature.controls if c.kind == "CORRID"), None)
         inputs |= self._controls("" if corrid and corrid.tensor.datatype == "BYTES" else 0, False, False, ready=False)
-        return Job(template.backend, template.statistics, inputs, template.outputs, 1)
+        return Job(template.backend, template.statistics, inputs, template.outputs, 1, batching=template.batching)
 
     def _not_running(self, sequence_id) -> InvalidRequest:
         return InvalidRequest(f"inference request for sequence {sequence_id} to model '{self.model_name}' must specify "
