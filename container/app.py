@@ -34,6 +34,7 @@ from container.logs import configure_logging
 from container.models.cache import MemoryCache
 from container.models.downloads import DownloadCache
 from container.models.registry import Registry, Runtime
+from container.models.response_cache import ResponseCache
 from container.scheduling import scheduler_for
 from container.settings import Settings
 
@@ -54,12 +55,13 @@ def create_app(settings: Settings, scratch: str | None = None) -> Flask:
     schedulers = functools.partial(scheduler_for, inline_below_ns=settings.inline_below_us * 1000,
                                    wait_limit=settings.model_server_timeout)
     front_ends = frontends.Connected(frontends.memory(settings.http_workers, settings.grpc_port is not None))
-    runtime = Runtime(backends, release_memory, free_memory, functools.partial(own_memory, front_ends))
+    responses = ResponseCache(settings.response_cache_size) if settings.response_cache_size else None
+    runtime = Runtime(backends, release_memory, free_memory, functools.partial(own_memory, front_ends, responses))
     downloads = DownloadCache(settings.download_cache, settings.download_cache_size, ThreadPool(4))
     registry = Registry(settings.model_root, memory_cache(settings, gpus, idle.rss), runtime, settings.limits,
                         downloads=downloads, s3_roots=settings.s3_roots, scratch=scratch)
     registry.on_fault = lambda why: os.kill(os.getpid(), signal.SIGTERM)  # gunicorn drains, then starts a fresh worker
-    core = Core(registry, schedulers, settings.allow_model_files)
+    core = Core(registry, schedulers, settings.allow_model_files, responses)
     shared_memory = SharedMemory(allowed=settings.allow_client_shm, gpus=len(gpus.devices),
                                  max_regions=settings.max_shm_regions)
     table = [
@@ -100,10 +102,12 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
                          settings.python_response_timeout, settings.ts_response_timeout, channel_path)
 
 
-def own_memory(front_ends: frontends.Connected) -> dict[str, dict[str, int]]:
+def own_memory(front_ends: frontends.Connected, responses: ResponseCache | None) -> dict[str, dict[str, int]]:
     """Part → device → what the server's own parts took after its start, no model's: the backends' (a
-    runtime, the fork server), and what the front-ends hold beyond what was set aside for them."""
-    return {**server_memory(), "front_ends": {"cpu": front_ends.beyond_allowance()}}
+    runtime, the fork server), what the front-ends hold beyond what was set aside for them, and the
+    responses the response cache keeps."""
+    parts = {**server_memory(), "front_ends": {"cpu": front_ends.beyond_allowance()}}
+    return parts if responses is None else {**parts, "response_cache": {"cpu": responses.bytes}}
 
 
 def memory_cache(settings: Settings, gpus: Gpus, idle_bytes: int) -> MemoryCache:

@@ -31,6 +31,7 @@ from container.inference import Client, InferRequest, InferResponse, TransformRe
 from container.models.cache import total_by_device
 from container.models.downloads import DownloadCounters
 from container.models.registry import Model, Registry, State
+from container.models.response_cache import ResponseCache
 from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
@@ -57,13 +58,16 @@ class ModelView:
     placement: str  # why the model runs where it runs, when not where its config asks
     decoupled: bool  # it answers a request with any number of responses (its transaction policy)
     generation: int  # this load's number, never given to another: what a front-end's copy of the signature names
+    caches: bool  # its config enables the response cache (`response_cache`)
 
     @classmethod
     def of(cls, model: Model) -> "ModelView":
-        return cls(model.name, model.url, tuple(sorted(model.versions)), model.config, model.signature,
+        config = model.config
+        return cls(model.name, model.url, tuple(sorted(model.versions)), config, model.signature,
                    MappingProxyType(dict(model.version_labels)),
                    MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement,
-                   model.config is not None and model.config.model_transaction_policy.decoupled, next(_generations))
+                   config is not None and config.model_transaction_policy.decoupled, next(_generations),
+                   config is not None and config.response_cache.enable)
 
     @property
     def latest(self) -> int:
@@ -135,11 +139,13 @@ class Lease:
 
 
 class Core:
-    def __init__(self, registry: Registry, schedulers: Callable = scheduler_for, allow_model_files: bool = False):
+    def __init__(self, registry: Registry, schedulers: Callable = scheduler_for, allow_model_files: bool = False,
+                 response_cache: ResponseCache | None = None):
         """`schedulers`: scheduler_for with the server's options; `allow_model_files`: a load may carry the
         model's own files (SERVE_ALLOW_MODEL_FILES), which then run in the server; every front-end's load
-        comes through `reload`, so the rule holds once."""
+        comes through `reload`, so the rule holds once; `response_cache`: None where the server keeps none."""
         self._registry = registry
+        self.response_cache = response_cache
         self._schedulers = schedulers
         self._allow_model_files = allow_model_files
         self.limits = registry.limits
@@ -203,14 +209,24 @@ class Core:
         model, version, signature = leases[0].model, leases[0].version, leases[0].signature
         backend, statistics = model.versions[version], model.statistics[version]
         start = time.perf_counter_ns()
-        jobs, positions = [], []
+        jobs, positions, keys = [], [], []
+        cache = self.response_cache if model.view.caches else None
         for position, request in enumerate(requests):
             try:
-                jobs.append(self._job(signature, backend, statistics, request))
-                positions.append(position)
+                job = self._job(signature, backend, statistics, request)
             except Exception as exc:
                 self._failed(statistics, start, exc)
                 yield position, exc
+                continue
+            if cache is not None:
+                key, outputs, looked_up = self._look_up(cache, model, version, backend, request)
+                if outputs is not None:
+                    statistics.record_cache_hit(job.items, time.perf_counter_ns() - start, looked_up)
+                    yield position, InferResponse(model.name, version, outputs)
+                    continue
+                keys.append((key, looked_up))
+            jobs.append(job)
+            positions.append(position)
         if not jobs:
             return
         pending = set(range(len(jobs)))
@@ -224,6 +240,10 @@ class Core:
                     yield positions[index], result
                     continue
                 outputs, phases = result
+                if cache is not None:
+                    kept = time.perf_counter_ns()
+                    cache.put(keys[index][0], outputs)
+                    statistics.cache_miss.add(keys[index][1] + time.perf_counter_ns() - kept)
                 statistics.record_success(jobs[index].items, time.perf_counter_ns() - start, phases)
                 # while the request's lease holds the model: a model measured after an unload freed it
                 # would be charged again, for ever
@@ -233,6 +253,16 @@ class Core:
             for _ in pending:
                 self._failed(statistics, start, exc)
             raise
+
+    @staticmethod
+    def _look_up(cache: ResponseCache, model: Model, version: int, backend, request: InferRequest):
+        """(key, the cached outputs or None, ns it took) of a request to a model that caches responses;
+        its parameters count for the models that read them (a python model's, an ensemble's steps)."""
+        started = time.perf_counter_ns()
+        reads = isinstance(backend, Ensemble) or getattr(backend, "takes_request_lists", False)
+        key = cache.key(model.view.generation, version, request.inputs, request.outputs,
+                        request.parameters if reads else None)
+        return key, cache.get(key), time.perf_counter_ns() - started
 
     def _job(self, signature: Signature, backend, statistics: Statistics, request: InferRequest):
         """A request as its scheduler takes it, once its inputs pass the model's signature and the limits."""

@@ -123,6 +123,9 @@ class Settings:
     requirements_cache_size: int = _env(
         "SERVE_REQUIREMENTS_CACHE_SIZE", "25%", "Most bytes the requirements cache keeps after an install: bytes with optional KiB/MiB/GiB suffix, or a percentage of its file system; installs no worker uses leave, least recently used first."
     )
+    response_cache_size: int = _env(
+        "SERVE_RESPONSE_CACHE_SIZE", "0", "Most bytes of responses kept for the models whose config enables `response_cache` (Triton's `--cache-config local,size=…`): bytes with optional KiB/MiB/GiB suffix, or a percentage of `SERVE_MEMORY_LIMIT`; `0`: no cache. Least recently used responses leave first."
+    )
     max_decoded_size: int = _env(
         "SERVE_MAX_DECODED_SIZE", "256MiB", "Largest decoded size of one request's tensors (elements × item size, BYTES lengths included), checked before allocating; larger requests get 413."
     )
@@ -228,6 +231,7 @@ class Settings:
             requirements_cache=raw["requirements_cache"],
             requirements_cache_size=_size("SERVE_REQUIREMENTS_CACHE_SIZE", raw["requirements_cache_size"],
                                           _disk(raw["requirements_cache"])),
+            response_cache_size=_size("SERVE_RESPONSE_CACHE_SIZE", raw["response_cache_size"], memory_limit),
             max_decoded_size=_size("SERVE_MAX_DECODED_SIZE", raw["max_decoded_size"], 1),
             max_archive_size=_size("SERVE_MAX_ARCHIVE_SIZE", raw["max_archive_size"], memory_limit),
             max_archive_members=_positive("SERVE_MAX_ARCHIVE_MEMBERS", raw["max_archive_members"]),
@@ -268,7 +272,8 @@ class Settings:
     def relaxations(self) -> dict[str, object]:
         """The trust relaxations switched on (docs/security.md, "Threat model"), by variable: logged at start."""
         switched = {"SERVE_ALLOW_CLIENT_SHM": self.allow_client_shm, "SERVE_ALLOW_MODEL_FILES": self.allow_model_files,
-                    "SERVE_S3_ROOTS": ",".join(r for r in self.s3_roots if r != self.model_root.rstrip("/") + "/")}
+                    "SERVE_S3_ROOTS": ",".join(r for r in self.s3_roots if r != self.model_root.rstrip("/") + "/"),
+                    "SERVE_RESPONSE_CACHE_SIZE": self.response_cache_size}
         return {name: value for name, value in switched.items() if value}
 
     def gpu_budget(self, total: int) -> int:

@@ -30,6 +30,12 @@ _PER_VERSION = (
      lambda s: s.compute_infer.ns // 1000),
     ("nv_inference_compute_output_duration_us", "Cumulative compute output duration in microseconds",
      lambda s: s.compute_output.ns // 1000),
+    ("nv_cache_num_hits_per_model", "Number of requests answered from the response cache", lambda s: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Number of requests the response cache did not hold", lambda s: s.cache_miss.count),
+    ("nv_cache_hit_duration_per_model", "Cumulative response cache look-up duration of hits in microseconds",
+     lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model", "Cumulative response cache look-up and insertion duration of misses in "
+     "microseconds", lambda s: s.cache_miss.ns // 1000),
 )
 
 
@@ -95,10 +101,10 @@ class ServerCollector:
         server = GaugeMetricFamily("serve_memory_server_bytes", "Memory the server's own parts took after its idle "
                                    "start, no model's, which lowers the budget where the container's RAM bounds it: "
                                    "runtimes prepared on demand, the fork server of handler workers, the front-ends "
-                                   "beyond what was set aside for them",
+                                   "beyond what was set aside for them, the response cache's responses",
                                    labels=["device", "part"])
         parts = self.core.server_memory()
-        held = self._held(parts["runtimes"])
+        held = self._held(parts["runtimes"]["cpu"] + parts.get("response_cache", {}).get("cpu", 0))
         for device, (limit, used) in self.core.memory().items():
             budget.add_metric([device], limit)
             accounted.add_metric([device], used)
@@ -129,9 +135,10 @@ class ServerCollector:
         yield depth
         yield sequences
 
-    def _held(self, runtimes: dict[str, int]) -> dict[str, int]:
-        """`runtimes`: what the runtimes prepared since the idle start hold in this process, no model's."""
-        held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes - runtimes["cpu"], 0)}
+    def _held(self, own: int) -> dict[str, int]:
+        """`own`: what the server's parts in this process hold since the idle start (runtimes, the
+        response cache), no model's."""
+        held = {"cpu": max(psutil.Process().memory_full_info().uss - self.idle_bytes - own, 0)}
         for device in self.gpus.devices:
             held[device] = self.gpus.reserved(device)
         return self.core.held_memory(held)
@@ -150,6 +157,14 @@ class ServerCollector:
         yield CounterMetricFamily("serve_memory_recoveries", "Device out-of-memory errors met by freeing room and trying again",
                                   value=counters.recoveries)
         yield GaugeMetricFamily("serve_models_loaded", "Models ready to serve", value=len(self.core.ready()))
+        responses = self.core.response_cache
+        if responses is not None:
+            yield GaugeMetricFamily("serve_response_cache_bytes", "Bytes the response cache's responses hold",
+                                    value=responses.bytes)
+            yield GaugeMetricFamily("serve_response_cache_budget_bytes", "The response cache's size (SERVE_RESPONSE_CACHE_SIZE)",
+                                    value=responses.most_bytes)
+            yield CounterMetricFamily("serve_response_cache_evictions", "Responses the response cache dropped to make room",
+                                      value=responses.evictions)
         yield from self._downloads()
 
     def _on_loop(self):

@@ -230,9 +230,8 @@ def _model_statistics(view: ModelView, version: int, stats: Statistics) -> dict:
     def duration(d: Duration) -> dict:
         return {"count": d.count, "ns": d.ns}
 
-    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    phases = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
     inference = {p: duration(getattr(stats, p)) for p in phases}
-    inference |= {"cache_hit": duration(Duration()), "cache_miss": duration(Duration())}
     batches = [
         {"batch_size": size, **{p: duration(getattr(b, p)) for p in ("compute_input", "compute_infer", "compute_output")}}
         for size, b in sorted(stats.batches.items())

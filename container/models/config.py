@@ -174,6 +174,12 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
         missing = "inputs" if not config.input else "outputs"
         raise InvalidModel(f"the config declares no {missing}: declare them (a TorchScript model records no tensor "
                            f"types to complete them from, and a load's config override replaces the whole config)")
+    if config.response_cache.enable and config.HasField("sequence_batching"):  # Triton's words
+        raise InvalidModel(f"Response Cache does not currently support model {config.name} with sequence batching "
+                           f"scheduler. Please disable the response cache.")
+    if config.response_cache.enable and config.model_transaction_policy.decoupled:
+        raise InvalidModel(f"Response Cache does not currently support model {config.name} with 'decoupled' "
+                           f"transaction policy. Please disable the response cache.")
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):

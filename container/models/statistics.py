@@ -40,6 +40,8 @@ class Statistics:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)  # requests answered from the response cache: its look-up
+    cache_miss: Duration = field(default_factory=Duration)  # requests it did not have: its look-up and keeping theirs
     inference_count: int = 0  # batch items inferred
     execution_count: int = 0  # model executions
     loop_execution_count: int = 0  # those run on the event loop, not on an instance thread (scheduling/inline.py)
@@ -53,6 +55,13 @@ class Statistics:
         self.compute_input.add(phases.input_ns)
         self.compute_infer.add(phases.infer_ns)
         self.compute_output.add(phases.output_ns)
+        self.inference_count += items
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_hit(self, items: int, total_ns: int, lookup_ns: int) -> None:
+        """One request answered from the response cache, the model not run."""
+        self.success.add(total_ns)
+        self.cache_hit.add(lookup_ns)
         self.inference_count += items
         self.last_inference_ms = time.time_ns() // 1_000_000
 

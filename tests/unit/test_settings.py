@@ -92,10 +92,12 @@ def test_the_configuration_page_is_the_table_the_settings_declare():
 def test_relaxations_are_off_by_default_and_named_when_on():
     assert Settings.from_env({}).relaxations() == {}
     settings = Settings.from_env({"SERVE_ALLOW_CLIENT_SHM": "true", "SERVE_ALLOW_MODEL_FILES": "yes",
-                                  "SERVE_S3_ROOTS": "s3://models/repo, s3://other", "SERVE_MODEL_ROOT": "s3://root/m"})
+                                  "SERVE_S3_ROOTS": "s3://models/repo, s3://other", "SERVE_MODEL_ROOT": "s3://root/m",
+                                  "SERVE_RESPONSE_CACHE_SIZE": "1MiB"})
     assert settings.s3_roots == ("s3://models/repo/", "s3://other/", "s3://root/m/")
     assert settings.relaxations() == {"SERVE_ALLOW_CLIENT_SHM": True, "SERVE_ALLOW_MODEL_FILES": True,
-                                      "SERVE_S3_ROOTS": "s3://models/repo/,s3://other/"}  # the model root is no relaxation
+                                      "SERVE_S3_ROOTS": "s3://models/repo/,s3://other/",  # the model root is no relaxation
+                                      "SERVE_RESPONSE_CACHE_SIZE": 1 << 20}
 
 
 @pytest.mark.parametrize("text", ["s3:/x", "http://bucket/x", "s3://", "s3://b/../c"])
