@@ -19,7 +19,7 @@ import torch
 from container.backends import footprint, pt2, python_backend, worker_process
 from container.backends.ensemble import Ensemble
 from container.backends.handler_worker import HandlerWorker
-from container.backends.pytorch import Replicas, TorchScriptModel
+from container.backends.pytorch import Replicas, Switches, TorchScriptModel
 from container.backends.worker_process import WorkerOptions
 from container.models.config import ENSEMBLE_PLATFORM, PT2, PYTHON_BACKEND, instance_gpus
 from container.models.source import ModelSource, TritonLayout
@@ -63,11 +63,12 @@ def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[i
     named = list(dict.fromkeys(placed))
     devices = named if device.startswith("cuda") and len(named) > 1 else [device]
     samples = warmup_samples(source.directory, layout.config)
+    switches = Switches.from_config(layout.config)
 
     def torchscript(version: int, path) -> object:
         copies = []
         try:
-            copies += [TorchScriptModel(name, path, layout.signature, d) for d in devices]
+            copies += [TorchScriptModel(name, path, layout.signature, d, switches) for d in devices]
         except BaseException:
             for copy in copies:
                 copy.close()

@@ -4,6 +4,7 @@ binds them."""
 import itertools
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,41 @@ from container.models.statistics import Phases
 _BF16 = "BF16"
 
 
+@dataclass(frozen=True)
+class Switches:
+    """What a config's `parameters` switch for a TorchScript model, with the keys and defaults of
+    Triton's PyTorch backend: INFERENCE_MODE (false: torch.no_grad() instead) and
+    DISABLE_OPTIMIZED_EXECUTION (the TorchScript executor's optimizations off, for this model's calls)."""
+
+    inference_mode: bool = True
+    optimized: bool = True
+
+    @classmethod
+    def from_config(cls, config) -> "Switches":
+        return cls(_switch(config, "INFERENCE_MODE", True), not _switch(config, "DISABLE_OPTIMIZED_EXECUTION", False))
+
+
+def _switch(config, key: str, default: bool) -> bool:
+    parameter = config.parameters.get(key)
+    if parameter is None:
+        return default
+    value = parameter.string_value.strip().lower()
+    if value not in _BOOLEANS:
+        raise InvalidModel(f"parameter {key} is {parameter.string_value!r}; it takes true or false")
+    return _BOOLEANS[value]
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
 class TorchScriptModel:
     """One version of a Triton-layout model, its tensors bound to forward() as Triton's libtorch
     backend binds them (see `_bind_inputs` and `_bind_outputs`)."""
 
-    def __init__(self, name: str, path: Path, signature: Signature, device: str):
+    def __init__(self, name: str, path: Path, signature: Signature, device: str, switches: Switches = Switches()):
         self.name = name
+        self._switches = switches
+        self._plain = switches == Switches()  # Triton's defaults: the fast call
         self.device = device
         self.signature = signature
         self._grown: dict[str, int] = {}  # what loading it made the process hold
@@ -86,10 +116,7 @@ class TorchScriptModel:
         args = [tensors] if self._order is None else [tensors.get(n) for n in self._order]
         converted = time.perf_counter_ns()
         try:
-            # The guard torch.inference_mode() enters, without its Python wrapper, and forward() without
-            # nn.Module's hook dispatch (a loaded TorchScript module has no hooks): ~7 µs of a 20 µs call.
-            with torch._C._InferenceMode(True):
-                result = self.module.forward(*args)
+            result = self._forward(args) if self._plain else self._switched(args)
         except Exception as exc:
             if device_error(exc, self.device, "") is not None:
                 raise
@@ -101,6 +128,25 @@ class TorchScriptModel:
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
         return {n: produced[n] for n in wanted}
+
+    def _forward(self, args: list):
+        # The guard torch.inference_mode() enters, without its Python wrapper, and forward() without
+        # nn.Module's hook dispatch (a loaded TorchScript module has no hooks): ~7 µs of a 20 µs call.
+        with torch._C._InferenceMode(True):
+            return self.module.forward(*args)
+
+    def _switched(self, args: list):
+        """forward() as the config's parameters switch it; the executor's setting is the thread's, and
+        the thread may run other models next (the event loop's does), so it is put back."""
+        optimized = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(self._switches.optimized)
+        try:
+            if self._switches.inference_mode:
+                return self._forward(args)
+            with torch.no_grad():
+                return self.module.forward(*args)
+        finally:
+            torch._C._set_graph_executor_optimize(optimized)
 
     def _name_outputs(self, result, batch: int | None) -> dict[str, np.ndarray]:
         """The outputs by name; `batch`: the request's batch size, for the strings a model returns flat."""

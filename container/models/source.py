@@ -15,6 +15,7 @@ import numpy as np
 
 from container.errors import InvalidInput, InvalidModel, InvalidRequest, SourceNotFound, no_room
 from container.limits import Limits, whole_number
+from container.models import checksums
 from container.models.config import (
     DEFAULT_FILENAMES,
     ENSEMBLE_PLATFORM,
@@ -180,6 +181,7 @@ def _triton_layout(directory: Path, limits: Limits) -> TritonLayout:
     limits.check_model(instance_count(config), config.dynamic_batching.priority_levels)
     _check_state_sizes(config, limits)
     _check_warmup_sizes(directory, config, limits)
+    checksums.verify(directory, config)
     kind = kind_of(config)
     filename = config.default_model_filename or DEFAULT_FILENAMES[kind]
     if filename:

@@ -541,3 +541,31 @@ def test_the_same_worker_still_serves_after_every_refusal(client, server):
     assert server.worker_pid() == server.first_worker
     assert infer(client, "reshape", {"INPUT0": FOUR})["OUTPUT__0"].tolist() == [[10]]
     assert client.is_server_live() and client.is_server_ready()
+
+
+class InferenceTensors(torch.nn.Module):
+    """1 where what it computes is an inference tensor (run under torch.inference_mode), else 0."""
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(INPUT0, float((INPUT0 * 2).is_inference()))
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, 1), ({"INFERENCE_MODE": "false"}, 0), ({"INFERENCE_MODE": "TRUE", "DISABLE_OPTIMIZED_EXECUTION": "true"}, 1),
+])
+def test_the_pytorch_backends_parameters_switch_inference_mode_as_triton_s_do(server, parameters, expected):
+    name = f"switched_{len(parameters)}_{expected}"
+    triton_model(server.model_root, name, InferenceTensors(), [tensor("INPUT0", "TYPE_FP32", [2])],
+                 [tensor("OUTPUT0", "TYPE_FP32", [2])], max_batch_size=4,
+                 parameters={key: {"string_value": value} for key, value in parameters.items()})
+    assert requests.post(f"{server.url}/v2/repository/models/{name}/load", timeout=60).status_code == 200
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+    answer = requests.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=60)
+    assert answer.json()["outputs"][0]["data"] == [expected, expected]
+
+
+def test_a_parameter_that_is_no_boolean_is_refused_at_load(server):
+    triton_model(server.model_root, "switched_badly", InferenceTensors(), [tensor("INPUT0", "TYPE_FP32", [2])],
+                 [tensor("OUTPUT0", "TYPE_FP32", [2])], parameters={"INFERENCE_MODE": {"string_value": "sometimes"}})
+    answer = requests.post(f"{server.url}/v2/repository/models/switched_badly/load", timeout=60)
+    assert answer.status_code == 400 and "parameter INFERENCE_MODE is 'sometimes'; it takes true or false" in answer.text

@@ -16,7 +16,7 @@ import torch
 
 from container import resources
 from container.backends.footprint import charged
-from container.backends.pytorch import Replicas, TorchScriptModel
+from container.backends.pytorch import Replicas, Switches, TorchScriptModel
 from container.backends.torch_runtime import configure_threads, device_error, guarded, module_bytes
 from container.errors import DeviceFault, DeviceOutOfMemory, InvalidInput, ModelError
 from container.models.signature import Signature, TensorSpec
@@ -71,11 +71,11 @@ class Tied(torch.nn.Module):
         return self.b(self.a(x))
 
 
-def backend(tmp_path, module, datatype, shape=(-1, 2)):
+def backend(tmp_path, module, datatype, shape=(-1, 2), switches=Switches()):
     path = tmp_path / "model.pt"
     torch.jit.script(module).save(str(path))
     signature = Signature((TensorSpec("x", datatype, shape),), (TensorSpec("y", datatype, shape),), 4)
-    return TorchScriptModel("m", path, signature, "cpu")
+    return TorchScriptModel("m", path, signature, "cpu", switches)
 
 
 def run(model, inputs):
@@ -291,3 +291,26 @@ def test_every_execution_thread_runs_the_model_with_the_servers_thread_count(tmp
     finally:
         configure_threads(resources.cpu_quota())
     assert seen == [wanted]
+
+
+class Inferring(torch.nn.Module):
+    """1 where what it computes is an inference tensor (run under torch.inference_mode), else 0."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, float((torch.relu(x * 2) + 1).is_inference()))
+
+
+@pytest.mark.parametrize(("switches", "inference", "profiled"), [
+    (Switches(), 1, True),
+    (Switches(inference_mode=False), 0, True),
+    (Switches(optimized=False), 1, False),
+])
+def test_the_configs_switches_choose_the_mode_and_the_executor_of_each_call(tmp_path, switches, inference, profiled):
+    """The executor's optimizations profile a module's first call; off, they leave no profiling in the
+    graph it ran. The thread's own setting is put back after each call (the loop's thread runs others)."""
+    model = backend(tmp_path, Inferring(), "FP32", switches=switches)
+    assert torch._C._get_graph_executor_optimize()
+    outputs = run(model, {"x": np.ones((1, 2), np.float32)})
+    assert outputs["y"].tolist() == [[inference, inference]]
+    assert ("prim::profile" in str(torch.jit.last_executed_optimized_graph())) is profiled
+    assert torch._C._get_graph_executor_optimize()
