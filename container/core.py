@@ -409,6 +409,12 @@ class Core:
                  and m.state is State.READY]
         return total_by_device([self._registry.cache.size_of(record), *parts])
 
+    def version_memory(self, model: ModelView, version: int) -> dict[str, int]:
+        """Device → bytes one version of `model` is charged (an ensemble's steps are charged to their own models)."""
+        record = self._record(model)
+        backend = record.versions.get(version) if record is not None else None
+        return {} if backend is None or isinstance(backend, Ensemble) else backend.memory()
+
     def measured(self, model: ModelView) -> dict[str, dict[str, int]]:
         """What `model`'s accounting rests on, kind (weights, load, activations) → device → bytes, over its versions."""
         record = self._record(model)

@@ -64,7 +64,7 @@ def model_config(core: Core, name: str, version: str | None):
 
 def statistics(core: Core, name: str | None = None, version: str | None = None) -> dict:
     selected = core.stats(*model(core, name, version, default_latest=False)) if name is not None else core.stats()
-    return {"model_stats": [_model_statistics(m, v, s) for m, v, s in selected]}
+    return {"model_stats": [_model_statistics(m, v, s, core.version_memory(m, v)) for m, v, s in selected]}
 
 
 HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"  # Triton's words
@@ -226,7 +226,9 @@ def _unknown(core: Core, name: str, version: int | None = None) -> ModelNotFound
     return ModelNotFound(f"Request for unknown model: '{name}' {'has no available versions' if core.known(name) else 'is not found'}")
 
 
-def _model_statistics(view: ModelView, version: int, stats: Statistics) -> dict:
+def _model_statistics(view: ModelView, version: int, stats: Statistics, memory: dict[str, int]) -> dict:
+    """Triton's statistics of one version; its `memory_usage` is what the memory-aware cache charges it,
+    per device, in Triton's kinds (CPU, GPU with its index)."""
     def duration(d: Duration) -> dict:
         return {"count": d.count, "ns": d.ns}
 
@@ -236,6 +238,8 @@ def _model_statistics(view: ModelView, version: int, stats: Statistics) -> dict:
         {"batch_size": size, **{p: duration(getattr(b, p)) for p in ("compute_input", "compute_infer", "compute_output")}}
         for size, b in sorted(stats.batches.items())
     ]
+    usage = [{"type": "CPU" if device == "cpu" else "GPU", "id": 0 if device == "cpu" else int(device.partition(":")[2] or 0),
+              "byte_size": size} for device, size in sorted(memory.items())]
     return {"name": view.name, "version": str(version), "last_inference": stats.last_inference_ms,
             "inference_count": stats.inference_count, "execution_count": stats.execution_count,
-            "inference_stats": inference, "batch_stats": batches}
+            "inference_stats": inference, "batch_stats": batches, "memory_usage": usage}

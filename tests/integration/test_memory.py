@@ -92,6 +92,18 @@ def test_model_larger_than_the_budget_is_507_and_evicts_nothing(lru):
     assert lru.loaded() == before and all(invoke_ok(lru, n) for n in before)
 
 
+def test_each_version_s_statistics_show_what_the_cache_charges_it_in_triton_s_memory_usage(lru):
+    import tritonclient.grpc as grpcclient
+
+    name = lru.loaded()[0]
+    charged = lru.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", name)))]
+    [stats] = lru.request("GET", f"/v2/models/{name}/stats").json()["model_stats"]
+    assert stats["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": charged}] and charged >= 8 * MIB
+    with grpcclient.InferenceServerClient(lru.grpc_url) as client:
+        [over_grpc] = client.get_inference_statistics(name, as_json=True)["model_stats"]
+    assert over_grpc["memory_usage"] == [{"type": "CPU", "byte_size": str(int(charged))}]  # protobuf's JSON: no id 0
+
+
 def test_models_with_requests_in_flight_are_never_evicted(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("busy")
     gates = [Gate(tmp_path_factory.mktemp("gates"), f"g{i}") for i in range(2)]
