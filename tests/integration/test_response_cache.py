@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.builders import AddSub, Scale, fp32_model, python_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
@@ -78,6 +79,36 @@ def test_the_same_request_again_is_answered_without_running_the_model(server):
     assert after["inference_count"] - before["inference_count"] == 2
     infer(server, "cached", [1, 2, 3, 5])  # another input: run
     assert stats(server, "cached")["execution_count"] - after["execution_count"] == 1
+
+
+def answers(server, name: str) -> list:
+    """What every protocol answers for one request to `name`, each asked its own way."""
+    rows = np.array([[0.5, -1, 2, 7]], np.float32)
+    found = []
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        sent = grpcclient.InferInput("x", [1, 4], "FP32")
+        sent.set_data_from_numpy(rows)
+        found.append(client.infer(name, [sent], client_timeout=30).as_numpy("y").tolist())
+        top = client.infer(name, [sent], outputs=[grpcclient.InferRequestedOutput("y", class_count=2)], client_timeout=30)
+        found.append(top.as_numpy("y").tolist())
+    binary = httpclient.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30)
+    sent = httpclient.InferInput("x", [1, 4], "FP32")
+    sent.set_data_from_numpy(rows, binary_data=True)
+    found.append(binary.infer(name, [sent], outputs=[httpclient.InferRequestedOutput("y", binary_data=True)]).as_numpy("y").tolist())
+    binary.close()
+    found.append(infer(server, name, rows.ravel().tolist())["outputs"])
+    found.append(server.invoke(name, rows.tolist()).json())
+    found.append(server.request("POST", f"/v1/models/{name}:predict", json={"instances": rows.tolist()}).json())
+    return found
+
+
+def test_every_protocol_answers_from_the_cache_as_the_model_answered_it(server):
+    fresh = answers(server, "plain")
+    before = stats(server, "cached")
+    first, again = answers(server, "cached"), answers(server, "cached")
+    assert first == again == fresh
+    after = stats(server, "cached")
+    assert after["inference_stats"]["cache_hit"]["count"] - before["inference_stats"]["cache_hit"]["count"] >= len(fresh)
 
 
 def test_a_model_whose_config_does_not_enable_it_always_runs(server):
