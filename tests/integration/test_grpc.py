@@ -493,11 +493,15 @@ def test_a_dead_front_end_is_replaced_and_loses_no_model(server, client, web):
 
 
 def test_the_front_end_holds_no_descriptor_of_the_masters(server):
-    """Not the HTTP listener above all: an orphaned front-end would keep the port from a new server."""
+    """Not the HTTP listener above all: an orphaned front-end would keep the port from a new server. A
+    front-end holds the master's inheritable descriptors from its spawn until its first statement closes
+    them, and one an earlier test replaced may still be starting (another answered its readiness)."""
     def sockets(pid: int) -> set[str]:
         return {target for target in descriptors(pid) if target.startswith("socket:")}
 
-    assert sockets(server.process.pid) and not sockets(server.process.pid) & sockets(server.grpc_pid())
+    assert sockets(server.process.pid)
+    wait_for(lambda: not sockets(server.process.pid) & sockets(server.grpc_pid()), 30,
+             "the gRPC front-end kept a socket of the master's")
 
 
 def _replaced(server, pid: int) -> bool:

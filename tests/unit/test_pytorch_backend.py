@@ -71,11 +71,11 @@ class Tied(torch.nn.Module):
         return self.b(self.a(x))
 
 
-def backend(tmp_path, module, datatype, shape=(-1, 2), switches=Switches()):
+def backend(tmp_path, module, datatype, shape=(-1, 2), switches: Switches | None = None):
     path = tmp_path / "model.pt"
     torch.jit.script(module).save(str(path))
     signature = Signature((TensorSpec("x", datatype, shape),), (TensorSpec("y", datatype, shape),), 4)
-    return TorchScriptModel("m", path, signature, "cpu", switches)
+    return TorchScriptModel("m", path, signature, "cpu", switches or Switches())
 
 
 def run(model, inputs):
