@@ -555,6 +555,10 @@ class Core:
     def entries(self) -> list[tuple[str, str]]:
         return self._registry.entries()
 
+    def from_root(self) -> dict[str, str]:
+        """Name → url of the ready models loaded as the model root holds them (no client's config or files)."""
+        return {model.name: model.url for model in self._registry.ready() if not model.overridden}
+
     def load_all(self, entries: list[tuple[str, str]]) -> None:
         """Load (name, url) pairs one after another; a failure is logged and the rest still load. A model
         an ensemble's load has loaded already is left as it is."""

@@ -123,6 +123,9 @@ class Settings:
     requirements_cache_size: int = _env(
         "SERVE_REQUIREMENTS_CACHE_SIZE", "25%", "Most bytes the requirements cache keeps after an install: bytes with optional KiB/MiB/GiB suffix, or a percentage of its file system; installs no worker uses leave, least recently used first."
     )
+    repository_poll_seconds: float = _env(
+        "SERVE_REPOSITORY_POLL_SECONDS", "off", "Triton's `--model-control-mode=poll` for a local model root, in multi-model mode: every so many seconds a loaded model whose files changed is loaded again, one whose files are gone is unloaded, and with `SERVE_LOAD_MODELS=*` a model that appears is loaded; `off`: the repository changes only through the load and unload APIs."
+    )
     response_cache_size: int = _env(
         "SERVE_RESPONSE_CACHE_SIZE", "0", "Most bytes of responses kept for the models whose config enables `response_cache` (Triton's `--cache-config local,size=…`): bytes with optional KiB/MiB/GiB suffix, or a percentage of `SERVE_MEMORY_LIMIT`; `0`: no cache. Least recently used responses leave first."
     )
@@ -231,6 +234,7 @@ class Settings:
             requirements_cache=raw["requirements_cache"],
             requirements_cache_size=_size("SERVE_REQUIREMENTS_CACHE_SIZE", raw["requirements_cache_size"],
                                           _disk(raw["requirements_cache"])),
+            repository_poll_seconds=_poll_seconds(raw, multi_model),
             response_cache_size=_size("SERVE_RESPONSE_CACHE_SIZE", raw["response_cache_size"], memory_limit),
             max_decoded_size=_size("SERVE_MAX_DECODED_SIZE", raw["max_decoded_size"], 1),
             max_archive_size=_size("SERVE_MAX_ARCHIVE_SIZE", raw["max_archive_size"], memory_limit),
@@ -297,6 +301,17 @@ def _size(name: str, text: str, total: int) -> int:
         return parse_size(text, total)
     except SettingsError as exc:
         raise SettingsError(f"{name}={exc}") from None
+
+
+def _poll_seconds(raw: dict, multi_model: bool) -> float:
+    text = raw["repository_poll_seconds"]
+    if text.lower() == "off":
+        return 0.0
+    seconds = _number("SERVE_REPOSITORY_POLL_SECONDS", text)
+    if not multi_model or raw["model_root"].startswith("s3://"):
+        raise SettingsError(f"SERVE_REPOSITORY_POLL_SECONDS={text!r}: the repository is polled on a local model root of "
+                            f"a multi-model server only")
+    return seconds
 
 
 def _http_workers(text: str) -> int:

@@ -7,6 +7,7 @@ import gevent
 
 from container import workdirs
 from container.app import create_app, load_startup_models
+from container.repository_watch import RepositoryWatch
 from container.settings import Settings
 
 settings = Settings.from_env(os.environ)
@@ -17,3 +18,5 @@ app = create_app(settings, workdirs.make_private(workdirs.scratch(os.getppid(), 
 gc.collect()
 gc.freeze()
 gevent.spawn(load_startup_models, app, settings)  # /ping answers meanwhile
+if settings.repository_poll_seconds:
+    gevent.spawn(RepositoryWatch(app.extensions["core"], settings.repository_poll_seconds, settings.load_models == ("*",)).run)

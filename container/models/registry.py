@@ -75,6 +75,7 @@ class Model:
     remeasures: int = _REMEASURED_REQUESTS  # requests left after which its memory is charged again
     download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
     uploaded: bool = False  # built from a client's files, not from the model root
+    overridden: bool = False  # loaded with a client's config or files, not as the model root holds it
     replaces: "Model | None" = None  # while a reload loads: the copy serving the name meanwhile
     started: float = 0.0  # when its load started (monotonic)
 
@@ -157,7 +158,7 @@ class Registry:
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
             state = "still loading" if name in self._reloading else _CONFLICT[current.state]
             raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
-        model = Model(name, url, uploaded=uploaded, replaces=current)
+        model = Model(name, url, uploaded=uploaded, overridden=directory is not None, replaces=current)
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
         self._reloading.add(name)

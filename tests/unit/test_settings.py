@@ -76,6 +76,9 @@ def test_parse_size_refuses(text):
     ({"SAGEMAKER_MULTI_MODEL": "2"}, "SAGEMAKER_MULTI_MODEL"),
     ({"SAGEMAKER_BIND_TO_PORT": "http"}, "SAGEMAKER_BIND_TO_PORT"),
     ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "0"}, "SAGEMAKER_MAX_PAYLOAD_IN_MB"),
+    ({"SERVE_REPOSITORY_POLL_SECONDS": "soon"}, "SERVE_REPOSITORY_POLL_SECONDS"),
+    ({"SERVE_REPOSITORY_POLL_SECONDS": "5", "SERVE_MODEL_ROOT": "s3://bucket/models"}, "local model root"),
+    ({"SERVE_REPOSITORY_POLL_SECONDS": "5", "SAGEMAKER_MULTI_MODEL": "false"}, "multi-model server only"),
 ])
 def test_bad_values_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=named):
@@ -170,3 +173,8 @@ def test_handler_models_get_as_many_workers_as_sagemakers_container_gives_them(e
 def test_a_worker_count_that_is_not_a_positive_number_is_refused_by_name(name):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: "0"})
+
+
+def test_the_repository_is_polled_only_when_asked():
+    assert Settings.from_env({}).repository_poll_seconds == 0
+    assert Settings.from_env({"SERVE_REPOSITORY_POLL_SECONDS": "2.5"}).repository_poll_seconds == 2.5
