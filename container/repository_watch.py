@@ -57,7 +57,7 @@ class RepositoryWatch:
 
     def _appeared(self, loaded: dict[str, str]) -> dict[str, str]:
         """Name → url of the entries of the root that were not there at the first look and are not loaded."""
-        entries = dict(self._core.entries())
+        entries = dict(gevent.get_hub().threadpool.apply(self._core.entries))  # a listing: off the event loop
         if self._known is None:
             self._known = set(entries)
         for name in set(entries) - self._known:
