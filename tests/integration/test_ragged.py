@@ -7,6 +7,7 @@ import json
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
+from typing import List
 
 import numpy as np
 import pytest
@@ -29,6 +30,19 @@ class SegmentMeans(torch.nn.Module):
             end = int(ENDS[index])
             means.append(TOKENS[end - int(COUNTS[index]): end].mean())
         return torch.stack(means).unsqueeze(1), TOKENS * 10, COUNTS.unsqueeze(1)
+
+
+class Joined(torch.nn.Module):
+    """Each request's words, a ragged BYTES input, joined: a flat List[str] and each request's count."""
+
+    def forward(self, WORDS: List[str], COUNTS: torch.Tensor) -> List[str]:
+        joined: List[str] = []
+        start = 0
+        for index in range(COUNTS.shape[0]):
+            count = int(COUNTS[index])
+            joined.append("|".join(WORDS[start: start + count]).upper())
+            start += count
+        return joined
 
 
 class Doubled(torch.nn.Module):
@@ -86,6 +100,9 @@ def server(start_server, tmp_path_factory):
                "inputs": {"TOKENS": {"data_type": "TYPE_FP32", "dims": [5], "random_data": True}}}]
     for name in ("means", "ragged_refused"):  # the second loads only with the refused configs of a test
         triton_model(root, name, SegmentMeans(), inputs, outputs, 8, dynamic_batching={}, model_warmup=warmup, **rest)
+    triton_model(root, "joined", Joined(), [{"name": "WORDS", "data_type": "TYPE_STRING", "dims": [-1], "allow_ragged_batch": True}],
+                 [tensor("JOINED", "TYPE_STRING", [1])], 8, dynamic_batching={}, batch_input=[
+                     {"kind": "BATCH_ELEMENT_COUNT", "target_name": ["COUNTS"], "data_type": "TYPE_INT32", "source_input": ["WORDS"]}])
     tokens, offsets = torch.arange(7, dtype=torch.float32), torch.tensor([0, 3, 7], dtype=torch.int32)
     shapes = torch.tensor([[3], [4]], dtype=torch.int32)
     rows = torch.export.Dim("rows", min=1, max=8)
@@ -103,7 +120,7 @@ def server(start_server, tmp_path_factory):
         "max_batch_size": 8, "dynamic_batching": {},
         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": True}],
         "output": [tensor("y", "TYPE_FP32", [-1]), tensor("count", "TYPE_INT32", [1])]})
-    server = start_server(root, SERVE_LOAD_MODELS="means,doubled,doubled_aoti,python_ragged", SERVE_HTTP_WORKERS="1")
+    server = start_server(root, SERVE_LOAD_MODELS="means,joined,doubled,doubled_aoti,python_ragged", SERVE_HTTP_WORKERS="1")
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
 
@@ -152,6 +169,19 @@ def test_requests_of_different_lengths_run_as_one_batch_and_each_gets_its_own_sh
         assert outputs["MEAN"]["data"] == pytest.approx([values.mean()])
         assert (outputs["SCALED"]["shape"], outputs["SCALED"]["data"]) == ([1, lengths[position]], (values * 10).ravel().tolist())
         assert outputs["COUNT"]["data"] == [lengths[position]]
+
+
+def test_ragged_strings_batch_as_one_flat_list(server):
+    front_end = FrontEnd(server, os.getpid())
+    words = [["x"], ["p", "q", "r", "s"], ["m", "n"]]
+    calls = [document_call(n, {"inputs": [{"name": "WORDS", "shape": [1, len(w)], "datatype": "BYTES", "data": w}]})
+             for n, w in enumerate(words)]
+    before = stats(server, "joined")
+    items = front_end.group("v2_infer", "joined", calls)
+    front_end.close()
+    assert stats(server, "joined")["execution_count"] - before["execution_count"] == 1
+    assert {position: json.loads(body)["outputs"][0]["data"] for position, _, body, _ in items} == \
+        {0: ["X"], 1: ["P|Q|R|S"], 2: ["M|N"]}
 
 
 def test_concurrent_ragged_requests_each_get_their_own_answer(server):
