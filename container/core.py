@@ -278,12 +278,22 @@ class Core:
         if not lease.view.decoupled:
             yield self.infer(lease, request).outputs, True
             return
+        statistics = lease.model.statistics[lease.version]
         sent = gevent.queue.Queue()
-        request.respond = lambda outcome, final: sent.put((outcome, final))
+        request.respond = lambda outcome, final: sent.put((outcome, final, time.perf_counter_ns()))
         running = gevent.spawn(self.infer, lease, request)
         running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
-        while (item := sent.get()) is not None:
-            yield item
+        place, since, final = 0, time.perf_counter_ns(), False
+        try:
+            while (item := sent.get()) is not None:
+                outcome, final, came = item
+                statistics.record_response(place, outcome, came - since)
+                place, since = place + 1, came
+                yield outcome, final
+        except GeneratorExit:
+            if not final:  # the client went away before the stream ended
+                statistics.record_cancel(place, time.perf_counter_ns() - since)
+            raise
         running.get()
 
     def _infer_step(self, step: Step, inputs: dict) -> dict:

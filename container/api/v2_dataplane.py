@@ -238,8 +238,11 @@ def _model_statistics(view: ModelView, version: int, stats: Statistics, memory: 
         {"batch_size": size, **{p: duration(getattr(b, p)) for p in ("compute_input", "compute_infer", "compute_output")}}
         for size, b in sorted(stats.batches.items())
     ]
+    responses = {str(place): {k: duration(getattr(r, k)) for k in ("compute_infer", "compute_output", "success", "fail",
+                                                                    "empty_response", "cancel")}
+                 for place, r in sorted(stats.responses.items())}
     usage = [{"type": "CPU" if device == "cpu" else "GPU", "id": 0 if device == "cpu" else int(device.partition(":")[2] or 0),
               "byte_size": size} for device, size in sorted(memory.items())]
     return {"name": view.name, "version": str(version), "last_inference": stats.last_inference_ms,
             "inference_count": stats.inference_count, "execution_count": stats.execution_count,
-            "inference_stats": inference, "batch_stats": batches, "memory_usage": usage}
+            "inference_stats": inference, "batch_stats": batches, "memory_usage": usage, "response_stats": responses}

@@ -33,6 +33,19 @@ class BatchStatistics:
 
 
 @dataclass
+class ResponseStatistics:
+    """A decoupled model's responses at one place in their requests' streams (the first, the second, …),
+    as Triton counts them: each response's time since the one before it (or since its request began)."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)  # not told apart: made with the response, in its worker
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)  # the final flag alone
+    cancel: Duration = field(default_factory=Duration)  # the client went away before it came
+
+
+@dataclass
 class Statistics:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
@@ -47,6 +60,7 @@ class Statistics:
     loop_execution_count: int = 0  # those run on the event loop, not on an instance thread (scheduling/inline.py)
     last_inference_ms: int = 0  # wall clock, milliseconds since the epoch
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
+    responses: dict[int, ResponseStatistics] = field(default_factory=dict)  # a decoupled model's, by place
 
     def record_success(self, items: int, total_ns: int, phases: Phases) -> None:
         """One request answered: its items, its own time, and the compute time of the execution it rode."""
@@ -73,6 +87,20 @@ class Statistics:
         by_batch.compute_input.add(phases.input_ns)
         by_batch.compute_infer.add(phases.infer_ns)
         by_batch.compute_output.add(phases.output_ns)
+
+    def record_response(self, place: int, outcome, ns: int) -> None:
+        """A decoupled model's response at `place` in its request's stream, `ns` after the one before it:
+        outputs, the error it carries, or None (the final flag alone)."""
+        counts = self.responses.get(place) or self.responses.setdefault(place, ResponseStatistics())
+        if outcome is None:
+            counts.empty_response.add(ns)
+            return
+        counts.compute_infer.add(ns)
+        (counts.fail if isinstance(outcome, Exception) else counts.success).add(ns)
+
+    def record_cancel(self, place: int, ns: int) -> None:
+        counts = self.responses.get(place) or self.responses.setdefault(place, ResponseStatistics())
+        counts.cancel.add(ns)
 
     def record_failure(self, total_ns: int) -> None:
         self.fail.add(total_ns)

@@ -545,6 +545,24 @@ def test_generate_stream_sends_each_response_or_error_as_an_event(server, x, sta
     assert [{k: v for k, v in a.items() if k not in ("model_name", "model_version")} for a in answers] == stream
 
 
+def test_a_decoupled_models_responses_are_counted_by_their_place_in_the_stream(server):
+    def counts() -> dict:
+        places = server.request("GET", "/v2/models/decoupled/stats").json()["model_stats"][0]["response_stats"]
+        return {(place, kind): entry["count"] for place, kinds in places.items() for kind, entry in kinds.items()}
+
+    before = counts()
+    with requests.post(server.url + "/v2/models/decoupled/generate_stream", json={"x": [3, -1, 1, 1]}, stream=True,
+                       timeout=60) as reply:
+        assert [sorted(a) for a in events(reply)] == [["count", "model_name", "model_version", "y"], ["error"],
+                                                       ["count", "model_name", "model_version", "y"]]
+    grew = {key: n - before.get(key, 0) for key, n in counts().items() if n != before.get(key, 0)}
+    assert grew == {("0", "success"): 1, ("0", "compute_infer"): 1, ("1", "fail"): 1, ("1", "compute_infer"): 1,
+                    ("2", "success"): 1, ("2", "compute_infer"): 1, ("3", "empty_response"): 1}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        over_grpc = client.get_inference_statistics("decoupled", as_json=True)["model_stats"][0]["response_stats"]
+    assert int(over_grpc["3"]["empty_response"]["count"]) == counts()[("3", "empty_response")]
+
+
 @pytest.mark.parametrize("path, body, status, message", [
     ("/v2/models/nobody/generate_stream", {"x": [1, 2, 3, 4]}, 404, "Request for unknown model: 'nobody' is not found"),
     ("/v2/models/decoupled/generate_stream", {"x": [1, 2]}, 400, "input 'x': 2 value(s) do not fill its shape [4]"),
