@@ -283,17 +283,12 @@ class Core:
         request.respond = lambda outcome, final: sent.put((outcome, final, time.perf_counter_ns()))
         running = gevent.spawn(self.infer, lease, request)
         running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
-        place, since, final = 0, time.perf_counter_ns(), False
-        try:
-            while (item := sent.get()) is not None:
-                outcome, final, came = item
-                statistics.record_response(place, outcome, came - since)
-                place, since = place + 1, came
-                yield outcome, final
-        except GeneratorExit:
-            if not final:  # the client went away before the stream ended
-                statistics.record_cancel(place, time.perf_counter_ns() - since)
-            raise
+        place, since = 0, time.perf_counter_ns()
+        while (item := sent.get()) is not None:
+            outcome, final, came = item
+            statistics.record_response(place, outcome, came - since)
+            place, since = place + 1, came
+            yield outcome, final
         running.get()
 
     def _infer_step(self, step: Step, inputs: dict) -> dict:

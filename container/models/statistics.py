@@ -42,7 +42,7 @@ class ResponseStatistics:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     empty_response: Duration = field(default_factory=Duration)  # the final flag alone
-    cancel: Duration = field(default_factory=Duration)  # the client went away before it came
+    cancel: Duration = field(default_factory=Duration)  # never counted: a stream's client leaving is not told here
 
 
 @dataclass
@@ -97,10 +97,6 @@ class Statistics:
             return
         counts.compute_infer.add(ns)
         (counts.fail if isinstance(outcome, Exception) else counts.success).add(ns)
-
-    def record_cancel(self, place: int, ns: int) -> None:
-        counts = self.responses.get(place) or self.responses.setdefault(place, ResponseStatistics())
-        counts.cancel.add(ns)
 
     def record_failure(self, total_ns: int) -> None:
         self.fail.add(total_ns)
