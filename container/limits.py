@@ -60,6 +60,12 @@ def check_name(name) -> str:
     return name
 
 
+def boolean(text: str) -> bool | None:
+    """`text` as a switch (true/false, 1/0, yes/no, on/off, any case), else None."""
+    return {"1": True, "true": True, "yes": True, "on": True,
+            "0": False, "false": False, "no": False, "off": False}.get(text.strip().lower())
+
+
 def whole_number(text: str) -> int | None:
     """`text` as a non-negative integer written in ASCII digits, else None (`'²'.isdigit()` is true)."""
     if text and text.isascii() and text.isdigit():

@@ -9,12 +9,10 @@ from typing import Mapping
 
 from container import content, resources
 from container.errors import Forbidden
-from container.limits import Limits, whole_number
+from container.limits import Limits, boolean, whole_number
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 MAX_HTTP_WORKERS = 64
 _AUTO_HTTP_WORKERS = 16  # `auto` on a larger machine: past it, the one model process is the limit
 # `auto` inline thresholds (scheduling/inline.py). With a second core, a thread runs the model while the
@@ -339,11 +337,10 @@ def _disk(directory: str) -> int:
 
 
 def _boolean(name: str, text: str) -> bool:
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise SettingsError(f"{name}={text!r}: expected true or false")
+    value = boolean(text)
+    if value is None:
+        raise SettingsError(f"{name}={text!r}: expected true or false")
+    return value
 
 
 def _mode(raw: dict[str, str]) -> bool:

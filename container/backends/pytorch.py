@@ -21,6 +21,7 @@ from container.backends.torch_runtime import (
     module_bytes,
 )
 from container.errors import InvalidInput, InvalidModel, ModelError
+from container.limits import boolean
 from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
@@ -46,13 +47,10 @@ def _switch(config, key: str, default: bool) -> bool:
     parameter = config.parameters.get(key)
     if parameter is None:
         return default
-    value = parameter.string_value.strip().lower()
-    if value not in _BOOLEANS:
+    value = boolean(parameter.string_value)
+    if value is None:
         raise InvalidModel(f"parameter {key} is {parameter.string_value!r}; it takes true or false")
-    return _BOOLEANS[value]
-
-
-_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    return value
 
 
 class TorchScriptModel:

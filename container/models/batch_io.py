@@ -124,42 +124,28 @@ class BatchIO:
                     share[name] = flat[starts[i]: starts[i + 1]].reshape(shapes[i])
         return shares
 
+
 def _batch_input(batch_input, inputs: dict, max_batch_size: int) -> BatchInput:
-    kind = pb.BatchInput.Kind.Name(batch_input.kind)
-    if len(batch_input.source_input) != 1:  # Triton's words
-        raise InvalidModel(f"batch input kind '{kind}' expects 1 source input, got {len(batch_input.source_input)}")
-    [source] = batch_input.source_input
-    if source not in inputs:
-        raise InvalidModel(f"batch input kind '{kind}': unknown source input name '{source}'; the config's inputs "
-                           f"are {sorted(inputs)}")
-    if inputs[source].optional:
-        raise InvalidModel(f"batch input kind '{kind}': its source input '{source}' is optional; a batch needs it in "
-                           f"every request")
+    what = f"batch input kind '{pb.BatchInput.Kind.Name(batch_input.kind)}'"
+    source = _source(what, batch_input.source_input, inputs)
     if batch_input.data_type not in _TYPES:
-        raise InvalidModel(f"batch input kind '{kind}': batch input data type must be TYPE_INT32 or TYPE_FP32")
+        raise InvalidModel(f"{what}: batch input data type must be TYPE_INT32 or TYPE_FP32")
     if not batch_input.target_name:
-        raise InvalidModel(f"batch input kind '{kind}' names no target_name: the model input that receives it")
+        raise InvalidModel(f"{what} names no target_name: the model input that receives it")
+    kind = pb.BatchInput.Kind.Name(batch_input.kind)
     if kind in _BY_ITEM and not max_batch_size:
-        raise InvalidModel(f"batch input kind '{kind}' gives the shape of each batch item: it needs a model that "
-                           f"batches (max_batch_size above 0)")
-    rank = len(inputs[source].dims)
+        raise InvalidModel(f"{what} gives the shape of each batch item: it needs a model that batches "
+                           f"(max_batch_size above 0)")
     datatype = from_config(pb.DataType.Name(batch_input.data_type))
-    return BatchInput(kind, tuple(batch_input.target_name), datatype, source, rank)
+    return BatchInput(kind, tuple(batch_input.target_name), datatype, source, len(inputs[source].dims))
 
 
 def _batch_output(batch_output, inputs: dict, outputs: dict, max_batch_size: int) -> BatchOutput:
-    kind = pb.BatchOutput.Kind.Name(batch_output.kind)
-    if len(batch_output.source_input) != 1:  # Triton's words
-        raise InvalidModel(f"batch output kind '{kind}' expects 1 source input, got {len(batch_output.source_input)}")
-    [source] = batch_output.source_input
-    if source not in inputs:
-        raise InvalidModel(f"batch output kind '{kind}': unknown source input name '{source}'")
-    if inputs[source].optional:
-        raise InvalidModel(f"batch output kind '{kind}': its source input '{source}' is optional; a batch needs it "
-                           f"in every request")
+    what = f"batch output kind '{pb.BatchOutput.Kind.Name(batch_output.kind)}'"
+    source = _source(what, batch_output.source_input, inputs)
     if len(batch_output.target_name) != 1 or batch_output.target_name[0] not in outputs:
-        raise InvalidModel(f"batch output kind '{kind}' must name one config output as its target_name (the "
-                           f"outputs are {sorted(outputs)}), got {list(batch_output.target_name)}")
+        raise InvalidModel(f"{what} must name one config output as its target_name (the outputs are "
+                           f"{sorted(outputs)}), got {list(batch_output.target_name)}")
     output = outputs[batch_output.target_name[0]]
     if output.HasField("reshape"):
         raise InvalidModel(f"output '{output.name}' is scattered by its source input's shape (batch_output): leave "
@@ -170,6 +156,18 @@ def _batch_output(batch_output, inputs: dict, outputs: dict, max_batch_size: int
         raise InvalidModel(f"output '{output.name}' {list(dims)} takes each variable dimension from input "
                            f"'{source}' {list(source_dims)}, which has fewer dimensions")
     return BatchOutput(output.name, dims, source)
+
+
+def _source(what: str, sources, inputs: dict) -> str:
+    """The one config input a batch input or output is made from, in every request."""
+    if len(sources) != 1:  # Triton's words
+        raise InvalidModel(f"{what} expects 1 source input, got {len(sources)}")
+    [source] = sources
+    if source not in inputs:
+        raise InvalidModel(f"{what}: unknown source input name '{source}'; the config's inputs are {sorted(inputs)}")
+    if inputs[source].optional:
+        raise InvalidModel(f"{what}: its source input '{source}' is optional; a batch needs it in every request")
+    return source
 
 
 def _scattered_shape(batch_output: BatchOutput, source: np.ndarray) -> tuple[int, ...]:

@@ -68,3 +68,4 @@ def test_a_file_changed_after_its_digest_was_written_is_refused_without_showing_
 def test_what_the_agent_cannot_check_is_refused_with_the_reason(server, change, words):
     answer = load(server, change)
     assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    assert server.request("GET", "/ping").status_code == 200

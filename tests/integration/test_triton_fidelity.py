@@ -569,3 +569,4 @@ def test_a_parameter_that_is_no_boolean_is_refused_at_load(server):
                  [tensor("OUTPUT0", "TYPE_FP32", [2])], parameters={"INFERENCE_MODE": {"string_value": "sometimes"}})
     answer = requests.post(f"{server.url}/v2/repository/models/switched_badly/load", timeout=60)
     assert answer.status_code == 400 and "parameter INFERENCE_MODE is 'sometimes'; it takes true or false" in answer.text
+    assert requests.get(f"{server.url}/ping", timeout=60).status_code == 200
