@@ -8,12 +8,13 @@ here only for the inferences, in groups (channel/groups.py). V2's (api/v2_infer.
 decoded against its view of the model (`v2_view`, `v2_infer_tensors`), or as documents for this
 process to decode (`v2_infer`; http_frontend/inference.py says which goes how); TF Serving's
 (tfserving_infer.py) as tensors decoded against the same view (`tfserving_tensors`), or as bodies
-(`tfserving`); SageMaker's invokes (sagemaker_invoke.py) as their bodies (`invoke`)."""
+(`tfserving`); SageMaker's invokes (sagemaker_invoke.py) likewise (`invoke_tensors`, `invoke`)."""
 
 from typing import Callable, Iterator
 
 from container.api import sagemaker, tfserving, v2_dataplane
 from container.api.pipeline import Dispatcher, Request
+from container.api.sagemaker_invoke import log_attributes
 from container.api.v2_infer import answer_body, parser
 from container.channel.blobs import large
 from container.channel.groups import group_items
@@ -88,14 +89,26 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
                              lambda response: [response.model_version, response.outputs])
 
     def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
-        """SageMaker invokes of one model that a front-end received together (sagemaker_invoke.py),
-        each [connection number, its requests, body, headers, request id]; `on_demand`: loaded first when
-        it is not (`/invocations` of a multi-model endpoint). Its items: TAKEN, then [position, None, status,
-        headers, body] for each, or [position, error], as each is done."""
-        requests = [((body if isinstance(body, bytes) else bytes(body), headers, request_id), clients.get(front_end, number, count))
+        """SageMaker invokes of one model that a front-end received together and leaves to this process to
+        decode (sagemaker_invoke.py), each [connection number, its requests, body, headers, request id];
+        `on_demand`: loaded first when it is not (`/invocations` of a multi-model endpoint). Its items:
+        TAKEN, then [position, None, status, headers, body] for each, or [position, error], as each is
+        done."""
+        requests = [(sagemaker.body_decoder(body if isinstance(body, bytes) else bytes(body), headers, request_id,
+                                            default_accept), clients.get(front_end, number, count))
                     for number, count, body, headers, request_id in calls]
-        return group_items(sagemaker.invoke_group(core, name, on_demand, requests, default_accept),
+        return group_items(sagemaker.invoke_group(core, name, on_demand, requests),
                            lambda _, response: [response.status, response.headers, large(response.body)])
+
+    def invoke_tensors(front_end: int, name: str, on_demand: bool, calls: list[list]):
+        """SageMaker invokes of a tensor model that a front-end received together, each decoded and checked
+        against its view of the model (http_frontend/invocations.py): [connection number, its requests, the
+        view's generation, inputs, its X-Amzn-SageMaker-Custom-Attributes, request id]. Its items as
+        `v2_infer_tensors`', [position, None, the outputs] for each answer: the front-end encodes them."""
+        requests = [(_logged(name, attributes, request_id, _tensor_request(generation, InferRequest(inputs))),
+                     clients.get(front_end, number, count))
+                    for number, count, generation, inputs, attributes, request_id in calls]
+        return _tensor_items(sagemaker.invoke_group(core, name, on_demand, requests), lambda response: [response.outputs])
 
     def tfserving_infer(front_end: int, name: str, version: str | None, label: str | None, verb: str, calls: list[list]):
         """TF Serving inferences of one verb to one model, version or label (as their path names them)
@@ -122,7 +135,7 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         return [[route.method, route.template] for route in dispatcher.routes.routes if route.api == "health"]
 
     return {"http": http, "v2_infer": v2_infer, "v2_infer_tensors": v2_infer_tensors, "invoke": invoke,
-            "tfserving": tfserving_infer, "tfserving_tensors": tfserving_tensors,
+            "invoke_tensors": invoke_tensors, "tfserving": tfserving_infer, "tfserving_tensors": tfserving_tensors,
             "v2_view": lambda name: views.description(core.ready_model(name)), "connection_closed": clients.close,
             "probes": probes}
 
@@ -151,6 +164,18 @@ def _tensor_request(generation: int, request: InferRequest):
         return request, lambda response: response
 
     return decode
+
+
+def _logged(name: str, attributes: str | None, request_id: str, decode):
+    """`decode`, and the invoke's custom attributes logged, as one process logs them (not for a request
+    decoded against another load: it comes again)."""
+
+    def logged(lease):
+        decoded = decode(lease)
+        log_attributes(name, attributes, request_id)
+        return decoded
+
+    return logged
 
 
 def _parser(name: str, header_length: str | None, document: dict | None, data, heavy: bool):

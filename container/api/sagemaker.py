@@ -2,25 +2,20 @@
 
 import base64
 import binascii
-import logging
-from typing import Iterator
+from typing import Callable, Iterator
 
 from container import content
-from container.api import invoke_codec, offload
 from container.api.leased import serve_leased
 from container.api.openapi import JSON_VALUE, SAGEMAKER, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
-from container.api.sagemaker_invoke import SINGLE_MODEL_NAME, invoke_routes
+from container.api.sagemaker_invoke import CUSTOM_ATTRIBUTES, SINGLE_MODEL_NAME, invoke_routes, log_attributes, tensors
 from container.core import Core, Lease
 from container.errors import InvalidRequest, Unavailable
-from container.inference import InferRequest, InferResponse, TransformRequest
+from container.inference import InferRequest, TransformRequest
 from container.limits import check_name, whole_number
 from container.settings import Settings
 
-log = logging.getLogger(__name__)
-
-CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 DEFAULT_PAGE_SIZE = 100
 
 
@@ -73,67 +68,42 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
 
 def invoke(core: Core, name: str, on_demand: bool, request: Request, default_accept: str) -> Response:
     """One invoke, served in this process."""
-    [(_, result)] = invoke_group(core, name, on_demand, [((request.body, request.headers, request.request_id),
-                                                          request.client)], default_accept)
+    decode = body_decoder(request.body, request.headers, request.request_id, default_accept)
+    [(_, result)] = invoke_group(core, name, on_demand, [(decode, request.client)])
     if isinstance(result, Exception):
         raise result
     return result
 
 
-def invoke_group(core: Core, name: str, on_demand: bool, calls: list[tuple], default_accept: str) -> Iterator[tuple[int, object]]:
-    """Invokes of one model that arrived together, each ((body, headers by lower-case name, request id),
-    client): the model leased once for them all (loaded first when `on_demand` and not loaded), and their
-    requests handed to the core together (api/leased.py). Yields (position, Response or the exception it
-    failed with) for each, as each is done. A handler model gets each body as it is; a tensor model's body
-    is decoded for its inputs and its outputs encoded as the Accept header asks (`default_accept` for
-    none or `*/*`)."""
+def invoke_group(core: Core, name: str, on_demand: bool, calls: list[tuple[Callable, object]]) -> Iterator[tuple[int, object]]:
+    """Invokes of one model that arrived together, each (its `decode` for serve_leased, its client): the
+    model leased once for them all (loaded first when `on_demand` and not loaded), and their requests
+    handed to the core together (api/leased.py), a tensor model's to infer, a handler model's to transform.
+    Yields (position, Response or the exception it failed with) for each, as each is done."""
     try:
         leases = core.leases(name, None, [client for _, client in calls], loading=name if on_demand else None)
     except Exception as exc:  # the model is not there, or did not load: each request is told
         yield from ((position, exc) for position in range(len(calls)))
         return
-    if leases[0].takes_tensors:
-        decoders, run_all = [_tensor_request(*call, default_accept) for call, _ in calls], core.infer_all
-    else:
-        decoders, run_all = [_body_request(*call) for call, _ in calls], core.transform_all
-    yield from serve_leased(leases, decoders, run_all)
+    run_all = core.infer_all if leases[0].takes_tensors else core.transform_all
+    yield from serve_leased(leases, [decode for decode, _ in calls], run_all)
 
 
-def _body_request(body: bytes, headers: dict[str, str], request_id: str):
-    """`decode` for serve_leased: a handler model's request, and `finish(its response)`."""
+def body_decoder(body: bytes, headers: dict[str, str], request_id: str, default_accept: str) -> Callable:
+    """`decode` for invoke_group of an invoke's body (headers by lower-case name): a handler model gets it
+    as it is; a tensor model's is decoded for its inputs, and its outputs encoded as the Accept header
+    asks (`default_accept` for none or `*/*`)."""
 
     def decode(lease: Lease):
-        _log_attributes(lease, headers, request_id)
+        log_attributes(lease.name, headers.get(CUSTOM_ATTRIBUTES), request_id)
+        if lease.takes_tensors:
+            inputs, finish = tensors(body, headers, lease.signature, default_accept)
+            return InferRequest(inputs), lambda response: finish(response.outputs)
         media_type = content.media_type(headers.get("content-type"), default=None)
         request = TransformRequest(body, media_type, headers.get("accept"), _titled(headers), request_id)
         return request, lambda response: Response(response.body, response.content_type, response.status, dict(response.headers))
 
     return decode
-
-
-def _tensor_request(body: bytes, headers: dict[str, str], request_id: str, default_accept: str):
-    """`decode` for serve_leased: a tensor model's request, its body decoded against the model's
-    signature, and `finish(its response)`: the outputs encoded."""
-
-    def decode(lease: Lease):
-        _log_attributes(lease, headers, request_id)
-        response_type = content.negotiate(headers.get("accept"), default=default_accept)  # a 406 before any work is done
-        inputs, envelope = offload.run(offload.heavy(len(body)), invoke_codec.decode, body,
-                                       content.media_type(headers.get("content-type")), lease.signature)
-
-        def finish(response: InferResponse) -> Response:
-            return Response(offload.encode(invoke_codec.encode, response.outputs, response_type, envelope), response_type)
-
-        return InferRequest(inputs), finish
-
-    return decode
-
-
-def _log_attributes(lease: Lease, headers: dict[str, str], request_id: str) -> None:
-    attributes = headers.get(CUSTOM_ATTRIBUTES)
-    if attributes is not None:
-        log.info("custom attributes", extra={"fields": {"model": lease.name, "custom_attributes": attributes,
-                                                         "request_id": request_id}})
 
 
 def _titled(headers: dict[str, str]) -> dict[str, str]:

@@ -73,7 +73,7 @@ class ChannelDispatcher:
         model_views = FrontEndViews(self.channel)
         self.local = Dispatcher(Routes([*infer_routes(RemoteInference(self.channel, model_views, settings.limits),
                                                       settings.max_payload_bytes),
-                                        *invoke_routes(RemoteInvoke(self.channel), settings),
+                                        *invoke_routes(RemoteInvoke(self.channel, model_views, settings.limits, settings.default_accept), settings),
                                         *tfserving_infer.infer_routes(RemoteTFServing(self.channel, model_views, settings.limits)),
                                         *stream_routes(self._generate_events, settings.max_payload_bytes)], [MOUNT]),
                                 settings.max_payload_bytes, settings.restricted_api)

@@ -313,6 +313,23 @@ def test_a_group_of_invokes_answers_each_and_one_that_fails_fails_alone(front_en
     assert by_position[1][0] == ["ModelError", "transform_fn of model 'echo' raised ValueError: no boom here", 500]
 
 
+def test_sagemaker_invokes_a_front_end_decoded_are_run_against_their_own_load(front_ends):
+    """A tensor model's invokes a front-end decoded cross as tensors, each [connection number, its requests,
+    the view's generation, inputs, its custom attributes, request id]: each answered with its outputs, one
+    decoded against another load told so alone (the front-end decodes it again), and a model that is not
+    there told to each."""
+    generation, *_ = front_ends[0].call("v2_view", "double")
+    x = np.ones((1, 4), np.float32)
+    calls = [[1, 2, generation, {"x": x}, None, "a"], [2, 2, generation + 1000, {"x": x}, "trace=1", "b"],
+             [3, 2, generation, {"x": 3 * x}, "trace=2", "c"]]
+    by_position = {item[0]: item[1:] for item in front_ends[0].group("invoke_tensors", "double", calls, (False,))}
+    assert by_position[0][0] is None and np.array_equal(by_position[0][1]["y"], 2 * x)
+    assert by_position[2][0] is None and np.array_equal(by_position[2][1]["y"], 6 * x)
+    assert by_position[1] == [None]
+    items = front_ends[1].group("invoke_tensors", "nobody", calls[:2], (False,))
+    assert [(position, error[2]) for position, error in items] == [(0, 404), (1, 404)]
+
+
 def test_a_group_of_tf_serving_inferences_answers_each_and_one_that_fails_fails_alone(front_ends):
     """TF Serving's inferences of one verb to one model, version or label cross as a group, each
     [connection number, its requests, body]: each body decoded against the leased model (one that does not
@@ -350,18 +367,25 @@ def test_tf_serving_tensors_in_a_group_are_run_against_their_own_load_and_path(f
     items = front_ends[1].group("tfserving_tensors", "double", calls[:1], (None, "stable"))
     assert items == [[0, ["InvalidRequest", "Unrecognized servable version label: stable", 400]]]
 
-def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the_rest_whole(server):
-    """The real front-end's dispatcher over the model process's real channel, the operations it calls
-    recorded: a body it decodes against its view of the model crosses as tensors and its answer is encoded
-    there; a body it refuses, and one to a model it has no view of (a handler model), cross whole, to be
-    refused in one process's words; a version the model lacks is the model process's to say, and leaves
-    the front-end's view of the model in place."""
+def recording_front_end(server) -> tuple[ChannelDispatcher, list[str]]:
+    """The real front-end's dispatcher over the model process's real channel, and the operations it calls
+    there, as it calls them."""
     dispatcher = ChannelDispatcher(Settings.from_env({}), socket_path(server.process.pid))
     sent, call, stream = [], dispatcher.channel.call, dispatcher.channel.stream
     dispatcher.channel.call = lambda op, *args, **kw: sent.append(op) or call(op, *args, **kw)
     dispatcher.channel.stream = lambda op, *args: sent.append(op) or stream(op, *args)
     dispatcher.start()
     poll(lambda: dispatcher.channel.connected, 30, "the front-end did not reach the model process")
+    return dispatcher, sent
+
+
+def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the_rest_whole(server):
+    """The real front-end's dispatcher over the model process's real channel, the operations it calls
+    recorded: a body it decodes against its view of the model crosses as tensors and its answer is encoded
+    there; a body it refuses, and one to a model it has no view of (a handler model), cross whole, to be
+    refused in one process's words; a version the model lacks is the model process's to say, and leaves
+    the front-end's view of the model in place."""
+    dispatcher, sent = recording_front_end(server)
     client = dispatcher.new_client()
 
     def infer(path: str, document) -> tuple[list[str], int, dict]:
@@ -387,3 +411,36 @@ def test_an_http_front_end_sends_tf_serving_bodies_it_decodes_as_tensors_and_the
     assert infer("/v1/models/echo:predict", row) == (
         ["v2_view", "tfserving"], 400,
         {"error": "model 'echo' is a SageMaker handler model: it takes a request body (POST /models/echo/invoke), not tensors"})
+
+
+def test_an_http_front_end_sends_sagemaker_invokes_it_decodes_as_tensors_and_the_rest_whole(server):
+    """As TF Serving's: a tensor model's body the front-end decodes (JSON, CSV, an envelope) crosses as
+    tensors and its answer is encoded there, in the type Accept asks for; a body it refuses (malformed, the
+    wrong shape, a type it cannot answer in), one to a handler model and one to a model not there cross
+    whole, to be answered in one process's order and words."""
+    dispatcher, sent = recording_front_end(server)
+    client = dispatcher.new_client()
+
+    def invoke(path: str, body: bytes, content_type: str = "application/json", accept: str = "*/*",
+               **headers: str) -> tuple[list[str], int, str, bytes]:
+        sent.clear()
+        client.requests += 1
+        headers = {"content-type": content_type, "accept": accept, **headers}
+        answer = dispatcher.serve(Request("POST", path, "", headers, body, client=client))
+        return [op for op in sent if op != "probes"], answer.status, answer.headers.get("Content-Type"), answer.body
+
+    assert invoke("/models/double/invoke", b"[[1, 2, 3, 4]]") == (
+        ["v2_view", "invoke_tensors"], 200, "application/json", b"[[2.0,4.0,6.0,8.0]]")
+    assert invoke("/models/double/invoke", b'{"instances": [[1, 2, 3, 4]]}') == (
+        ["invoke_tensors"], 200, "application/json", b'{"predictions":[[2.0,4.0,6.0,8.0]]}')
+    assert invoke("/models/double/invoke", b"1,2,3,4\n", "text/csv", "text/csv") == (
+        ["invoke_tensors"], 200, "text/csv", b"2.0,4.0,6.0,8.0\n")
+    target = {"x-amzn-sagemaker-target-model": "double"}
+    assert invoke("/invocations", b"[[1, 2, 3, 4]]", **target)[:2] == (["invoke_tensors"], 200)
+    ops, status, _, body = invoke("/models/double/invoke", b"[[1, 2")
+    assert (ops, status) == (["invoke"], 400) and "malformed JSON" in json.loads(body)["error"]
+    ops, status, _, body = invoke("/models/double/invoke", b"[[1, 2]]")
+    assert (ops, status, json.loads(body)) == (["invoke"], 400, {"error": "input 'x' must have shape [-1, 4], got [1, 2]"})
+    assert invoke("/models/double/invoke", b"[[1, 2, 3, 4]]", accept="image/png")[:2] == (["invoke"], 406)
+    assert invoke("/models/echo/invoke", b"one") == (["v2_view", "invoke"], 200, "application/octet-stream", b"one")
+    assert invoke("/models/nobody/invoke", b"[[1, 2, 3, 4]]")[:2] == (["v2_view", "invoke"], 404)

@@ -126,6 +126,26 @@ def test_one_json_log_line_per_request(server):
     assert wait_for(lambda: request_lines(server, "t-404"))[0]["status"] == 404
 
 
+def test_an_invokes_custom_attributes_are_logged_once_with_its_request_id(server):
+    """Whether its body is decoded by a front-end (a loaded tensor model), by the model process (a model
+    loaded on first use through /invocations), or refused there."""
+    server.load("double")
+    invokes = [("/models/double/invoke", {}, b"[[1, 1, 1, 1]]", 200),
+               ("/invocations", {"X-Amzn-SageMaker-Target-Model": "small3"}, b"[[1, 1, 1, 1]]", 200),
+               ("/models/double/invoke", {}, b"[[1, 1", 400)]
+    for number, (path, target, body, status) in enumerate(invokes):
+        headers = {**target, "Content-Type": "application/json", "X-Request-Id": f"attributes-{number}",
+                   "X-Amzn-SageMaker-Custom-Attributes": f"trace={number}"}
+        assert requests.post(server.url + path, data=body, headers=headers, timeout=60).status_code == status
+    for number, (_, target, _, _) in enumerate(invokes):
+        request_id = f"attributes-{number}"
+        wait_for(lambda: request_lines(server, request_id), message="no log line for the request")  # noqa: B023 (waited for here)
+        logged = [line for line in log_lines(server) if line["message"] == "custom attributes"
+                  and line["request_id"] == request_id]
+        model = target.get("X-Amzn-SageMaker-Target-Model", "double")
+        assert [(line["model"], line["custom_attributes"]) for line in logged] == [(model, f"trace={number}")]
+
+
 def test_a_request_the_http_worker_refuses_is_answered_and_logged_as_any_other(server):
     """A body past the limit is refused before it is read: the answer still carries the request id, and
     the access log has its line."""
