@@ -249,8 +249,9 @@ class Core:
                 # would be charged again, for ever
                 self._registry.remeasure(model)
                 yield positions[index], InferResponse(model.name, version, outputs)
-        except BaseException as exc:  # the caller went away, or the process is stopping
-            for _ in pending:
+        except BaseException as exc:  # the caller went away (its client did), or the process is stopping
+            for index in pending:
+                jobs[index].cancel()
                 self._failed(statistics, start, exc)
             raise
 
@@ -284,11 +285,14 @@ class Core:
         running = gevent.spawn(self.infer, lease, request)
         running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
         place, since = 0, time.perf_counter_ns()
-        while (item := sent.get()) is not None:
-            outcome, final, came = item
-            statistics.record_response(place, outcome, came - since)
-            place, since = place + 1, came
-            yield outcome, final
+        try:
+            while (item := sent.get()) is not None:
+                outcome, final, came = item
+                statistics.record_response(place, outcome, came - since)
+                place, since = place + 1, came
+                yield outcome, final
+        finally:  # the caller went away (its client did): the request is cancelled
+            running.kill(block=False)
         running.get()
 
     def _infer_step(self, step: Step, inputs: dict) -> dict:

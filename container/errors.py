@@ -18,6 +18,8 @@ ServeError (500)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
 │   └── QueueTimeout (503)              a request waited out its queue timeout, or for a sequence slot
+├── Cancelled (499)                    the client cancelled the request, or its gRPC stream ended: nobody hears
+│                                       the answer (gRPC's CANCELLED; 499 as nginx logs a client that left)
 ├── Unsupported (501)                   a feature this server does not have (gRPC's UNIMPLEMENTED)
 ├── InsufficientStorage (507)           a download does not fit the disk budget, even after eviction; a disk is full
 ├── InsufficientMemory (507)            the model does not fit, even after eviction
@@ -106,6 +108,10 @@ class Unavailable(ServeError):
 
 class QueueTimeout(Unavailable):
     pass
+
+
+class Cancelled(ServeError):
+    status = 499
 
 
 class Unsupported(ServeError):

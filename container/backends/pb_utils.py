@@ -129,6 +129,7 @@ class InferenceRequest:
         self.model_name, self.model_version, self.timeout = _text(model_name), int(model_version), timeout
         self._given_parameters = parameters  # as JSON text when asked for: most models never ask
         self._sender = None
+        self._cancelled = None  # a request `execute` got: whether its client has gone (worker_inbox.py)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -149,7 +150,9 @@ class InferenceRequest:
         return _parameters_json(self._given_parameters)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client went away (a gRPC call cancelled, or its stream ended), as far as the
+        worker has heard: a model may stop early, and answer with TritonError.CANCELLED."""
+        return self._cancelled is not None and self._cancelled()
 
     def get_response_sender(self):
         if self._sender is None:
@@ -248,8 +251,8 @@ class ModelConfig:
 class InferenceResponseSender:
     """A decoupled model's way to answer a request with any number of responses, then the final flag."""
 
-    def __init__(self, send):
-        self._send, self._closed = send, False
+    def __init__(self, send, is_cancelled):
+        self._send, self._closed, self._is_cancelled = send, False, is_cancelled
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -258,7 +261,8 @@ class InferenceResponseSender:
         self._send(response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request's client went away (InferenceRequest.is_cancelled)."""
+        return self._is_cancelled()
 
 
 class LogLevel:

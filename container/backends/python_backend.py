@@ -8,8 +8,10 @@ Tensors cross the socket pair pickled (numpy's out-of-band buffers): both ends a
 """
 
 import asyncio
+import functools
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from container.backends import footprint, pb_utils
+from container.backends.worker_inbox import Inbox
 from container.backends.worker_process import (
     NativeQueue,
     WorkerOptions,
@@ -28,10 +31,10 @@ from container.backends.worker_process import (
     error_reply,
     isolate,
     rebuild,
-    receive,
     send,
 )
 from container.errors import (
+    Cancelled,
     InvalidModel,
     InvalidRequest,
     ModelConflict,
@@ -49,7 +52,7 @@ from container.models.triton_schema import model_config_pb2 as pb
 # A TritonError's code as the error the server answers with (Triton's HTTP statuses for them)
 _BY_CODE = {pb_utils.TritonError.NOT_FOUND: ModelNotFound, pb_utils.TritonError.INVALID_ARG: InvalidRequest,
             pb_utils.TritonError.UNAVAILABLE: Unavailable, pb_utils.TritonError.UNSUPPORTED: Unsupported,
-            pb_utils.TritonError.ALREADY_EXISTS: ModelConflict}
+            pb_utils.TritonError.ALREADY_EXISTS: ModelConflict, pb_utils.TritonError.CANCELLED: Cancelled}
 
 
 def complete_config(name: str, path: Path, config, options: WorkerOptions):
@@ -85,6 +88,7 @@ class PythonBackend:
                          for _ in range(count)]
         self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
         self._free = NativeQueue()
+        self._numbers = itertools.count()  # of the messages that hand requests to the workers
         try:
             for worker in self._workers:
                 self._reported[worker] = worker.start(options.load_timeout, "initialize")
@@ -93,32 +97,33 @@ class PythonBackend:
             self.close()
             raise
 
-    def execute_requests(self, requests: list[tuple], responders: list | None = None) -> list:
-        """On an instance thread: (inputs, outputs wanted or None, parameters, id) of each request through a
-        free instance's `execute`; each request's outputs, or the error it failed with. A decoupled
-        model's responses go to each request's responder as they come (`InferRequest.respond`), and its
-        requests' outputs here are empty."""
-        if self._decoupled and (responders is None or None in responders):
+    def execute_requests(self, jobs: list) -> list:
+        """On an instance thread: a batch's requests (scheduling.Job: inputs, outputs wanted or None,
+        parameters, id) through a free instance's `execute`; each request's outputs, or the error it failed
+        with. A decoupled model's responses go to each job's `respond` as they come (InferRequest.respond),
+        and its requests' outputs here are empty. A job cancelled while it runs is told to the instance
+        (`is_cancelled()` there)."""
+        if self._decoupled and any(job.respond is None for job in jobs):
             raise self._needs_stream()
         worker = self._free.get()
         try:
             if not worker.running:
                 self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
+            worker.tell(self._message("execute", jobs, worker))
             if self._decoupled:
-                return self._stream(worker, requests, responders)
-            replies, self._reported[worker] = worker.ask(("execute", requests, False), "execute",
-                                                         self._options.response_timeout)
+                return self._stream(worker, jobs)
+            replies, self._reported[worker] = worker.reply("execute", self._options.response_timeout)
         finally:
             self._free.put(worker)
         return [self._outcome(reply) for reply in replies]
 
-    def execute_each(self, requests: list[tuple], answer) -> None:
+    def execute_each(self, jobs: list, answer) -> None:
         """On an instance thread: requests that arrived together (as `execute_requests` takes them), each
         through an `execute` of its own, as Triton's python backend runs requests without a batcher, all in
         one message to a free instance; `answer(index, its outputs or the error)` as each is done
-        (`WorkerProcess.in_turn`)."""
+        (`WorkerProcess.in_turn`). The instance skips a request cancelled before its turn."""
         if self._decoupled:  # its responses need a stream, which requests that come this way have not
-            for index in range(len(requests)):
+            for index in range(len(jobs)):
                 answer(index, self._needs_stream())
             return
         worker = self._free.get()
@@ -133,24 +138,32 @@ class PythonBackend:
             answer(index, reply)
 
         try:
-            worker.in_turn(requests, lambda rest: ("each", rest, False), start, "execute", self._options.response_timeout,
-                           answered)
+            worker.in_turn(jobs, lambda rest: self._message("each", rest, worker), start, "execute",
+                           self._options.response_timeout, answered)
         finally:
             self._free.put(worker)
+
+    def _message(self, kind: str, jobs: list, worker: WorkerProcess) -> tuple:
+        """The message that hands `jobs` to `worker` ("execute": one batch; "each": an execute apiece),
+        numbered, so that a job cancelled from now on is told to the worker as (number, its index)."""
+        number = next(self._numbers)
+        for index, job in enumerate(jobs):
+            job.when_cancelled(lambda index=index: worker.cancel(number, index))
+        return kind, [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs], self._decoupled, number
 
     def _needs_stream(self) -> InvalidRequest:
         return InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream (ModelStreamInfer), "
                               f"which this request is not")
 
-    def _stream(self, worker: WorkerProcess, requests: list[tuple], responders: list) -> list:
-        """A decoupled batch: each response to its request's responder as the worker sends it, until every
+    def _stream(self, worker: WorkerProcess, jobs: list) -> list:
+        """A decoupled batch: each response to its job's `respond` as the worker sends it, until every
         request has had its final flag and `execute` has returned (its responses may come after)."""
-        unfinished, executed = set(range(len(requests))), False
-        message = worker.ask(("execute", requests, True), "execute", self._options.response_timeout)
+        unfinished, executed = set(range(len(jobs))), False
         while True:
+            message = worker.reply("execute", self._options.response_timeout)
             if message[0] == "response":
                 _, index, reply, final = message
-                responders[index](None if reply is None else self._outcome(reply), final)
+                jobs[index].respond(None if reply is None else self._outcome(reply), final)
                 if final:
                     unfinished.discard(index)
             else:
@@ -158,11 +171,10 @@ class PythonBackend:
                 executed = True
                 if failure:  # execute raised: the requests still open end with its error
                     for index in sorted(unfinished):
-                        responders[index](_error(self.name, failure), True)
+                        jobs[index].respond(_error(self.name, failure), True)
                     unfinished.clear()
             if executed and not unfinished:
-                return [{} for _ in requests]
-            message = worker.reply("execute", self._options.response_timeout)
+                return [{} for _ in jobs]
 
     def _outcome(self, reply: tuple):
         ok, outputs = reply
@@ -244,29 +256,37 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
     if not send(connection, reply) or reply[0] == "error":
         return
     loop = asyncio.new_event_loop()  # for an `async def execute`
+    inbox = Inbox(connection)
     while True:
         try:
-            message = receive(connection)
+            message = inbox.next()
         except (EOFError, OSError):
             return
         if not isinstance(message, tuple):
             if message == "finalize" and hasattr(model, "finalize"):
                 model.finalize()
             return
-        kind, requests, decoupled = message
+        kind, requests, decoupled, number = message
+        inbox.running(number)
+        wrapped = _wrap(requests, inbox, number)
+        wanted = [outputs for _, outputs, _, _ in requests]
         if decoupled:
-            _execute_decoupled(name, model, requests, loop, connection, device)
+            _execute_decoupled(name, model, wrapped, wanted, loop, connection, device)
             continue
-        batches = [[request] for request in requests] if kind == "each" else [requests]  # "each": an execute apiece
+        batches = [[i] for i in range(len(requests))] if kind == "each" else [list(range(len(requests)))]  # "each": an execute apiece
         for batch in batches:
-            if not send(connection, ("ok", (_execute(name, model, batch, loop), _state(device)))):
+            replies = _execute(name, model, [wrapped[i] for i in batch], [wanted[i] for i in batch], loop)
+            if not send(connection, ("ok", (replies, _state(device)))):
                 return
 
 
-def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
-    """Each request's (True, outputs) or (False, error as plain values)."""
+def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple]:
+    """Each request's (True, outputs) or (False, error as plain values); requests all cancelled by now
+    are not run."""
+    if all(request.is_cancelled() for request in requests):
+        return [(False, _CANCELLED)] * len(requests)
     try:
-        responses = _call_execute(model, _wrap(requests), loop)
+        responses = _call_execute(model, requests, loop)
     except Exception as exc:
         failure = (False, _user_error(name, exc))
         return [failure] * len(requests)
@@ -275,26 +295,28 @@ def _execute(name: str, model, requests: list[tuple], loop) -> list[tuple]:
         failure = (False, ("ModelError", f"execute of model '{name}' must return a list of one InferenceResponse "
                                          f"per request: {len(requests)} requests, {got}", 500, None))
         return [failure] * len(requests)
-    return [_outcome(name, response, wanted) for response, (_, wanted, _, _) in zip(responses, requests, strict=True)]
+    return [_outcome(name, response, outputs) for response, outputs in zip(responses, wanted, strict=True)]
 
 
-def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection: Connection, device: str) -> None:
+_CANCELLED = ("Cancelled", "the request was cancelled: its client went away before it ran", 499, None)
+
+
+def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, connection: Connection, device: str) -> None:
     """A decoupled model's batch: each response is sent as the model sends it (from any thread, after
     `execute` has returned as well), then word that `execute` returned, with its error if it raised."""
     lock = threading.Lock()
 
-    def sender(index: int, wanted: list[str] | None):
+    def sender(index: int, request):
         def respond(response, flags: int) -> None:
-            reply = None if response is None else _outcome(name, response, wanted)
+            reply = None if response is None else _outcome(name, response, wanted[index])
             with lock:
                 send(connection, ("ok", ("response", index, reply, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))))
-        return pb_utils.InferenceResponseSender(respond)
+        return pb_utils.InferenceResponseSender(respond, request.is_cancelled)
 
-    wrapped = _wrap(requests)
-    for index, (request, (_, wanted, _, _)) in enumerate(zip(wrapped, requests, strict=True)):
-        request._sender = sender(index, wanted)
+    for index, request in enumerate(requests):
+        request._sender = sender(index, request)
     try:
-        _call_execute(model, wrapped, loop)
+        _call_execute(model, requests, loop)
         failure = None
     except Exception as exc:
         failure = _user_error(name, exc)
@@ -302,10 +324,14 @@ def _execute_decoupled(name: str, model, requests: list[tuple], loop, connection
         send(connection, ("ok", ("executed", _state(device), failure)))
 
 
-def _wrap(requests: list[tuple]) -> list:
-    return [pb_utils.InferenceRequest(request_id, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
-                                      requested_output_names=outputs or (), parameters=parameters)
-            for inputs, outputs, parameters, request_id in requests]
+def _wrap(requests: list[tuple], inbox: Inbox, number: int) -> list:
+    """Message `number`'s requests as `execute` takes them, each knowing whether it was cancelled."""
+    wrapped = [pb_utils.InferenceRequest(request_id, inputs=[pb_utils.Tensor(n, a) for n, a in inputs.items()],
+                                         requested_output_names=outputs or (), parameters=parameters)
+               for inputs, outputs, parameters, request_id in requests]
+    for index, request in enumerate(wrapped):
+        request._cancelled = functools.partial(inbox.cancelled, number, index)
+    return wrapped
 
 
 def _call_execute(model, requests: list, loop):

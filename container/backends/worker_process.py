@@ -66,6 +66,7 @@ class WorkerProcess:
         self.name = name
         self._target, self._args, self._runtimes = target, args, runtimes
         self.lock = get_original("threading", "Lock")()  # callers are native threads
+        self._sending = get_original("threading", "Lock")()  # one message on the socket at a time
         self._process = self._connection = self._poller = None
 
     @property
@@ -101,7 +102,20 @@ class WorkerProcess:
 
     def tell(self, message) -> None:
         """Send `message`; its replies are read with `reply`."""
-        self._connection.send_bytes(pickle.dumps(message, _PROTOCOL))
+        data = pickle.dumps(message, _PROTOCOL)
+        with self._sending:
+            self._connection.send_bytes(data)
+
+    def cancel(self, number: int, index: int) -> None:
+        """Tell the worker that the request at `index` of its message `number` was cancelled, from any
+        thread (the event loop, while the caller holding the worker waits for its reply); a worker that
+        is gone has nothing to hear."""
+        with self._sending:
+            try:
+                if self._connection is not None:
+                    self._connection.send_bytes(pickle.dumps(("cancel", number, index), _PROTOCOL))
+            except OSError:
+                pass
 
     def in_turn(self, requests: list, message: Callable[[list], object], start: Callable[[], None], doing: str,
                 timeout: float | None, answer: Callable[[int, object], None]) -> None:

@@ -70,6 +70,7 @@ class ChannelClient:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
         self._pending[call_id] = items = asyncio.Queue()
+        ended = False
         try:
             try:
                 self._writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
@@ -78,10 +79,18 @@ class ChannelClient:
                 raise Unavailable("the model process ended during the request; retry") from None
             while (frame := await items.get())[0] == wire.ITEM:
                 yield frame[1]
+            ended = True
         finally:
             self._pending.pop(call_id, None)
+            if not ended:  # the caller stopped reading (its client went away): the model process stops too
+                self._cancel(call_id)
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
+
+    def _cancel(self, call_id: int) -> None:
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            writer.write(wire.pack([next(self._ids), wire.CANCEL, [call_id]]))
 
     async def _keep_connected(self) -> None:
         while True:

@@ -44,11 +44,12 @@ def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, ob
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "size", "sent", "taken")
+    __slots__ = ("key", "calls", "answers", "size", "sent", "taken", "task")
 
     def __init__(self, key: tuple):
         self.key, self.calls, self.answers, self.size = key, [], [], 0
         self.sent = self.taken = False
+        self.task = None  # AsyncGroups': the task sending it
 
 
 class _Groups:
@@ -64,8 +65,8 @@ class _Groups:
         self._untaken: Counter[tuple] = Counter()  # groups sent for each key that the model process has not taken up
 
     def _join(self, key: tuple, call: list, size: int):
-        """The waiter for `call`'s answer in the group open for `key` (a new one when none is open, or when
-        the call is large). A new group is sent at the end of this turn, or, while one sent before it for
+        """The group `call` joins and the waiter for its answer there: the group open for `key` (a new one
+        when none is open, or when the call is large). A new group is sent at the end of this turn, or, while one sent before it for
         `key` is not yet taken up, once it is (a large one goes at once)."""
         group = self._open.get(key) if size < MOST_BYTES else None
         if group is None:
@@ -81,7 +82,7 @@ class _Groups:
         if len(group.calls) >= MOST_CALLS or group.size >= MOST_BYTES:
             self._close(group)
             self._send_soon(group)
-        return waiter
+        return group, waiter
 
     def _send_soon(self, group: _Group) -> None:
         """`group` goes at the end of this turn (calls made meanwhile join it)."""
@@ -152,7 +153,7 @@ class Groups(_Groups):
     def call(self, key: tuple, call: list, size: int) -> list:
         """The answer to `call` (a list: what its op takes for one call) made as part of the group open
         for `key`; `size`: the bytes of data it carries. Its error is raised here."""
-        return self._result(*self._join(key, call, size).get())
+        return self._result(*self._join(key, call, size)[1].get())
 
     def _start(self, group: _Group) -> None:
         self._senders.start(group)  # it starts once this turn's other greenlets have run
@@ -187,11 +188,20 @@ class AsyncGroups(_Groups):
         self._sending: set[asyncio.Task] = set()
 
     async def call(self, key: tuple, call: list, size: int) -> list:
-        """`Groups.call` on the loop."""
-        return self._result(*await self._join(key, call, size))
+        """`Groups.call` on the loop. A call cancelled (its gRPC client went away) cancels its group in the
+        model process once every call in the group is (Triton's request cancellation); not before, as the
+        group's other calls are still wanted."""
+        group, waiter = self._join(key, call, size)
+        try:
+            answered = await waiter
+        except asyncio.CancelledError:
+            if group.task is not None and _abandoned(group):
+                group.task.cancel()
+            raise
+        return self._result(*answered)
 
     def _start(self, group: _Group) -> None:
-        task = asyncio.get_running_loop().create_task(self._send(group))  # after this turn's other callbacks
+        group.task = task = asyncio.get_running_loop().create_task(self._send(group))  # after this turn's other callbacks
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -205,6 +215,9 @@ class AsyncGroups(_Groups):
 
     async def _send(self, group: _Group) -> None:
         self._close(group)
+        if _abandoned(group):  # every caller went away while it waited to go
+            self._taken(group)
+            return
         try:
             async for item in self.channel.stream(self.op, *group.key, group.calls):
                 self._answer(group, item)
@@ -213,3 +226,8 @@ class AsyncGroups(_Groups):
             self._fail(group, exc)
         finally:
             self._taken(group)
+
+
+def _abandoned(group: _Group) -> bool:
+    """Whether every call in an AsyncGroups' group was cancelled."""
+    return all(answer.cancelled() for answer in group.answers)

@@ -11,7 +11,8 @@ import os
 import struct
 from typing import Callable
 
-from gevent import socket  # the hub's own, whether or not the process is monkey-patched
+import gevent
+from gevent import GreenletExit, socket  # socket: the hub's own, whether or not the process is monkey-patched
 from gevent.event import Event
 from gevent.server import StreamServer
 
@@ -61,14 +62,14 @@ class ChannelServer:
 
     def _serve(self, sock, _address) -> None:
         pid, _, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
-        frames, outbox = FrameReader(sock, self.max_frame), Outbox(sock)
+        frames, outbox, streams = FrameReader(sock, self.max_frame), Outbox(sock), {}
         blobs = Blobs(self._blob_prefix, connection=next(self._connections))
         self.on_connect(pid)
         try:
             while (frame := frames.next()) is not None:
                 self._under_way += 1
                 self._none_under_way.clear()
-                self._answerers.start(outbox, blobs, frame)
+                self._answerers.start(outbox, blobs, streams, frame)
         except OSError:
             return
         finally:
@@ -77,18 +78,21 @@ class ChannelServer:
             blobs.remove_untaken()  # a front-end killed with large answers on their way
             self.on_disconnect(pid)
 
-    def _answer(self, outbox: Outbox, blobs: Blobs, frame: bytes) -> None:
+    def _answer(self, outbox: Outbox, blobs: Blobs, streams: dict, frame: bytes) -> None:
         try:
-            self._respond(outbox, blobs, frame)
+            self._respond(outbox, blobs, streams, frame)
         finally:
             self._under_way -= 1
             if not self._under_way:
                 self._none_under_way.set()
 
-    def _respond(self, outbox: Outbox, blobs: Blobs, frame: bytes) -> None:
+    def _respond(self, outbox: Outbox, blobs: Blobs, streams: dict, frame: bytes) -> None:
         call_id = None
         try:
             call_id, op, args = wire.unpack(frame, blobs)
+            if op == wire.CANCEL:
+                _cancel(streams.get(args[0]))
+                return
             if self.draining:
                 raise Unavailable("the server is shutting down")
             operation = self.operations.get(op)
@@ -96,8 +100,7 @@ class ChannelServer:
                 raise ServeError(f"the model process has no channel operation {op!r}")
             result = operation(*args)
             if inspect.isgenerator(result):  # a stream: each item as it comes, then the end
-                for item in result:
-                    outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
+                self._stream(outbox, blobs, streams, call_id, result)
                 result = None
             answer = [call_id, wire.ANSWER, result]
         except Exception as exc:
@@ -108,3 +111,35 @@ class ChannelServer:
             log.exception("channel answer could not be packed")
             data = wire.pack([call_id, 1, ["ServeError", f"the answer could not cross the channel: {exc}", 500]])
         outbox.send(data)
+
+    @staticmethod
+    def _stream(outbox: Outbox, blobs: Blobs, streams: dict, call_id: int, items) -> None:
+        """Each item as it comes. The front-end may cancel the stream (its client went away: a gRPC call
+        cancelled, a stream ended): then the greenlet making it is killed where it waits, and the requests
+        it was waiting for are cancelled (core.infer_all)."""
+        streams[call_id] = stream = _Stream(gevent.getcurrent())
+        try:
+            for item in items:
+                outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
+        finally:
+            stream.done = True
+            del streams[call_id]
+
+
+class _Stream:
+    __slots__ = ("greenlet", "done")
+
+    def __init__(self, greenlet):
+        self.greenlet, self.done = greenlet, False
+
+
+def _cancel(stream: _Stream | None) -> None:
+    """Kill the greenlet making `stream` from the hub, once this turn's callbacks have run, unless the
+    stream has ended by then (its greenlet may be parked for other work, or making another stream)."""
+    if stream is not None:
+        gevent.get_hub().loop.run_callback(_kill, stream)
+
+
+def _kill(stream: _Stream) -> None:
+    if not stream.done:
+        stream.greenlet.throw(GreenletExit)

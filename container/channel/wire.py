@@ -1,7 +1,8 @@
 """The channel's wire: each message is a 4-byte little-endian length and a msgpack document.
 
 A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
-An operation that streams sends `[id, 2, item]` for each item first, then its answer.
+An operation that streams sends `[id, 2, item]` for each item first, then its answer; `[id, CANCEL,
+[stream's id]]` stops a stream whose caller went away, and is not answered.
 Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
 makes only plain values and numeric arrays (no code runs, no object dtype from the wire), so a frame a
 peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels
@@ -22,6 +23,7 @@ from container.tensors import DATATYPES, little_endian, pack_strings, unpack_str
 log = logging.getLogger(__name__)
 LENGTH = struct.Struct("<I")
 ANSWER, ERROR, ITEM = 0, 1, 2  # what a frame from the model process carries
+CANCEL = "cancel stream"  # the op that stops a stream (no operation's name has a space)
 MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims

@@ -102,7 +102,9 @@ class InferenceService:
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.wait(tasks)
-        finally:
+        finally:  # ended early, the stream was cancelled or its client went away: so are its requests under way
+            for task in tasks:
+                task.cancel()
             answers.put_nowait(None)
 
     async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
           404: grpc.StatusCode.NOT_FOUND, 406: grpc.StatusCode.INVALID_ARGUMENT, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
           409: grpc.StatusCode.ALREADY_EXISTS, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-          415: grpc.StatusCode.INVALID_ARGUMENT, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
+          415: grpc.StatusCode.INVALID_ARGUMENT, 499: grpc.StatusCode.CANCELLED, 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
           507: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 

@@ -55,8 +55,7 @@ class DirectScheduler(Scheduler):
         for each."""
         backend = jobs[0].backend
         if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
-            calls = [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs]
-            yield from self.run_all(backend.execute_each, calls, jobs[0].statistics, [job.items for job in jobs])
+            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs])
             return
         if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
             yield from super().infer_all(jobs)
@@ -64,7 +63,7 @@ class DirectScheduler(Scheduler):
         for position, job in enumerate(jobs):
             yield position, outcome(self.infer, job)
 
-    def run_all(self, fn, calls: list[tuple], statistics: Statistics,
+    def run_all(self, fn, calls: list, statistics: Statistics,
                 items: list[int] | None = None) -> Iterator[tuple[int, object]]:
         """Requests that arrived together for a model of worker processes (a handler model's, a python
         model's), in as many shares as the model has instances (a worker each, and one message to it):

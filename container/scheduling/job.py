@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gevent.event import AsyncResult
 
+from container.errors import Cancelled
 from container.models.batch_io import BatchIO
 from container.models.statistics import Phases, Statistics
 
@@ -36,6 +37,21 @@ class Job:
     respond: object = None  # a decoupled model's responses: InferRequest.respond, callable from any thread
     request_id: str = ""  # the client's id for the request, as a python model's request shows it
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
+    cancelled: bool = False  # its client went away (`cancel`)
+    _on_cancel: list | None = None
+
+    def cancel(self) -> None:
+        """Its client went away (Triton's request cancellation): not run if no execution has taken it yet
+        (`run_batch`); a running one's backend hears of it (`when_cancelled`). On the event loop."""
+        self.cancelled = True
+        for listener in self._on_cancel or ():
+            listener()
+
+    def when_cancelled(self, listener) -> None:
+        """`listener()` once the job is cancelled, at once if it is (from a thread, it may run twice)."""
+        self._on_cancel = [*(self._on_cancel or ()), listener]
+        if self.cancelled:
+            listener()
 
     def batch_key(self) -> tuple:
         """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size (a
@@ -49,12 +65,13 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     """On an execution thread: concatenate the jobs' inputs, execute once, hand each job its slice. A
     backend that takes request lists gets the jobs' requests as they are, and may fail some alone:
     their results are the exceptions. A model with ragged inputs, batch inputs or batch outputs has
-    its batch made and cut by batch_io.py."""
+    its batch made and cut by batch_io.py. Jobs cancelled by now are not run: their result is Cancelled."""
+    if any(job.cancelled for job in jobs):
+        return _without_cancelled(jobs)
     phases = Phases()
     backend, batching = jobs[0].backend, jobs[0].batching
     if getattr(backend, "takes_request_lists", False):  # a python model: a response (or error) per request
-        return phases, backend.execute_requests([(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs],
-                                                [job.respond for job in jobs])
+        return phases, backend.execute_requests(jobs)
     if len(jobs) == 1 and batching is None:
         return phases, [backend.execute(jobs[0].inputs, jobs[0].outputs, phases)]
     started = time.perf_counter_ns()
@@ -70,6 +87,21 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     bounds = np.cumsum([0] + [job.items for job in jobs])
     shares = [{name: outputs[name][bounds[i]: bounds[i + 1]] for name in (job.outputs or outputs)} for i, job in enumerate(jobs)]
     return phases, shares if batching is None else batching.scatter(outputs, requests, shares)
+
+
+def _without_cancelled(jobs: list[Job]) -> tuple[Phases, list]:
+    """`run_batch` of the jobs not cancelled; none left: Cancelled raised (no execution happened)."""
+    gone = [job.cancelled for job in jobs]  # read once: a job may be cancelled meanwhile
+    live = [job for job, cancelled in zip(jobs, gone, strict=True) if not cancelled]
+    if not live:
+        raise cancelled_error()
+    phases, results = run_batch(live)
+    answered = iter(results)
+    return phases, [cancelled_error() if cancelled else next(answered) for cancelled in gone]
+
+
+def cancelled_error() -> Cancelled:
+    return Cancelled("the request was cancelled: its client went away before it ran")
 
 
 def on_loop(execute, args: tuple, submitted: int):

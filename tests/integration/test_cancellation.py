@@ -1,0 +1,211 @@
+"""Triton's request cancellation, as tritonclient's gRPC client issues it: a call cancelled, or a stream
+stopped with `cancel_requests=True`. A cancelled request that waits for an instance is never run, and
+the requests around it are served; a python model's request that is running sees `is_cancelled()` turn
+true, through `execute` or its response sender, so that the model can stop early."""
+
+import json
+import queue
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.builders import Gate, python_model, tensor, wait_for
+
+# x (FP32 [4]) → y = 2x; x[0] == -1 waits at the gate first
+QUEUED_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x.flat[0] == -1:
+                {gate}
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * x)]))
+        return responses
+"""
+
+# Runs until its request is cancelled (30 s at most), then says so in a file beside the gates and answers
+# with Triton's CANCELLED error
+WATCHFUL_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        [request] = requests
+        open({entered!r}, "w").close()
+        deadline = time.monotonic() + 30
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        cancelled = request.is_cancelled()
+        open({marker!r}, "w").write("cancelled" if cancelled else "ran out")
+        error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED) if cancelled else None
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", request.inputs()[0].as_numpy())], error=error)]
+"""
+
+# Decoupled: a response every 5 ms (3,000 at most), sent from a thread of the model's or from `execute`
+# itself (the request's parameter "from"), until the request is cancelled; then the count sent is written
+# to a file beside the gates, and the final flag sent
+TICKER_PY = """
+import json
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            where = json.loads(request.parameters())["from"]
+            if where == "thread":
+                threading.Thread(target=self.tick, args=(request, request.get_response_sender().is_cancelled, where)).start()
+            else:
+                self.tick(request, request.is_cancelled, where)
+        return None
+
+    def tick(self, request, cancelled, where):
+        sender = request.get_response_sender()
+        sent = 0
+        while not cancelled() and sent < 3000:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("n", np.array([sent], np.int32))]))
+            sent += 1
+            time.sleep(0.005)
+        open({marker!r} + where, "w").write(json.dumps({{"cancelled": cancelled(), "sent": sent}}))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+@pytest.fixture(scope="module")
+def gate_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def gates(gate_dir) -> dict[str, Gate]:
+    return {name: Gate(gate_dir, name) for name in ("queued", "direct")}
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory, gate_dir, gates):
+    root = tmp_path_factory.mktemp("models")
+    x, y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+    one = {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
+    python_model(root, "queued", QUEUED_PY.replace("{gate}", gates["queued"].code()),
+                 {"max_batch_size": 1, "input": [x], "output": [y], "dynamic_batching": {}, **one})
+    python_model(root, "direct", QUEUED_PY.replace("{gate}", gates["direct"].code()),
+                 {"max_batch_size": 0, "input": [x], "output": [y], **one})
+    python_model(root, "watchful", WATCHFUL_PY.format(entered=str(gate_dir / "watchful.entered"),
+                                                      marker=str(gate_dir / "watchful.ended")),
+                 {"max_batch_size": 0, "input": [x], "output": [y]})
+    python_model(root, "ticker", TICKER_PY.format(marker=str(gate_dir / "ticker.")),
+                 {"max_batch_size": 0, "input": [x], "output": [tensor("n", "TYPE_INT32", [1])],
+                  "model_transaction_policy": {"decoupled": True}})
+    server = start_server(root, SERVE_LOAD_MODELS="queued,direct,watchful,ticker")
+    wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
+    return server
+
+
+def x_input(first: float) -> list:
+    entry = grpcclient.InferInput("x", [4], "FP32")
+    entry.set_data_from_numpy(np.array([first, 1, 2, 3], np.float32))
+    return [entry]
+
+
+def x_batched(first: float) -> list:
+    entry = grpcclient.InferInput("x", [1, 4], "FP32")
+    entry.set_data_from_numpy(np.array([[first, 1, 2, 3]], np.float32))
+    return [entry]
+
+
+def executions(server, name: str) -> int:
+    stats = server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]
+    return stats["execution_count"]
+
+
+def queue_depth(server, name: str) -> float:
+    return server.metrics().get(("serve_queue_depth", (("model", name),)), 0)
+
+
+@pytest.mark.parametrize(("name", "inputs"), [("queued", x_batched), ("direct", x_input)])
+def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_are_served(server, gates, name, inputs):
+    """One instance, held at a gate by the first request: the second waits (in the dynamic batcher's queue,
+    or for the instance), is cancelled by its client, and never runs; the first is answered once the
+    gate opens, and a third after it."""
+    answers: queue.Queue = queue.Queue()
+    gates[name].marker.unlink(missing_ok=True)  # a gate is used by more than one test
+    before = executions(server, name)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.async_infer(name, inputs(-1), lambda result, error: answers.put(("held", result, error)), client_timeout=60)
+        gates[name].wait_entered()
+        waiting = client.async_infer(name, inputs(5), lambda result, error: answers.put(("cancelled", result, error)),
+                                     client_timeout=60)
+        wait_for(lambda: queue_depth(server, name) == 1, 30, "the second request never waited for the instance")
+        waiting.cancel()
+        wait_for(lambda: queue_depth(server, name) == 0, 30, "the cancelled request still waits for the instance")
+        gates[name].release()
+        told = {}
+        for _ in range(2):
+            which, result, error = answers.get(timeout=30)
+            told[which] = (result, error)
+        assert told["held"][1] is None and told["held"][0].as_numpy("y").ravel().tolist() == [-2, 2, 4, 6]
+        assert "CANCELLED" in str(told["cancelled"][1])
+        third = client.infer(name, inputs(7), client_timeout=30)
+        assert third.as_numpy("y").ravel().tolist() == [14, 2, 4, 6]
+    assert executions(server, name) - before == 2  # the first and the third
+
+
+def test_a_running_python_request_sees_its_cancellation(server, gate_dir):
+    """`request.is_cancelled()` turns true in `execute` once the client cancels the call."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        call = client.async_infer("watchful", x_input(1), lambda result, error: answers.put(error), client_timeout=60)
+        wait_for((gate_dir / "watchful.entered").exists, 30, "the request never started")
+        call.cancel()
+        assert "CANCELLED" in str(answers.get(timeout=30))
+        ended = wait_for(lambda: (gate_dir / "watchful.ended").exists() and (gate_dir / "watchful.ended").read_text(), 20,
+                         "the model never saw the cancellation")
+        assert ended == "cancelled"
+        answer = client.infer("queued", x_batched(3), client_timeout=30)  # the server serves on
+        assert answer.as_numpy("y").ravel().tolist() == [6, 2, 4, 6]
+
+
+@pytest.mark.parametrize("where", ["thread", "execute"])
+def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, where):
+    """A stream stopped with cancel_requests=True: the model, sending from a thread of its own through the
+    response sender, or from `execute` itself, sees `is_cancelled()` and stops long before its 3,000."""
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("ticker", x_input(1), parameters={"from": where})
+        for _ in range(3):  # it runs
+            result, error = responses.get(timeout=30)
+            assert error is None and result.as_numpy("n").shape == (1,)
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    marker = gate_dir / f"ticker.{where}"
+    ended = json.loads(wait_for(lambda: marker.exists() and marker.read_text(), 20, "the model never saw the cancellation"))
+    assert ended["cancelled"] and ended["sent"] < 3000
+
+
+def test_a_stream_its_client_closes_still_answers_the_requests_under_way(server, gates):
+    """stop_stream() without cancel_requests: the client is done sending and waits for the answers, so
+    the request under way (held at the gate as the client closes its side) is answered, not cancelled."""
+    responses: queue.Queue = queue.Queue()
+    gates["queued"].marker.unlink(missing_ok=True)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("queued", x_batched(-1))
+        gates["queued"].wait_entered()
+        closing = threading.Thread(target=client.stop_stream)
+        closing.start()
+        gates["queued"].release()
+        result, error = responses.get(timeout=30)
+        closing.join(30)
+    assert error is None and result.as_numpy("y").ravel().tolist() == [-2, 2, 4, 6]
