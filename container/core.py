@@ -5,6 +5,7 @@ executions, by the scheduler that batches them). The core makes each model's sch
 registry has loaded it, and closes it once the registry has freed it. Front-ends read a `ModelView`,
 never the registry's records."""
 
+import functools
 import itertools
 import logging
 import time
@@ -36,6 +37,7 @@ from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.scheduling.base import as_done
+from container.scheduling.job import Job, cancelled_error
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
@@ -231,7 +233,8 @@ class Core:
             return
         pending = set(range(len(jobs)))
         run = model.scheduler.infer_all if not isinstance(backend, Ensemble) else \
-            (lambda batch: as_done(lambda job: (ensembles.run(backend, job.inputs, job.outputs, self._infer_step), Phases()), batch))
+            (lambda batch: as_done(lambda job: (ensembles.run(backend, job.inputs, job.outputs,
+                                                              functools.partial(self._infer_step, job)), Phases()), batch))
         try:
             for index, result in run(jobs):
                 pending.discard(index)
@@ -295,8 +298,11 @@ class Core:
             running.kill(block=False)
         running.get()
 
-    def _infer_step(self, step: Step, inputs: dict) -> dict:
-        """One step of an ensemble: a request to its model, loaded again first if it was evicted."""
+    def _infer_step(self, job: Job, step: Step, inputs: dict) -> dict:
+        """One step of an ensemble's request (`job`): a request to its model, loaded again first if it was
+        evicted; none once the request is cancelled (as Triton checks between steps)."""
+        if job.cancelled:
+            raise cancelled_error()
         try:
             lease = self.lease(step.model, step.version)
         except ModelNotFound:

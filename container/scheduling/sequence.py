@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 
 import gevent
 import numpy as np
+from gevent import GreenletExit
 from gevent.event import Event
 
-from container.errors import InvalidRequest, QueueTimeout
+from container.errors import Cancelled, InvalidRequest, QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, run_jobs
+from container.scheduling.job import Job, cancelled_error, run_jobs
 from container.tensors import datatype_of, numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -37,10 +38,11 @@ class Turn:
     it ahead of them: a sequence's END then ran before the request in front of it (a gRPC stream, under
     load)."""
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "_dropped")
 
     def __init__(self):
         self._queue: deque[Event] = deque()  # the holder's, then each waiter's, in arrival order
+        self._dropped: set[Event] = set()  # waiters cancelled with a request before them (`cancel_waiting`)
 
     def locked(self) -> bool:
         return bool(self._queue)
@@ -52,12 +54,24 @@ class Turn:
             return
         try:
             mine.wait()
-        except BaseException:  # its client went away while it waited: the turn passes over it
-            handed = self._queue[0] is mine
+        except BaseException:  # its client went away while it waited: the turn passes over it, and the
+            handed = self._queue[0] is mine  # requests behind it are cancelled with it
+            behind = list(self._queue)[self._queue.index(mine) + 1:]
             self._queue.remove(mine)
+            self._dropped.discard(mine)
+            self._dropped.update(behind)
             if handed:
                 self._pass_on()
             raise
+        if mine in self._dropped:
+            self._dropped.discard(mine)
+            self.release()
+            raise cancelled_error()
+
+    def cancel_waiting(self) -> None:
+        """The requests waiting for the turn now are cancelled when it comes to them: as Triton cancels a
+        sequence's pending requests with one that was cancelled (the holder's, here)."""
+        self._dropped.update(list(self._queue)[1:])
 
     def release(self) -> None:
         self._queue.popleft()
@@ -125,13 +139,16 @@ class SequenceBatcher(Scheduler):
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
             run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted,
                       respond=job.respond, request_id=job.request_id, batching=job.batching)
+            job.when_cancelled(run.cancel)
             self._ready.append((run, sequence))
             self._arrived.set()
             try:
                 outputs, phases = self._wait(run, sequence)
-            except BaseException:
+            except BaseException as exc:
                 if (run, sequence) in self._ready:  # its client went away before it ran
                     self._ready.remove((run, sequence))
+                if isinstance(exc, (GreenletExit, Cancelled)):  # cancelled: so are the requests behind it
+                    sequence.turn.cancel_waiting()
                 raise
             sequence.state = {s.input.name: outputs.pop(s.output.name) for s in self.signature.states}
             sequence.last_used = time.monotonic()

@@ -10,7 +10,7 @@ import pytest
 from gevent.socket import wait_read
 from google.protobuf import json_format
 
-from container.errors import DeviceOutOfMemory, InvalidRequest, QueueTimeout, Unavailable
+from container.errors import Cancelled, DeviceOutOfMemory, InvalidRequest, QueueTimeout, Unavailable
 from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
@@ -384,6 +384,50 @@ def test_a_client_that_gives_up_while_queued_is_not_executed(backend):
     scheduler.close()
 
 
+def test_a_request_cancelled_in_its_queued_group_is_not_run_and_the_others_are(backend):
+    """Requests that came together wait in greenlets of their own (as_done): a cancelled one is dropped
+    from the batch it would have joined (Triton's request cancellation), and only it."""
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, value) for value in (1, 2, 3)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
+    jobs[1].cancel()
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert backend.batches == [[-1.0], [1.0, 3.0]]
+    assert results[0][0]["y"].ravel().tolist() == [2.0] and results[2][0]["y"].ravel().tolist() == [6.0]
+    assert isinstance(results[1], Cancelled)
+    scheduler.close()
+
+
+@pytest.mark.parametrize("batching", [{"dynamic_batching": {}}, {}])
+def test_requests_all_cancelled_before_an_instance_takes_them_never_execute(backend, batching):
+    scheduler = scheduler_for("m", config(**batching))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, value) for value in (1, 2)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    gevent.sleep(0)  # let them reach the scheduler
+    for cancelled in jobs:
+        cancelled.cancel()
+    backend.release.set()
+    first.get(timeout=30)
+    assert all(isinstance(result, Cancelled) for result in group.get(timeout=30).values())
+    assert backend.batches == [[-1.0]]
+    scheduler.close()
+
+
+def test_a_running_job_tells_its_listeners_once_cancelled_and_a_late_listener_at_once(backend):
+    told = []
+    running = job(backend, 1)
+    running.when_cancelled(lambda: told.append("early"))
+    assert told == []
+    running.cancel()
+    running.when_cancelled(lambda: told.append("late"))
+    assert told == ["early", "late"]
+
+
 def test_direct_execution_without_a_batcher(backend):
     backend.hold = False
     scheduler = scheduler_for("m", config())
@@ -462,6 +506,30 @@ def test_direct_gives_each_instance_its_own_slots(backend):
     scheduler.close()
 
 
+@pytest.mark.parametrize("where", ["waiting for its turn", "waiting for an instance"])
+def test_a_cancelled_sequence_request_cancels_the_requests_of_its_sequence_behind_it(backend, where):
+    """As Triton does; the sequence goes on with the requests that come after, and other sequences are
+    not touched."""
+    scheduler = scheduler_for("m", sequence_config({"direct": {}}))
+    other = spawn(scheduler, sequence_job(backend, 9, 8, start=True))[0]
+    backend.wait_entered()
+    ahead = spawn(scheduler, sequence_job(backend, 1, 7, start=True))[0]
+    if where == "waiting for its turn":  # the one ahead of it holds the turn
+        cancelled, behind = spawn(scheduler, sequence_job(backend, 2, 7), sequence_job(backend, 3, 7))
+    else:
+        ahead.kill()  # the sequence's first request was cancelled: nobody was behind it yet
+        cancelled, behind = spawn(scheduler, sequence_job(backend, 2, 7, start=True), sequence_job(backend, 3, 7))
+    cancelled.kill()
+    backend.release.set()
+    assert values(other) == [18.0]
+    if where == "waiting for its turn":
+        assert values(ahead) == [2.0]
+    with pytest.raises(Cancelled):
+        behind.get(timeout=30)
+    assert values(spawn(scheduler, sequence_job(backend, 4, 7, end=True))[0]) == [8.0]
+    scheduler.close()
+
+
 def _taking(turn: Turn, order: list, name: str):
     def take():
         turn.acquire()
@@ -475,7 +543,8 @@ def _taking(turn: Turn, order: list, name: str):
 def test_a_sequence_turn_goes_in_arrival_order_to_the_requests_still_waiting():
     """A request that comes just as the turn is released (here the releasing greenlet, asking again at
     once) goes behind those already waiting; gevent's Semaphore gave it the turn ahead of them. A
-    waiter whose client went away is passed over."""
+    waiter whose client went away is passed over, and the waiters behind it are cancelled (Triton's
+    request cancellation: a sequence's pending requests go with a cancelled one)."""
     turn, order = Turn(), []
     turn.acquire()
     waiting = [_taking(turn, order, name) for name in ("second", "gone", "third")]
@@ -486,7 +555,8 @@ def test_a_sequence_turn_goes_in_arrival_order_to_the_requests_still_waiting():
     order.append("newcomer")
     turn.release()
     gevent.joinall(waiting, timeout=10)
-    assert order == ["second", "third", "newcomer"] and not turn.locked()
+    assert order == ["second", "newcomer"] and not turn.locked()
+    assert isinstance(waiting[2].exception, Cancelled)
 
 
 def test_a_waiter_gone_just_as_its_turn_came_passes_the_turn_on():
@@ -497,7 +567,9 @@ def test_a_waiter_gone_just_as_its_turn_came_passes_the_turn_on():
     gevent.get_hub().loop.run_callback(gone.throw)  # its client leaves after the turn is handed to it, before it runs
     turn.release()
     gevent.joinall([gone, next_], timeout=10)
-    assert order == ["next"] and not turn.locked()
+    assert order == [] and isinstance(next_.exception, Cancelled) and not turn.locked()
+    turn.acquire()  # the turn goes on to whoever comes next
+    turn.release()
 
 
 def test_a_restart_waits_its_turn_and_keeps_the_slot(backend):

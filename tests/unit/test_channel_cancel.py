@@ -1,0 +1,146 @@
+"""A gRPC front-end's calls that its clients abandon (channel/client.py, channel/groups.py's AsyncGroups):
+a stream the caller stops reading is stopped in the model process, and a group of calls only once every
+call in it is cancelled. The model process is a real ChannelServer on a gevent hub of its own thread;
+this test is the front-end, on an asyncio loop, as a gRPC front-end is."""
+
+import asyncio
+import threading
+
+import gevent
+import pytest
+from gevent import GreenletExit
+from gevent.event import Event
+
+from container.channel.client import ChannelClient
+from container.channel.groups import TAKEN, AsyncGroups
+from container.channel.server import ChannelServer
+from tests.builders import wait_for
+
+
+class ModelProcess:
+    """`group(key, calls)` records each group as {"calls": [n, …], "ended": None, "finished" or "killed"};
+    it holds a call [n, "held"] until `release()`; a group whose first call is [n, "untaken"] is not taken
+    up until then either. `echo(value)` answers at once."""
+
+    def __init__(self, path: str):
+        self.path, self.groups = path, []
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._started.wait(10), "the model process did not start"
+
+    def _run(self) -> None:
+        self._hub, self._gate, self._stop = gevent.get_hub(), Event(), Event()
+        server = ChannelServer(self.path, {"group": self._group, "echo": lambda value: value}, 1 << 20)
+        server.start()
+        self._started.set()
+        self._stop.wait()
+        server.drain(1)
+
+    def _group(self, key: str, calls: list):
+        record = {"calls": [call[0] for call in calls], "ended": None}
+        self.groups.append(record)
+        try:
+            if calls[0][1:] == ["untaken"]:
+                self._gate.wait(30)
+            yield TAKEN
+            for position, (number, *how) in enumerate(calls):
+                if how == ["held"]:
+                    self._gate.wait(30)
+                yield [position, None, number * 2]
+            record["ended"] = "finished"
+        except GreenletExit:
+            record["ended"] = "killed"
+            raise
+
+    def release(self) -> None:
+        self._hub.loop.run_callback_threadsafe(self._gate.set)
+
+    def stop(self) -> None:
+        self._hub.loop.run_callback_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def model_process(tmp_path):
+    process = ModelProcess(str(tmp_path / "models.sock"))
+    yield process
+    process.release()
+    process.stop()
+
+
+async def connected(path: str) -> ChannelClient:
+    channel = ChannelClient(path)
+    channel.start()
+    assert await channel.wait_connected(10)
+    return channel
+
+
+def ended(process: ModelProcess, index: int = 0) -> str | None:
+    return wait_for(lambda: len(process.groups) > index and process.groups[index]["ended"], 10, "the group never ended")
+
+
+def test_a_stream_its_caller_stops_reading_is_stopped_in_the_model_process(model_process):
+    async def abandon():
+        channel = await connected(model_process.path)
+        stream = channel.stream("group", "a", [[1, "held"]])
+        assert await stream.__anext__() == TAKEN
+        await stream.aclose()  # as a cancelled task's `async for` closes it
+        await channel.close()
+
+    asyncio.run(abandon())
+    assert ended(model_process) == "killed"
+
+
+def test_a_stream_read_to_its_end_is_not_stopped(model_process):
+    async def read_all():
+        channel = await connected(model_process.path)
+        items = [item async for item in channel.stream("group", "a", [[1], [2]])]
+        await channel.close()
+        return items
+
+    assert asyncio.run(read_all()) == [TAKEN, [0, None, 2], [1, None, 4]]
+    assert ended(model_process) == "finished"
+
+
+def test_a_group_is_cancelled_once_every_call_in_it_is(model_process):
+    async def cancel_one_then_the_other():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
+        await asyncio.sleep(0)  # both join the group of this turn
+        while not model_process.groups:
+            await channel.call("echo", None)
+        calls[0].cancel()
+        for _ in range(2):  # round trips after the cancellation it would have sent, if it had
+            await channel.call("echo", None)
+        assert model_process.groups[0]["ended"] is None
+        calls[1].cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        killed = ended(model_process)
+        await channel.close()
+        return killed
+
+    assert asyncio.run(cancel_one_then_the_other()) == "killed"
+    assert model_process.groups[0]["calls"] == [1, 2]
+
+
+def test_a_group_whose_callers_all_left_before_it_went_is_never_sent(model_process):
+    """It waited behind a group the model process had not taken up."""
+    async def leave_early():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        first = asyncio.create_task(groups.call(("a",), [1, "untaken"], 8))
+        while not model_process.groups:
+            await channel.call("echo", None)
+        waiting = asyncio.create_task(groups.call(("a",), [2], 8))
+        await asyncio.sleep(0)  # it joins a group that waits for the first to be taken up
+        waiting.cancel()
+        model_process.release()
+        answer = await first
+        await channel.call("echo", None)
+        await channel.close()
+        return answer
+
+    assert asyncio.run(leave_early()) == [2]
+    assert [group["calls"] for group in model_process.groups] == [[1]]
