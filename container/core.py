@@ -284,16 +284,21 @@ class Core:
             return
         statistics = lease.model.statistics[lease.version]
         sent = gevent.queue.Queue()
-        request.respond = lambda outcome, final: sent.put((outcome, final, time.perf_counter_ns()))
+        place, since = 0, time.perf_counter_ns()
+
+        def respond(outcome, final: bool) -> None:  # counted as sent, whether or not the caller is still there
+            nonlocal place, since
+            came = time.perf_counter_ns()
+            statistics.record_response(place, outcome, came - since)
+            place, since = place + 1, came
+            sent.put((outcome, final))
+
+        request.respond = respond
         running = gevent.spawn(self.infer, lease, request)
         running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
-        place, since = 0, time.perf_counter_ns()
         try:
             while (item := sent.get()) is not None:
-                outcome, final, came = item
-                statistics.record_response(place, outcome, came - since)
-                place, since = place + 1, came
-                yield outcome, final
+                yield item
         finally:  # the caller went away (its client did): the request is cancelled
             running.kill(block=False)
         running.get()

@@ -41,7 +41,7 @@ def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
     except ValueError:
-        return ""
+        return "Client Closed Request" if status == 499 else ""  # nginx's, for a request cancelled
 
 
 def json_error(message: str) -> bytes:

@@ -3,6 +3,8 @@
 import time
 from dataclasses import dataclass, field
 
+from container.errors import Cancelled
+
 
 @dataclass
 class Duration:
@@ -42,7 +44,7 @@ class ResponseStatistics:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     empty_response: Duration = field(default_factory=Duration)  # the final flag alone
-    cancel: Duration = field(default_factory=Duration)  # never counted: a stream's client leaving is not told here
+    cancel: Duration = field(default_factory=Duration)  # responses carrying the model's CANCELLED error
 
 
 @dataclass
@@ -96,6 +98,9 @@ class Statistics:
             counts.empty_response.add(ns)
             return
         counts.compute_infer.add(ns)
+        if isinstance(outcome, Cancelled):  # the model answered its request's cancellation (TritonError.CANCELLED)
+            counts.cancel.add(ns)
+            return
         (counts.fail if isinstance(outcome, Exception) else counts.success).add(ns)
 
     def record_failure(self, total_ns: int) -> None:

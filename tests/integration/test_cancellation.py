@@ -50,7 +50,7 @@ class TritonPythonModel:
 
 # Decoupled: a response every 5 ms (3,000 at most), sent from a thread of the model's or from `execute`
 # itself (the request's parameter "from"), until the request is cancelled; then the count sent is written
-# to a file beside the gates, and the final flag sent
+# to a file beside the gates, and Triton's CANCELLED error sent with the final flag
 TICKER_PY = """
 import json
 import threading
@@ -76,7 +76,9 @@ class TritonPythonModel:
             sent += 1
             time.sleep(0.005)
         open({marker!r} + where, "w").write(json.dumps({{"cancelled": cancelled(), "sent": sent}}))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED) if cancelled() else None
+        sender.send(pb_utils.InferenceResponse(error=error) if error else None,
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
 
@@ -125,6 +127,11 @@ def x_batched(first: float) -> list:
 def executions(server, name: str) -> int:
     stats = server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]
     return stats["execution_count"]
+
+
+def cancelled_responses(server, name: str) -> int:
+    stats = server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]
+    return sum(int(place["cancel"]["count"]) for place in stats.get("response_stats", {}).values())
 
 
 def queue_depth(server, name: str) -> float:
@@ -177,8 +184,10 @@ def test_a_running_python_request_sees_its_cancellation(server, gate_dir):
 @pytest.mark.parametrize("where", ["thread", "execute"])
 def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, where):
     """A stream stopped with cancel_requests=True: the model, sending from a thread of its own through the
-    response sender, or from `execute` itself, sees `is_cancelled()` and stops long before its 3,000."""
+    response sender, or from `execute` itself, sees `is_cancelled()` and stops long before its 3,000; its
+    last response, the CANCELLED error, is counted in the statistics as `cancel`."""
     responses: queue.Queue = queue.Queue()
+    cancels_before = cancelled_responses(server, "ticker")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         client.start_stream(lambda result, error: responses.put((result, error)))
@@ -192,6 +201,7 @@ def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, 
     marker = gate_dir / f"ticker.{where}"
     ended = json.loads(wait_for(lambda: marker.exists() and marker.read_text(), 20, "the model never saw the cancellation"))
     assert ended["cancelled"] and ended["sent"] < 3000
+    wait_for(lambda: cancelled_responses(server, "ticker") == cancels_before + 1, 20, "the CANCELLED response was not counted")
 
 
 def test_a_stream_its_client_closes_still_answers_the_requests_under_way(server, gates):
