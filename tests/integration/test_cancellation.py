@@ -138,11 +138,12 @@ def queue_depth(server, name: str) -> float:
     return server.metrics().get(("serve_queue_depth", (("model", name),)), 0)
 
 
-@pytest.mark.parametrize(("name", "inputs"), [("queued", x_batched), ("direct", x_input)])
-def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_are_served(server, gates, name, inputs):
+@pytest.mark.parametrize(("name", "inputs", "how"), [("queued", x_batched, "cancel"), ("direct", x_input, "cancel"),
+                                                     ("queued", x_batched, "deadline")])
+def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_are_served(server, gates, name, inputs, how):
     """One instance, held at a gate by the first request: the second waits (in the dynamic batcher's queue,
-    or for the instance), is cancelled by its client, and never runs; the first is answered once the
-    gate opens, and a third after it."""
+    or for the instance), is cancelled by its client (or its client_timeout passes), and never runs; the
+    first is answered once the gate opens, and a third after it."""
     answers: queue.Queue = queue.Queue()
     gates[name].marker.unlink(missing_ok=True)  # a gate is used by more than one test
     before = executions(server, name)
@@ -150,9 +151,10 @@ def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_
         client.async_infer(name, inputs(-1), lambda result, error: answers.put(("held", result, error)), client_timeout=60)
         gates[name].wait_entered()
         waiting = client.async_infer(name, inputs(5), lambda result, error: answers.put(("cancelled", result, error)),
-                                     client_timeout=60)
+                                     client_timeout=60 if how == "cancel" else 3)  # seen waiting within 3 s
         wait_for(lambda: queue_depth(server, name) == 1, 30, "the second request never waited for the instance")
-        waiting.cancel()
+        if how == "cancel":
+            waiting.cancel()
         wait_for(lambda: queue_depth(server, name) == 0, 30, "the cancelled request still waits for the instance")
         gates[name].release()
         told = {}
@@ -160,7 +162,7 @@ def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_
             which, result, error = answers.get(timeout=30)
             told[which] = (result, error)
         assert told["held"][1] is None and told["held"][0].as_numpy("y").ravel().tolist() == [-2, 2, 4, 6]
-        assert "CANCELLED" in str(told["cancelled"][1])
+        assert ("CANCELLED" if how == "cancel" else "Deadline Exceeded") in str(told["cancelled"][1])
         third = client.infer(name, inputs(7), client_timeout=30)
         assert third.as_numpy("y").ravel().tolist() == [14, 2, 4, 6]
     assert executions(server, name) - before == 2  # the first and the third
