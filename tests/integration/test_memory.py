@@ -99,6 +99,7 @@ def test_each_version_s_statistics_show_what_the_cache_charges_it_in_triton_s_me
     charged = lru.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", name)))]
     [stats] = lru.request("GET", f"/v2/models/{name}/stats").json()["model_stats"]
     assert stats["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": charged}] and charged >= 8 * MIB
+    wait_for(lru.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
     with grpcclient.InferenceServerClient(lru.grpc_url) as client:
         [over_grpc] = client.get_inference_statistics(name, as_json=True)["model_stats"]
     assert over_grpc["memory_usage"] == [{"type": "CPU", "byte_size": str(int(charged))}]  # protobuf's JSON: no id 0
