@@ -36,9 +36,11 @@ class Inbox:
         for key in [key for key in self._cancelled if key[0] < number]:
             self._cancelled.discard(key)
 
-    def cancelled(self, number: int, index: int) -> bool:
-        """Whether the request at `index` of message `number` was cancelled, as far as has come."""
-        self._look()
+    def cancelled(self, number: int, index: int, look: bool = True) -> bool:
+        """Whether the request at `index` of message `number` was cancelled: as far as has come (`look`: a
+        system call), or as far as has been read."""
+        if look:
+            self._look()
         return (number, index) in self._cancelled
 
     def _look(self) -> None:
