@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.builders import Gate, python_model, tensor, wait_for
+from tests.integration.test_python_backend import ensemble, step
 
 # x (FP32 [4]) → y = 2x; x[0] == -1 waits at the gate first
 QUEUED_PY = """
@@ -101,13 +102,16 @@ def server(start_server, tmp_path_factory, gate_dir, gates):
                  {"max_batch_size": 1, "input": [x], "output": [y], "dynamic_batching": {}, **one})
     python_model(root, "direct", QUEUED_PY.replace("{gate}", gates["direct"].code()),
                  {"max_batch_size": 0, "input": [x], "output": [y], **one})
+    python_model(root, "second", QUEUED_PY.replace("{gate}", "pass"), {"max_batch_size": 0, "input": [x], "output": [y], **one})
+    ensemble(root, "pipeline", [x], [tensor("z", "TYPE_FP32", [4])],
+             [step("direct", {"x": "x"}, {"y": "doubled"}), step("second", {"x": "doubled"}, {"y": "z"})])
     python_model(root, "watchful", WATCHFUL_PY.format(entered=str(gate_dir / "watchful.entered"),
                                                       marker=str(gate_dir / "watchful.ended")),
                  {"max_batch_size": 0, "input": [x], "output": [y]})
     python_model(root, "ticker", TICKER_PY.format(marker=str(gate_dir / "ticker.")),
                  {"max_batch_size": 0, "input": [x], "output": [tensor("n", "TYPE_INT32", [1])],
                   "model_transaction_policy": {"decoupled": True}})
-    server = start_server(root, SERVE_LOAD_MODELS="queued,direct,watchful,ticker")
+    server = start_server(root, SERVE_LOAD_MODELS="queued,direct,second,pipeline,watchful,ticker")
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
 
@@ -166,6 +170,23 @@ def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_
         third = client.infer(name, inputs(7), client_timeout=30)
         assert third.as_numpy("y").ravel().tolist() == [14, 2, 4, 6]
     assert executions(server, name) - before == 2  # the first and the third
+
+
+def test_an_ensemble_cancelled_during_a_step_starts_no_other(server, gates):
+    """The first step (held at a gate) finishes after the ensemble's request is cancelled; the second
+    never runs: a request to it alone afterwards is its only execution."""
+    gates["direct"].marker.unlink(missing_ok=True)
+    before = executions(server, "second")
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        call = client.async_infer("pipeline", x_input(-1), lambda result, error: answers.put(error), client_timeout=60)
+        gates["direct"].wait_entered()
+        call.cancel()
+        assert "CANCELLED" in str(answers.get(timeout=30))
+        gates["direct"].release()
+        alone = client.infer("second", x_input(3), client_timeout=30)  # behind a second step, were there one
+    assert alone.as_numpy("y").tolist() == [6, 2, 4, 6]
+    assert executions(server, "second") - before == 1
 
 
 def test_a_running_python_request_sees_its_cancellation(server, gate_dir):
