@@ -62,10 +62,11 @@ def _inferences(server, model: str) -> int:
 
 def run(seconds: float, smoke: bool) -> list[str]:
     rows, unanswered = {}, []
+    concurrencies = (8,) if smoke else CONCURRENCIES  # a smoke run checks the script, not the curve
     with both_servers(MODELS) as (server, peer):
         for model, width in (("tiny", 16), ("mlp", WIDTH), ("echo_4mb", LARGE)):
             message = _request(model, width)
-            for connections in CONCURRENCIES:
+            for connections in concurrencies:
                 if peer is not None:
                     rows["Triton (python backend)", model, connections] = _grpc_measure(
                         peer.grpc_url, peer.process.pid, message, connections, seconds)
@@ -77,9 +78,9 @@ def run(seconds: float, smoke: bool) -> list[str]:
                     unanswered.append(f"{model} at {connections}: {answered} inferences for h2load's "
                                       f"{load.requests_per_s * round(seconds):,.0f} calls")
         with _grpcio_floor() as (url, pid):
-            for connections in CONCURRENCIES:
+            for connections in concurrencies:
                 rows[FLOOR, "tiny", connections] = _grpc_measure(url, pid, _request("tiny", 16), connections, seconds)
-        http = _http_cost(server, seconds)
+        http = _http_cost(server, seconds, concurrencies)
     lines = [] if peer is not None else [MISSING, ""]
     lines += ["| server | model | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -109,7 +110,7 @@ def _grpcio_floor():
         floor.wait()
 
 
-def _http_cost(with_grpc: Server, seconds: float) -> list[str]:
+def _http_cost(with_grpc: Server, seconds: float, concurrencies: tuple[int, ...]) -> list[str]:
     """Tiny over V2 binary through a server without gRPC and the one with it, measured turn about."""
     without = Server(with_grpc.model_root, SERVE_GRPC_PORT="off")
     try:
@@ -117,7 +118,7 @@ def _http_cost(with_grpc: Server, seconds: float) -> list[str]:
         body, headers = v2_binary_request("INPUT0", np.arange(16, dtype=np.float32).reshape(1, 16))
         lines = ["| V2 binary, tiny | concurrency | requests/s, gRPC off | requests/s, gRPC on | on / off | p50 ms off / on |",
                  "| --- | --- | --- | --- | --- | --- |"]
-        for connections in CONCURRENCIES:
+        for connections in concurrencies:
             off, _ = measure(without.url, without.process.pid, "/v2/models/tiny/infer", body, headers, connections, seconds)
             on, _ = measure(with_grpc.url, with_grpc.process.pid, "/v2/models/tiny/infer", body, headers, connections, seconds)
             lines.append(f"| | {connections} | {off.requests_per_s:,.0f} | {on.requests_per_s:,.0f} | "
