@@ -231,6 +231,10 @@ class Core:
             positions.append(position)
         if not jobs:
             return
+        clients = [leases[position].client for position in positions]
+        for job, client in zip(jobs, clients, strict=True):
+            if client is not None:  # a client that hangs up cancels its job (inference.Client)
+                client.under_way(job)
         pending = set(range(len(jobs)))
         run = model.scheduler.infer_all if not isinstance(backend, Ensemble) else \
             (lambda batch: as_done(lambda job: (ensembles.run(backend, job.inputs, job.outputs,
@@ -238,6 +242,7 @@ class Core:
         try:
             for index, result in run(jobs):
                 pending.discard(index)
+                _done(jobs[index], clients[index])
                 if isinstance(result, Exception):
                     self._failed(statistics, start, result)
                     yield positions[index], result
@@ -257,6 +262,9 @@ class Core:
                 jobs[index].cancel()
                 self._failed(statistics, start, exc)
             raise
+        finally:
+            for index in pending:
+                _done(jobs[index], clients[index])
 
     @staticmethod
     def _look_up(cache: ResponseCache, model: Model, version: int, backend, request: InferRequest):
@@ -626,3 +634,8 @@ def _not_loaded(name: str, version: int | None = None) -> ModelNotFound:
     if version is not None:
         return ModelNotFound(f"model '{name}' has no version {version}")
     return ModelNotFound(f"model '{name}' is not loaded")
+
+
+def _done(job: Job, client: Client | None) -> None:
+    if client is not None:
+        client.done(job)

@@ -26,6 +26,7 @@ worker (gunicorn_worker.py) and the HTTP front-end processes (http_frontend/) bo
 """
 
 import email.utils
+import functools
 import socket
 import time
 from collections import deque
@@ -122,6 +123,7 @@ class Connection:
         self.client = connections.new_client()  # the connection as the schedulers see it
         self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
         self.in_message = self.in_body = False
+        self._watch = None  # the hub's watcher of the socket while a request is answered
         self._reset()
 
     def _reset(self) -> None:
@@ -236,7 +238,7 @@ class Connection:
                 self._refuse(Unavailable("the server is shutting down; send the request again (to another instance)"),
                              request)
                 return False
-            response = self.dispatcher.serve(request)
+            response = self._served(request)
             connections.answered()
             # shutting down: close after this response, unless requests behind it are to be refused first
             close = not keep_alive or (not connections.alive and not self.ready)
@@ -245,6 +247,38 @@ class Connection:
                 return False
             gevent.sleep(0)
         return True
+
+    def _served(self, request: Request) -> Response:
+        """The dispatcher's response to `request`, watching meanwhile for its client hanging up: then the
+        connection's Client closes, which cancels the request if it waits for an instance (a client that
+        timed out and sent its request again does not cost the model twice)."""
+        watch = self._watching(self.client.close)
+        try:
+            return self.dispatcher.serve(request)
+        finally:
+            watch.stop()
+
+    def _watching(self, hang_up: Callable[[], None]):
+        """The hub's watcher of the socket, started: `hang_up()` once the client is seen gone (`_readable`)."""
+        watch = self._watch
+        if watch is None:
+            watch = self._watch = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+        watch.start(self._readable, hang_up)
+        return watch
+
+    def _readable(self, hang_up: Callable[[], None]) -> None:
+        """On the hub: bytes, or the end of the stream, arrived while a request was under way. Bytes are a
+        request sent behind it (pipelined), read after its answer; the end, or a reset, is the client
+        gone (as nginx and Go's net/http take it): `hang_up()` in a greenlet of its own."""
+        try:
+            ahead = self.sock._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return  # nothing after all: still watching
+        except OSError:
+            ahead = b""
+        self._watch.stop()
+        if not ahead:
+            gevent.spawn(hang_up)
 
     def _refuse(self, refusal: ServeError, request: Request | None = None) -> None:
         """Answer `refusal` through the dispatcher, as every answer goes (the request as far as it was
@@ -297,14 +331,17 @@ class Connection:
             pass  # the client left; the loop ends at its next read
 
     def _write_chunks(self, stream) -> None:
-        """Each piece as one chunk as soon as it is made, then the end; a client that leaves ends the
-        stream (its generator is closed)."""
+        """Each piece as one chunk as soon as it is made, then the end. A client that leaves ends the
+        stream (its generator is closed), whether a write fails or, between pieces, the connection is
+        seen to end: then this greenlet is killed where it waits for the next piece."""
+        watch = self._watching(functools.partial(gevent.kill, gevent.getcurrent()))
         try:
             for piece in stream:
                 if piece:
                     self._write(b"".join((b"%x\r\n" % len(piece), piece, b"\r\n")))
             self._write(b"0\r\n\r\n")
         finally:
+            watch.stop()
             close = getattr(stream, "close", None)
             if close is not None:
                 close()

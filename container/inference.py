@@ -43,18 +43,40 @@ class Client:
     """One client connection, as the schedulers see it. A dynamic batcher with a queue delay expects a
     client it answered within that delay to come back, and waits for it (up to the delay) to form a
     batch; once the connection closes, nobody waits for it. The front-end makes one per connection
-    and closes it with the connection."""
+    and closes it with the connection, or as soon as it sees the client hang up while a request of its
+    is under way: then that request is cancelled (`under_way`), as nobody is left to answer."""
 
-    __slots__ = ("requests", "_on_close")
+    __slots__ = ("requests", "gone", "_on_close", "_jobs")
 
     def __init__(self):
         self.requests = 0  # requests the connection has carried (the front-end counts them)
+        self.gone = False  # closed
         self._on_close: set[Callable[["Client"], None]] = set()
+        self._jobs: set | None = None  # its requests under way (scheduling.job.Job)
 
     def when_closed(self, callback: Callable[["Client"], None]) -> None:
         self._on_close.add(callback)
 
+    def under_way(self, job) -> None:
+        """`job`, a request of this connection's, is cancelled if the connection closes before `done(job)`
+        (at once if it has closed)."""
+        if self.gone:
+            job.cancel()
+        elif self._jobs is None:
+            self._jobs = {job}
+        else:
+            self._jobs.add(job)
+
+    def done(self, job) -> None:
+        if self._jobs is not None:
+            self._jobs.discard(job)
+
     def close(self) -> None:
+        """On the event loop: the callbacks, and the requests under way cancelled."""
+        self.gone = True
         callbacks, self._on_close = self._on_close, set()
         for callback in callbacks:
             callback(self)
+        jobs, self._jobs = self._jobs, None
+        for job in jobs or ():
+            job.cancel()

@@ -15,6 +15,7 @@ A large call goes alone (its data would make the group's frame large); so does a
 is past what the model process reads: each of its calls is sent again on its own."""
 
 import asyncio
+import itertools
 from collections import Counter
 from typing import Callable, Iterator
 
@@ -23,7 +24,8 @@ from gevent.event import AsyncResult
 from container.channel import wire
 from container.channel.hub_client import HubChannelClient
 from container.channel.kept import KeptGreenlets
-from container.errors import PayloadTooLarge, ServeError
+from container.errors import Cancelled, PayloadTooLarge, ServeError
+from container.inference import Client
 
 MOST_CALLS = 64  # calls in one group
 MOST_BYTES = 256 << 10  # data in one group; a call with more goes alone
@@ -44,10 +46,10 @@ def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, ob
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "size", "sent", "taken", "task")
+    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "task")
 
     def __init__(self, key: tuple):
-        self.key, self.calls, self.answers, self.size = key, [], [], 0
+        self.key, self.calls, self.answers, self.clients, self.size = key, [], [], [], 0
         self.sent = self.taken = False
         self.task = None  # AsyncGroups': the task sending it
 
@@ -55,7 +57,7 @@ class _Group:
 class _Groups:
     """What both kinds of front-end share: which group a call joins, and what becomes of a group's
     answers; a subclass sends groups and waits for answers the way its event loop does (`_start`,
-    `_waiter`, `_settle`)."""
+    `_waiter`, `_settle`), and knows a call whose caller left (`_left`)."""
 
     def __init__(self, op: str):
         """`op(*key, calls)`: the model process's group operation, which yields TAKEN, then [position,
@@ -64,7 +66,7 @@ class _Groups:
         self._open: dict[tuple, _Group] = {}
         self._untaken: Counter[tuple] = Counter()  # groups sent for each key that the model process has not taken up
 
-    def _join(self, key: tuple, call: list, size: int):
+    def _join(self, key: tuple, call: list, size: int, client: Client | None = None):
         """The group `call` joins and the waiter for its answer there: the group open for `key` (a new one
         when none is open, or when the call is large). A new group is sent at the end of this turn, or, while one sent before it for
         `key` is not yet taken up, once it is (a large one goes at once)."""
@@ -78,6 +80,7 @@ class _Groups:
         waiter = self._waiter()
         group.calls.append(call)
         group.answers.append(waiter)
+        group.clients.append(client)
         group.size += size
         if len(group.calls) >= MOST_CALLS or group.size >= MOST_BYTES:
             self._close(group)
@@ -122,15 +125,29 @@ class _Groups:
         again call by call; otherwise every call not yet answered hears why (a bug here, as a 500 that
         shows nothing of it: no caller waits for ever)."""
         if isinstance(failure, PayloadTooLarge) and len(group.calls) > 1:
-            for call, answer in zip(group.calls, group.answers, strict=True):
+            for call, answer, client in zip(group.calls, group.answers, group.clients, strict=True):
                 alone = _Group(group.key)
                 alone.calls.append(call)
                 alone.answers.append(answer)
+                alone.clients.append(client)
                 self._send_soon(alone)
             return
         error = wire.error_of(failure)
         for answer in group.answers:
             self._settle(answer, error, None)
+
+    def _live(self, group: _Group) -> bool:
+        """Just before `group` is sent: the calls whose callers left meanwhile (`_left`) are taken out of it,
+        and told so; False when none is left, and then nothing is sent."""
+        left = [self._left(group, position) for position in range(len(group.calls))]
+        if any(left):
+            gone = wire.error_of(Cancelled("the client went away before its request reached the model process"))
+            for answer in itertools.compress(group.answers, left):
+                self._settle(answer, gone, None)
+            group.calls, group.answers, group.clients = (
+                [item for item, out in zip(items, left, strict=True) if not out]
+                for items in (group.calls, group.answers, group.clients))
+        return bool(group.calls)
 
     @staticmethod
     def _result(error, answer) -> list:
@@ -150,10 +167,11 @@ class Groups(_Groups):
         self.channel = channel
         self._senders = KeptGreenlets(self._send, KEEP_SENDERS)
 
-    def call(self, key: tuple, call: list, size: int) -> list:
+    def call(self, key: tuple, call: list, size: int, client: Client | None = None) -> list:
         """The answer to `call` (a list: what its op takes for one call) made as part of the group open
-        for `key`; `size`: the bytes of data it carries. Its error is raised here."""
-        return self._result(*self._join(key, call, size)[1].get())
+        for `key`; `size`: the bytes of data it carries; `client`: the connection it came on, which, closed
+        before the group is sent, leaves the call out (Cancelled). Its error is raised here."""
+        return self._result(*self._join(key, call, size, client)[1].get())
 
     def _start(self, group: _Group) -> None:
         self._senders.start(group)  # it starts once this turn's other greenlets have run
@@ -166,8 +184,16 @@ class Groups(_Groups):
         if not waiter.ready():
             waiter.set((error, answer))
 
+    @staticmethod
+    def _left(group: _Group, position: int) -> bool:
+        client = group.clients[position]
+        return client is not None and client.gone
+
     def _send(self, group: _Group) -> None:
         self._close(group)
+        if not self._live(group):
+            self._taken(group)
+            return
         try:
             for item in self.channel.stream(self.op, *group.key, group.calls):
                 self._answer(group, item)
@@ -213,9 +239,13 @@ class AsyncGroups(_Groups):
         if not waiter.done():
             waiter.set_result((error, answer))
 
+    @staticmethod
+    def _left(group: _Group, position: int) -> bool:
+        return group.answers[position].cancelled()
+
     async def _send(self, group: _Group) -> None:
         self._close(group)
-        if _abandoned(group):  # every caller went away while it waited to go
+        if not self._live(group):  # every caller went away while it waited to go
             self._taken(group)
             return
         try:

@@ -64,12 +64,16 @@ class HubChannelClient:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
         self._pending[call_id] = items = gevent.queue.Queue()
+        ended = False
         try:
             outbox.send(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
             while (frame := items.get())[0] == wire.ITEM:
                 yield frame[1]
+            ended = True
         finally:
             self._pending.pop(call_id, None)
+            if not ended and self._outbox is outbox:  # the caller stopped reading (its client left): so does the model process
+                outbox.send(wire.pack([next(self._ids), wire.CANCEL, [call_id]]))
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
 

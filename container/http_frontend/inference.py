@@ -41,7 +41,8 @@ class RemoteInference:
 
         def cross(view: TensorView, decoded: tuple) -> list:
             inferred = decoded[1][0]
-            return self._tensors.call(key, views.tensor_call(client, view, inferred), views.call_size(len(body), inferred.inputs))
+            return self._tensors.call(key, views.tensor_call(client, view, inferred), views.call_size(len(body), inferred.inputs),
+                                     request.client)
 
         ran = None if heavy else self._views.run(name, version is not None,
                                                  lambda view: _decoded(view, body, header_length, self.limits, name), cross)
@@ -66,7 +67,7 @@ class RemoteInference:
         size = MOST_BYTES if heavy else len(body)
         call = [client.number, client.requests, header_length, document, large(data), heavy]
         try:
-            answer, headers = self._documents.call(key, call, size)
+            answer, headers = self._documents.call(key, call, size, client)
             return answer, headers
         except PayloadTooLarge:
             if document is None:
@@ -74,7 +75,7 @@ class RemoteInference:
         # Parsed, it is too large to cross (JSON's numbers as msgpack's, up to 9 bytes each): the body is
         # not, as its limit is the call's, so the model process parses it as one process would.
         call[3:5] = None, large(body)
-        answer, headers = self._documents.call(key, call, size)
+        answer, headers = self._documents.call(key, call, size, client)
         return answer, headers
 
 

@@ -39,14 +39,14 @@ class RemoteInvoke:
             inputs = decoded[0]
             call = [client.number, client.requests, view.generation, inputs, headers.get(CUSTOM_ATTRIBUTES),
                     request.request_id]
-            return self._tensors.call(key, call, views.call_size(len(body), inputs))
+            return self._tensors.call(key, call, views.call_size(len(body), inputs), client)
 
         ran = None if offload.heavy(len(body)) else self._views.run(name, False, self._decoder(body, headers), cross)
         if ran is not None:
             _, (_, finish), [outputs] = ran
             return finish(outputs)
         call = [client.number, client.requests, large(body), headers, request.request_id]
-        status, headers, body = self._bodies.call(key, call, len(body))
+        status, headers, body = self._bodies.call(key, call, len(body), client)
         return Response(body, status=status, headers=headers)
 
     def _decoder(self, body: bytes, headers: dict[str, str]):

@@ -37,7 +37,7 @@ class RemoteTFServing:
         def cross(view: TensorView, decoded: tuple) -> list:
             inputs = decoded[0]
             return self._tensors.call((os.getpid(), name, *path), [client.number, client.requests, view.generation, inputs],
-                                      views.call_size(len(body), inputs))
+                                      views.call_size(len(body), inputs), client)
 
         ran = None if offload.heavy(len(body)) else self._views.run(
             name, path != (None, None), lambda view: _decoded(view, body, verb, self.limits), cross)
@@ -45,7 +45,7 @@ class RemoteTFServing:
             _, (_, encode), [outputs] = ran
             return answer(encode(outputs))
         [answered] = self._bodies.call((os.getpid(), name, *path, verb), [client.number, client.requests, large(body)],
-                                       len(body))
+                                       len(body), client)
         return answer(answered)
 
 

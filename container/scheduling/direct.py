@@ -4,7 +4,7 @@ shorter than a thread hand-off is worth, on the hub itself (inline.py). Requests
 for a model of worker processes go to its workers in shares, one message a worker (`run_all`)."""
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gevent
 from gevent.event import Event
@@ -16,7 +16,7 @@ from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, call, on_loop, on_thread, run_batch
+from container.scheduling.job import Job, call, cancelled_error, on_loop, on_thread, run_batch
 
 
 class DirectScheduler(Scheduler):
@@ -55,7 +55,8 @@ class DirectScheduler(Scheduler):
         for each."""
         backend = jobs[0].backend
         if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
-            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs])
+            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs],
+                                    lambda job: job.cancelled)
             return
         if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
             yield from super().infer_all(jobs)
@@ -63,15 +64,16 @@ class DirectScheduler(Scheduler):
         for position, job in enumerate(jobs):
             yield position, outcome(self.infer, job)
 
-    def run_all(self, fn, calls: list, statistics: Statistics,
-                items: list[int] | None = None) -> Iterator[tuple[int, object]]:
+    def run_all(self, fn, calls: list, statistics: Statistics, items: list[int] | None = None,
+                cancelled: Callable[[object], bool] | None = None) -> Iterator[tuple[int, object]]:
         """Requests that arrived together for a model of worker processes (a handler model's, a python
         model's), in as many shares as the model has instances (a worker each, and one message to it):
         each share is one `fn(its calls, answer)` on an instance thread, which answers each call as it is
         done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases)
         or the exception) as each is answered; a call that failed for want of device memory runs again,
         alone, once room is made for it. `items`: each call's batch items, as its execution is counted
-        (default: one each)."""
+        (default: one each); `cancelled(call)`: whether a call's client went away, so that a call cancelled
+        by the time its share begins is not run (Cancelled, and no execution)."""
         answered, retried = Queue(), set()
         items = items or [1] * len(calls)
         shares = [_Share(positions, answered, statistics, items) for positions in _shares(len(calls), self._instances)]
@@ -79,16 +81,16 @@ class DirectScheduler(Scheduler):
         pending = len(calls)
         try:
             if len(calls) == 1:
-                self._run_share(fn, calls, shares[0])  # nothing to answer before it is done: no greenlet
+                self._run_share(fn, calls, shares[0], cancelled)  # nothing to answer before it is done: no greenlet
             else:
                 for share in shares:
-                    gevent.spawn_raw(self._run_share, fn, calls, share)
+                    gevent.spawn_raw(self._run_share, fn, calls, share, cancelled)
             while pending:
                 position, result = answered.get()
                 if isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
                     retried.add(position)
                     self._recover(result.device, result.requested)
-                    self._run_share(fn, calls, _Share([position], answered, statistics, items))
+                    self._run_share(fn, calls, _Share([position], answered, statistics, items), cancelled)
                     continue
                 pending -= 1
                 self._submitted -= 1
@@ -97,9 +99,10 @@ class DirectScheduler(Scheduler):
         finally:
             self._submitted -= pending
 
-    def _run_share(self, fn, calls: list[tuple], share: "_Share") -> None:
+    def _run_share(self, fn, calls: list, share: "_Share", cancelled: Callable[[object], bool] | None) -> None:
         """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
-        it comes, the last with the call's own end (one wake-up of the loop for a lone request)."""
+        it comes, the last with the call's own end (one wake-up of the loop for a lone request). Its calls
+        cancelled by the time it begins are answered Cancelled, not run."""
         last = len(share.positions) - 1
 
         def answer(index: int, result) -> None:
@@ -110,7 +113,13 @@ class DirectScheduler(Scheduler):
 
         def run() -> None:
             share.began = time.perf_counter_ns()
-            fn([calls[p] for p in share.positions], answer)
+            live = list(range(len(share.positions)))
+            if cancelled is not None:
+                live = [index for index in live if not cancelled(calls[share.positions[index]])]
+                for index in sorted(set(range(len(share.positions))) - set(live)):
+                    self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
+            if live:
+                fn([calls[share.positions[index]] for index in live], lambda index, result: answer(live[index], result))
 
         try:
             self._threads.apply(on_thread, (call, (run, ()), share.submitted))
@@ -153,13 +162,15 @@ class _Share:
         self.last = None  # (index, result, when) of its last call, answered once the thread is done
         self._open = set(positions)
 
-    def answer(self, index: int, result, now: int) -> None:
-        """On the loop: the share's `index`th call was answered at `now`."""
+    def answer(self, index: int, result, now: int, ran: bool = True) -> None:
+        """On the loop: the share's `index`th call was answered at `now`; `ran`: by the model (not a call
+        cancelled before it began)."""
         position = self.positions[index]
         self._open.discard(position)
         phases = Phases(queue_ns=self.began - self.submitted, infer_ns=now - self.began)
-        self.began = now
-        if not isinstance(result, WorkerLost):  # the model ran, whether or not it raised: an execution, as Triton counts
+        if ran:
+            self.began = now
+        if ran and not isinstance(result, WorkerLost):  # the model ran, whether or not it raised: an execution, as Triton counts
             self._statistics.record_execution(self._items[position], phases)
         self._answered.put((position, result if isinstance(result, Exception) else (result, phases)))
 

@@ -8,6 +8,7 @@ max_queue_delay_microseconds is spent waiting for more requests while the queue 
 preferred size and other requests for the model are on their way (counted from their headers,
 base.py). With preserve_ordering, responses leave in the order the requests arrived."""
 
+import functools
 import itertools
 import time
 from typing import Iterator
@@ -22,7 +23,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler, as_done
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, cancelled_error, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -71,11 +72,18 @@ class DynamicBatcher(Scheduler):
             yield queued[index][0], result
 
     def _enqueue(self, job: Job) -> float | None:
-        """Queue `job`; returns its queue timeout in seconds (None: none)."""
+        """Queue `job`; returns its queue timeout in seconds (None: none). Cancelled while it waits there
+        (its client hung up), it leaves the queue at once, so that it holds no place in a full one."""
         timeout = self.queue.put(job)
         if self.preserve_ordering:
             self._pending.append(job.order)
+        job.when_cancelled(functools.partial(self._cancelled, job))
         return timeout
+
+    def _cancelled(self, job: Job) -> None:
+        if job.stage is Stage.QUEUED:
+            self.queue.discard(job)
+            self._deliver(job, cancelled_error(), ok=False)
 
     def _wait(self, job: Job, timeout: float | None) -> tuple[dict, Phases]:
         try:

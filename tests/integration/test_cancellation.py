@@ -1,11 +1,15 @@
 """Triton's request cancellation, as tritonclient's gRPC client issues it: a call cancelled, or a stream
-stopped with `cancel_requests=True`. A cancelled request that waits for an instance is never run, and
-the requests around it are served; a python model's request that is running sees `is_cancelled()` turn
-true, through `execute` or its response sender, so that the model can stop early."""
+stopped with `cancel_requests=True`; and over HTTP, a client that hangs up while its request is under
+way (on a model process that serves HTTP itself, and through front-ends). A cancelled request that
+waits for an instance is never run, and the requests around it are served; a python model's request
+that is running sees `is_cancelled()` turn true, through `execute` or its response sender, so that the
+model can stop early."""
 
 import json
 import queue
+import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +53,10 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", request.inputs()[0].as_numpy())], error=error)]
 """
 
-# Decoupled: a response every 5 ms (3,000 at most), sent from a thread of the model's or from `execute`
+# Decoupled: a response every 5 ms (for 15 s at most), sent from a thread of the model's or from `execute`
 # itself (the request's parameter "from"), until the request is cancelled; then the count sent is written
-# to a file beside the gates, and Triton's CANCELLED error sent with the final flag
+# to a file beside the gates, and Triton's CANCELLED error sent with the final flag. With the parameter
+# "quiet", one response only, then a look every 5 ms for the cancellation
 TICKER_PY = """
 import json
 import threading
@@ -62,21 +67,26 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
-            where = json.loads(request.parameters())["from"]
+            parameters = json.loads(request.parameters())
+            where, quiet = parameters["from"], parameters.get("quiet", False)
             if where == "thread":
-                threading.Thread(target=self.tick, args=(request, request.get_response_sender().is_cancelled, where)).start()
+                threading.Thread(target=self.tick, args=(request, request.get_response_sender().is_cancelled, where,
+                                                         quiet)).start()
             else:
-                self.tick(request, request.is_cancelled, where)
+                self.tick(request, request.is_cancelled, where, quiet)
         return None
 
-    def tick(self, request, cancelled, where):
+    def tick(self, request, cancelled, where, quiet):
         sender = request.get_response_sender()
         sent = 0
-        while not cancelled() and sent < 3000:
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("n", np.array([sent], np.int32))]))
-            sent += 1
+        for _ in range(3000):
+            if cancelled():
+                break
+            if not (quiet and sent):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("n", np.array([sent], np.int32))]))
+                sent += 1
             time.sleep(0.005)
-        open({marker!r} + where, "w").write(json.dumps({{"cancelled": cancelled(), "sent": sent}}))
+        open({marker!r} + where + ("-quiet" if quiet else ""), "w").write(json.dumps({{"cancelled": cancelled(), "sent": sent}}))
         error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED) if cancelled() else None
         sender.send(pb_utils.InferenceResponse(error=error) if error else None,
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -94,7 +104,7 @@ def gates(gate_dir) -> dict[str, Gate]:
 
 
 @pytest.fixture(scope="module")
-def server(start_server, tmp_path_factory, gate_dir, gates):
+def models(tmp_path_factory, gate_dir, gates) -> Path:
     root = tmp_path_factory.mktemp("models")
     x, y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
     one = {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
@@ -111,9 +121,31 @@ def server(start_server, tmp_path_factory, gate_dir, gates):
     python_model(root, "ticker", TICKER_PY.format(marker=str(gate_dir / "ticker.")),
                  {"max_batch_size": 0, "input": [x], "output": [tensor("n", "TYPE_INT32", [1])],
                   "model_transaction_policy": {"decoupled": True}})
-    server = start_server(root, SERVE_LOAD_MODELS="queued,direct,second,pipeline,watchful,ticker")
+    return root
+
+
+def serve(start_server, models: Path, front_ends: str):
+    server = start_server(models, SERVE_LOAD_MODELS="queued,direct,second,pipeline,watchful,ticker",
+                          SERVE_HTTP_WORKERS=front_ends)
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
+
+
+@pytest.fixture(scope="module")
+def server(start_server, models):
+    """HTTP through two front-ends, whatever the machine."""
+    return serve(start_server, models, "2")
+
+
+@pytest.fixture(scope="module")
+def one_process(start_server, models):
+    """HTTP served by the model process itself."""
+    return serve(start_server, models, "0")
+
+
+@pytest.fixture(params=["front-ends", "one process"])
+def http_server(request):
+    return request.getfixturevalue("server" if request.param == "front-ends" else "one_process")
 
 
 def x_input(first: float) -> list:
@@ -210,6 +242,8 @@ def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, 
     response sender, or from `execute` itself, sees `is_cancelled()` and stops long before its 3,000; its
     last response, the CANCELLED error, is counted in the statistics as `cancel`."""
     responses: queue.Queue = queue.Queue()
+    marker = gate_dir / f"ticker.{where}"
+    marker.unlink(missing_ok=True)  # the HTTP tests' tickers write it too
     cancels_before = cancelled_responses(server, "ticker")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -221,7 +255,6 @@ def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, 
         client.stop_stream(cancel_requests=True)
     finally:
         client.close()
-    marker = gate_dir / f"ticker.{where}"
     ended = json.loads(wait_for(lambda: marker.exists() and marker.read_text(), 20, "the model never saw the cancellation"))
     assert ended["cancelled"] and ended["sent"] < 3000
     wait_for(lambda: cancelled_responses(server, "ticker") == cancels_before + 1, 20, "the CANCELLED response was not counted")
@@ -242,3 +275,57 @@ def test_a_stream_its_client_closes_still_answers_the_requests_under_way(server,
         result, error = responses.get(timeout=30)
         closing.join(30)
     assert error is None and result.as_numpy("y").ravel().tolist() == [-2, 2, 4, 6]
+
+
+def sent_and_left_open(server, path: str, document: dict) -> socket.socket:
+    """A connection that has sent one HTTP request (JSON), to be closed by the test without reading."""
+    body = json.dumps(document).encode()
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    connection.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return connection
+
+
+def v2_x(first: float, batched: bool) -> dict:
+    data = [first, 1, 2, 3]
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4] if batched else [4], "data": data}]}
+
+
+@pytest.mark.parametrize("name", ["queued", "direct"])
+def test_an_http_request_whose_client_hangs_up_while_it_waits_never_runs(http_server, gates, name):
+    """One instance, held at a gate by a first request: a second waits for it (in the dynamic batcher's
+    queue, which it leaves at once, or for the instance), and its client closes the connection. It never
+    runs: once the gate opens, the first is answered, then a third, and the model has executed those two."""
+    server, batched = http_server, name == "queued"
+    gates[name].marker.unlink(missing_ok=True)
+    before = executions(server, name)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(server.request, "POST", f"/v2/models/{name}/infer", json=v2_x(-1, batched), timeout=60)
+        gates[name].wait_entered()
+        with sent_and_left_open(server, f"/v2/models/{name}/infer", v2_x(5, batched)):
+            wait_for(lambda: queue_depth(server, name) == 1, 30, "the second request never waited for the instance")
+        if batched:
+            wait_for(lambda: queue_depth(server, name) == 0, 30, "the request whose client left still holds its place in the queue")
+        gates[name].release()
+        assert held.result(timeout=30).json()["outputs"][0]["data"] == [-2, 2, 4, 6]
+    third = server.request("POST", f"/v2/models/{name}/infer", json=v2_x(7, batched), timeout=30)
+    assert third.json()["outputs"][0]["data"] == [14, 2, 4, 6]
+    assert executions(server, name) - before == 2  # the first and the third
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["ticking", "quiet"])
+def test_a_generate_stream_whose_client_hangs_up_stops_its_model(http_server, gate_dir, quiet):
+    """`generate_stream` to a decoupled model: its client reads the first event and closes the connection.
+    The model, sending from a thread of its own, sees `is_cancelled()` and stops, whether it goes on
+    sending (a write fails) or sends nothing more (the connection's end is seen while the stream waits)."""
+    marker = gate_dir / ("ticker.thread-quiet" if quiet else "ticker.thread")
+    marker.unlink(missing_ok=True)
+    document = {"x": [1, 1, 2, 3], "from": "thread", "quiet": quiet}
+    with sent_and_left_open(http_server, "/v2/models/ticker/generate_stream", document) as connection:
+        received = b""
+        while b"data: " not in received:
+            more = connection.recv(4096)
+            assert more, f"the stream ended before its first event: {received!r}"
+            received += more
+    ended = json.loads(wait_for(lambda: marker.exists() and marker.read_text(), 20, "the model never saw the cancellation"))
+    assert ended["cancelled"] and ended["sent"] < 3000
