@@ -144,3 +144,24 @@ def test_a_group_whose_callers_all_left_before_it_went_is_never_sent(model_proce
 
     assert asyncio.run(leave_early()) == [2]
     assert [group["calls"] for group in model_process.groups] == [[1]]
+
+
+def test_a_call_whose_caller_left_before_its_group_went_is_left_out_of_it(model_process):
+    """Two calls wait behind a group the model process has not taken up; one is cancelled: the group goes
+    with the other alone, which is answered."""
+    async def one_leaves():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        first = asyncio.create_task(groups.call(("a",), [1, "untaken"], 8))
+        while not model_process.groups:
+            await channel.call("echo", None)
+        waiting = [asyncio.create_task(groups.call(("a",), [n], 8)) for n in (2, 3)]
+        await asyncio.sleep(0)  # both join the group that waits for the first to be taken up
+        waiting[0].cancel()
+        model_process.release()
+        answers = [await first, await waiting[1]]
+        await channel.close()
+        return answers
+
+    assert asyncio.run(one_leaves()) == [[2], [6]]
+    assert [group["calls"] for group in model_process.groups] == [[1], [3]]

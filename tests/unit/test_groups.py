@@ -9,7 +9,8 @@ from gevent.event import Event
 from container.channel.groups import MOST_BYTES, MOST_CALLS, TAKEN, Groups
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import ChannelServer
-from container.errors import InvalidInput, PayloadTooLarge, ServeError, Unavailable
+from container.errors import Cancelled, InvalidInput, PayloadTooLarge, ServeError, Unavailable
+from container.inference import Client
 from tests.builders import poll
 
 LIMIT = 64 << 10  # the largest call this test's model process reads
@@ -108,6 +109,24 @@ def test_calls_wait_to_go_together_while_the_group_before_them_is_not_taken_up(c
     assert seen == [("a", [1]), ("a", [4]), ("a", [2, 3, *range(10, 8 + MOST_CALLS)])] and not first.ready()
     gate.set()
     assert first.get(timeout=10) == [2]
+
+
+def test_a_call_whose_client_closed_while_its_group_waited_is_not_sent(channel):
+    """Two calls wait in a group behind one not yet taken up; the first one's client hangs up meanwhile: the
+    group goes without it, and its caller hears Cancelled (499), the other its answer."""
+    groups, seen, gate = channel
+    first = gevent.spawn(groups.call, ("a",), [1, "untaken"], 8)
+    poll(lambda: seen, 10, "the first group was not sent")
+    leaving, staying = Client(), Client()
+    waiting = [gevent.spawn(groups.call, ("a",), [n], 8, client) for n, client in ((2, leaving), (3, staying))]
+    gevent.idle()
+    leaving.close()
+    gate.set()
+    with pytest.raises(Cancelled) as told:
+        waiting[0].get(timeout=10)
+    assert told.value.status == 499
+    assert waiting[1].get(timeout=10) == [6] and first.get(timeout=10) == [2]
+    assert seen == [("a", [1]), ("a", [3])]
 
 
 def test_a_group_holds_at_most_its_bound_of_calls_and_a_large_call_goes_alone(channel):

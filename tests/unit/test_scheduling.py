@@ -402,6 +402,28 @@ def test_a_request_cancelled_in_its_queued_group_is_not_run_and_the_others_are(b
     scheduler.close()
 
 
+def test_a_queued_request_whose_client_hangs_up_leaves_a_full_queue_at_once(backend):
+    """Its connection's Client closes (the front-end saw the client hang up): the request is cancelled and
+    gives up its place at once, so the next request is queued, not refused, and it alone runs."""
+    scheduler = scheduler_for("m", config(dynamic_batching={"default_queue_policy": {"max_queue_size": 1}}))
+    first = start_blocked(scheduler, backend)
+    client, leaving = Client(), job(backend, 1)
+    client.under_way(leaving)
+    gone = spawn(scheduler, leaving)[0]
+    poll(lambda: scheduler.queue_depth() == 1, message="the request did not queue")
+    client.close()
+    with pytest.raises(Cancelled):
+        gone.get(timeout=30)
+    staying = spawn(scheduler, job(backend, 3))[0]
+    backend.release.set()
+    first.get(timeout=30)
+    assert values(staying) == [6.0] and backend.batches == [[-1.0], [3.0]]
+    late = job(backend, 4)
+    client.under_way(late)  # a request of a connection already closed is cancelled as it comes
+    assert late.cancelled
+    scheduler.close()
+
+
 @pytest.mark.parametrize("batching", [{"dynamic_batching": {}}, {}])
 def test_requests_all_cancelled_before_an_instance_takes_them_never_execute(backend, batching):
     scheduler = scheduler_for("m", config(**batching))
