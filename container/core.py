@@ -37,7 +37,7 @@ from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.scheduling.base import as_done
-from container.scheduling.job import Job, cancelled_error
+from container.scheduling.job import Job, Ticket, cancelled_error
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
@@ -339,10 +339,15 @@ class Core:
         model, version = leases[0].model, leases[0].version
         transform_all, statistics = model.versions[version].transform_all, model.statistics[version]
         calls = [(r.body, r.content_type, r.accept, r.headers, r.request_id) for r in requests]
+        tickets, clients = [Ticket() for _ in calls], [lease.client for lease in leases]
+        for ticket, client in zip(tickets, clients, strict=True):
+            if client is not None:  # a client that hangs up cancels its request (inference.Client)
+                client.under_way(ticket)
         start, pending = time.perf_counter_ns(), len(calls)
         try:
-            for position, outcome in model.scheduler.run_all(transform_all, calls, statistics):
+            for position, outcome in model.scheduler.run_all(transform_all, calls, statistics, cancellable=tickets):
                 pending -= 1
+                _done(tickets[position], clients[position])
                 if isinstance(outcome, Exception):
                     self._failed(statistics, start, outcome)
                     yield position, outcome
@@ -355,6 +360,9 @@ class Core:
             for _ in range(pending):
                 self._failed(statistics, start, exc)
             raise
+        finally:
+            for ticket, client in zip(tickets, clients, strict=True):
+                _done(ticket, client)
 
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the
@@ -636,6 +644,6 @@ def _not_loaded(name: str, version: int | None = None) -> ModelNotFound:
     return ModelNotFound(f"model '{name}' is not loaded")
 
 
-def _done(job: Job, client: Client | None) -> None:
+def _done(job: Job | Ticket, client: Client | None) -> None:
     if client is not None:
         client.done(job)

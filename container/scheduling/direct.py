@@ -3,6 +3,7 @@ threads), waited on without blocking the gevent hub — or, for a model whose re
 shorter than a thread hand-off is worth, on the hub itself (inline.py). Requests that arrive together
 for a model of worker processes go to its workers in shares, one message a worker (`run_all`)."""
 
+import functools
 import time
 from typing import Callable, Iterator
 
@@ -16,7 +17,7 @@ from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, call, cancelled_error, on_loop, on_thread, run_batch
+from container.scheduling.job import Cancellable, Job, call, cancelled_error, on_loop, on_thread, run_batch
 
 
 class DirectScheduler(Scheduler):
@@ -28,6 +29,7 @@ class DirectScheduler(Scheduler):
         self._recover = recover
         self._threads = Instances(instances)
         self._submitted = 0  # requests handed to the pool and not yet answered
+        self._gone = 0  # of those, requests of `run_all` cancelled since
         self._judge = InlineJudge(inline_below_ns)
         self._finished = Event()  # set when a request on the threads finishes
 
@@ -55,8 +57,7 @@ class DirectScheduler(Scheduler):
         for each."""
         backend = jobs[0].backend
         if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
-            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs],
-                                    lambda job: job.cancelled)
+            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs], jobs)
             return
         if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
             yield from super().infer_all(jobs)
@@ -65,16 +66,20 @@ class DirectScheduler(Scheduler):
             yield position, outcome(self.infer, job)
 
     def run_all(self, fn, calls: list, statistics: Statistics, items: list[int] | None = None,
-                cancelled: Callable[[object], bool] | None = None) -> Iterator[tuple[int, object]]:
+                cancellable: list[Cancellable] | None = None) -> Iterator[tuple[int, object]]:
         """Requests that arrived together for a model of worker processes (a handler model's, a python
         model's), in as many shares as the model has instances (a worker each, and one message to it):
         each share is one `fn(its calls, answer)` on an instance thread, which answers each call as it is
         done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases)
         or the exception) as each is answered; a call that failed for want of device memory runs again,
         alone, once room is made for it. `items`: each call's batch items, as its execution is counted
-        (default: one each); `cancelled(call)`: whether a call's client went away, so that a call cancelled
-        by the time its share begins is not run (Cancelled, and no execution)."""
-        answered, retried = Queue(), set()
+        (default: one each); `cancellable`: each call's Job or Ticket: a call cancelled (its client went
+        away) stops counting in queue_depth at once, and, cancelled by the time its share begins, is not
+        run (Cancelled, and no execution)."""
+        answered, retried, left = Queue(), set(), _Left(self)
+        cancelled = None if cancellable is None else (lambda position: cancellable[position].cancelled)
+        for position, request in enumerate(cancellable or ()):
+            request.when_cancelled(functools.partial(left.cancelled, position))
         items = items or [1] * len(calls)
         shares = [_Share(positions, answered, statistics, items) for positions in _shares(len(calls), self._instances)]
         self._submitted += len(calls)  # each counts until it is answered (queue_depth)
@@ -95,11 +100,13 @@ class DirectScheduler(Scheduler):
                 pending -= 1
                 self._submitted -= 1
                 self._finished.set()
+                left.answered(position)
                 yield position, result
         finally:
             self._submitted -= pending
+            left.close()
 
-    def _run_share(self, fn, calls: list, share: "_Share", cancelled: Callable[[object], bool] | None) -> None:
+    def _run_share(self, fn, calls: list, share: "_Share", cancelled: Callable[[int], bool] | None) -> None:
         """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
         it comes, the last with the call's own end (one wake-up of the loop for a lone request). Its calls
         cancelled by the time it begins are answered Cancelled, not run."""
@@ -115,7 +122,7 @@ class DirectScheduler(Scheduler):
             share.began = time.perf_counter_ns()
             live = list(range(len(share.positions)))
             if cancelled is not None:
-                live = [index for index in live if not cancelled(calls[share.positions[index]])]
+                live = [index for index in live if not cancelled(share.positions[index])]
                 for index in sorted(set(range(len(share.positions))) - set(live)):
                     self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
             if live:
@@ -145,11 +152,36 @@ class DirectScheduler(Scheduler):
             self._finished.set()
 
     def queue_depth(self) -> int:
-        """Requests waiting for an execution thread: those submitted beyond one per instance."""
-        return max(self._submitted - self._instances, 0)
+        """Requests waiting for an execution thread: those submitted beyond one per instance, but those
+        cancelled."""
+        return max(self._submitted - self._gone - self._instances, 0)
 
     def close(self) -> None:
         self._threads.close()
+
+
+class _Left:
+    """The calls of one `run_all` cancelled before they were answered, which its scheduler's queue_depth
+    no longer counts."""
+
+    def __init__(self, scheduler: DirectScheduler):
+        self._scheduler, self._positions, self._answered, self._open = scheduler, set(), set(), True
+
+    def cancelled(self, position: int) -> None:
+        if self._open and position not in self._answered and position not in self._positions:
+            self._positions.add(position)
+            self._scheduler._gone += 1
+
+    def answered(self, position: int) -> None:
+        self._answered.add(position)
+        if position in self._positions:
+            self._positions.discard(position)
+            self._scheduler._gone -= 1
+
+    def close(self) -> None:
+        self._open = False
+        self._scheduler._gone -= len(self._positions)
+        self._positions.clear()
 
 
 class _Share:

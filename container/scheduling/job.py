@@ -21,8 +21,39 @@ class Stage(enum.Enum):
     DONE = "done"
 
 
+class Cancellable:
+    """A request its client may cancel (Triton's request cancellation, or an HTTP client that hung up:
+    inference.Client.under_way): `cancelled`, and listeners told once."""
+
+    __slots__ = ()
+    cancelled: bool
+    _on_cancel: list | None
+
+    def cancel(self) -> None:
+        """Its client went away: not run if no execution has taken it yet (`run_batch`, direct.py's shares);
+        a running one's backend hears of it (`when_cancelled`). On the event loop."""
+        self.cancelled = True
+        for listener in self._on_cancel or ():
+            listener()
+
+    def when_cancelled(self, listener) -> None:
+        """`listener()` once the request is cancelled, at once if it is (from a thread, it may run twice)."""
+        self._on_cancel = [*(self._on_cancel or ()), listener]
+        if self.cancelled:
+            listener()
+
+
+class Ticket(Cancellable):
+    """A request that is not a Job (a handler model's body), as its client may cancel it."""
+
+    __slots__ = ("cancelled", "_on_cancel")
+
+    def __init__(self):
+        self.cancelled, self._on_cancel = False, None
+
+
 @dataclass(eq=False)
-class Job:
+class Job(Cancellable):
     backend: object  # the model version that runs it
     statistics: Statistics  # that version's statistics
     inputs: dict[str, np.ndarray]
@@ -39,19 +70,6 @@ class Job:
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
     cancelled: bool = False  # its client went away (`cancel`)
     _on_cancel: list | None = None
-
-    def cancel(self) -> None:
-        """Its client went away (Triton's request cancellation): not run if no execution has taken it yet
-        (`run_batch`); a running one's backend hears of it (`when_cancelled`). On the event loop."""
-        self.cancelled = True
-        for listener in self._on_cancel or ():
-            listener()
-
-    def when_cancelled(self, listener) -> None:
-        """`listener()` once the job is cancelled, at once if it is (from a thread, it may run twice)."""
-        self._on_cancel = [*(self._on_cancel or ()), listener]
-        if self.cancelled:
-            listener()
 
     def batch_key(self) -> tuple:
         """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size (a

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.builders import Gate, python_model, tensor, wait_for
+from tests.builders import Gate, handler_model, python_model, tensor, wait_for
 from tests.integration.test_python_backend import ensemble, step
 
 # x (FP32 [4]) → y = 2x; x[0] == -1 waits at the gate first
@@ -32,6 +32,21 @@ class TritonPythonModel:
                 {gate}
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", 2 * x)]))
         return responses
+"""
+
+# A SageMaker handler model: each body it takes is written to a log beside the gates, and answered as it
+# came; the body "hold" waits at a gate first
+ECHO_PY = """
+def model_fn(model_dir):
+    return None
+
+def transform_fn(model, body, content_type, accept):
+    text = body.decode() if isinstance(body, (bytes, bytearray)) else str(body)
+    if text == "hold":
+        {gate}
+    with open({log!r}, "a") as log:
+        log.write(text + "\\n")
+    return text, "text/plain"
 """
 
 # Runs until its request is cancelled (30 s at most), then says so in a file beside the gates and answers
@@ -100,7 +115,7 @@ def gate_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def gates(gate_dir) -> dict[str, Gate]:
-    return {name: Gate(gate_dir, name) for name in ("queued", "direct")}
+    return {name: Gate(gate_dir, name) for name in ("queued", "direct", "handler")}
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +136,13 @@ def models(tmp_path_factory, gate_dir, gates) -> Path:
     python_model(root, "ticker", TICKER_PY.format(marker=str(gate_dir / "ticker.")),
                  {"max_batch_size": 0, "input": [x], "output": [tensor("n", "TYPE_INT32", [1])],
                   "model_transaction_policy": {"decoupled": True}})
+    handler_model(root, "echo", ECHO_PY.replace("{gate}", gates["handler"].code()).replace("{log!r}", repr(str(gate_dir / "echo.log"))))
     return root
 
 
 def serve(start_server, models: Path, front_ends: str):
-    server = start_server(models, SERVE_LOAD_MODELS="queued,direct,second,pipeline,watchful,ticker",
-                          SERVE_HTTP_WORKERS=front_ends)
+    server = start_server(models, SERVE_LOAD_MODELS="queued,direct,second,pipeline,watchful,ticker,echo",
+                          SERVE_HTTP_WORKERS=front_ends, SAGEMAKER_MODEL_SERVER_WORKERS="1")
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     return server
 
@@ -277,11 +293,10 @@ def test_a_stream_its_client_closes_still_answers_the_requests_under_way(server,
     assert error is None and result.as_numpy("y").ravel().tolist() == [-2, 2, 4, 6]
 
 
-def sent_and_left_open(server, path: str, document: dict) -> socket.socket:
-    """A connection that has sent one HTTP request (JSON), to be closed by the test without reading."""
-    body = json.dumps(document).encode()
+def sent_and_left_open(server, path: str, body: bytes, content_type: str = "application/json") -> socket.socket:
+    """A connection that has sent one HTTP request, to be closed by the test without reading its answer."""
     connection = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-    connection.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    connection.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: {content_type}\r\n"
                        f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     return connection
 
@@ -294,18 +309,18 @@ def v2_x(first: float, batched: bool) -> dict:
 @pytest.mark.parametrize("name", ["queued", "direct"])
 def test_an_http_request_whose_client_hangs_up_while_it_waits_never_runs(http_server, gates, name):
     """One instance, held at a gate by a first request: a second waits for it (in the dynamic batcher's
-    queue, which it leaves at once, or for the instance), and its client closes the connection. It never
-    runs: once the gate opens, the first is answered, then a third, and the model has executed those two."""
+    queue, or for the instance), and its client closes the connection: it no longer counts as waiting, and
+    never runs: once the gate opens, the first is answered, then a third, and the model has executed those
+    two."""
     server, batched = http_server, name == "queued"
     gates[name].marker.unlink(missing_ok=True)
     before = executions(server, name)
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(server.request, "POST", f"/v2/models/{name}/infer", json=v2_x(-1, batched), timeout=60)
         gates[name].wait_entered()
-        with sent_and_left_open(server, f"/v2/models/{name}/infer", v2_x(5, batched)):
+        with sent_and_left_open(server, f"/v2/models/{name}/infer", json.dumps(v2_x(5, batched)).encode()):
             wait_for(lambda: queue_depth(server, name) == 1, 30, "the second request never waited for the instance")
-        if batched:
-            wait_for(lambda: queue_depth(server, name) == 0, 30, "the request whose client left still holds its place in the queue")
+        wait_for(lambda: queue_depth(server, name) == 0, 30, "the request whose client left is still counted as waiting")
         gates[name].release()
         assert held.result(timeout=30).json()["outputs"][0]["data"] == [-2, 2, 4, 6]
     third = server.request("POST", f"/v2/models/{name}/infer", json=v2_x(7, batched), timeout=30)
@@ -321,7 +336,7 @@ def test_a_generate_stream_whose_client_hangs_up_stops_its_model(http_server, ga
     marker = gate_dir / ("ticker.thread-quiet" if quiet else "ticker.thread")
     marker.unlink(missing_ok=True)
     document = {"x": [1, 1, 2, 3], "from": "thread", "quiet": quiet}
-    with sent_and_left_open(http_server, "/v2/models/ticker/generate_stream", document) as connection:
+    with sent_and_left_open(http_server, "/v2/models/ticker/generate_stream", json.dumps(document).encode()) as connection:
         received = b""
         while b"data: " not in received:
             more = connection.recv(4096)
@@ -329,3 +344,23 @@ def test_a_generate_stream_whose_client_hangs_up_stops_its_model(http_server, ga
             received += more
     ended = json.loads(wait_for(lambda: marker.exists() and marker.read_text(), 20, "the model never saw the cancellation"))
     assert ended["cancelled"] and ended["sent"] < 3000
+
+
+def test_an_invoke_whose_client_hangs_up_while_it_waits_for_the_worker_never_runs(http_server, gates, gate_dir):
+    """A SageMaker handler model with one worker, held at a gate by a first invoke: a second waits for the
+    worker and its client closes the connection (a SageMaker caller past its timeout). It no longer counts
+    as waiting, and the handler never takes it: its log holds the first invoke and a third."""
+    log = gate_dir / "echo.log"
+    log.unlink(missing_ok=True)
+    gates["handler"].marker.unlink(missing_ok=True)
+    text = {"Content-Type": "text/plain"}
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(http_server.request, "POST", "/models/echo/invoke", data=b"hold", headers=text, timeout=60)
+        gates["handler"].wait_entered()
+        with sent_and_left_open(http_server, "/models/echo/invoke", b"gone", "text/plain"):
+            wait_for(lambda: queue_depth(http_server, "echo") == 1, 30, "the second invoke never waited for the worker")
+        wait_for(lambda: queue_depth(http_server, "echo") == 0, 30, "the invoke whose client left is still counted as waiting")
+        gates["handler"].release()
+        assert held.result(timeout=30).text == "hold"
+    assert http_server.request("POST", "/models/echo/invoke", data=b"third", headers=text, timeout=30).text == "third"
+    assert log.read_text().split() == ["hold", "third"]
