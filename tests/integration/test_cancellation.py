@@ -328,6 +328,30 @@ def test_an_http_request_whose_client_hangs_up_while_it_waits_never_runs(http_se
     assert executions(server, name) - before == 2  # the first and the third
 
 
+def test_a_burst_of_clients_that_hang_up_costs_no_execution_and_leaves_nothing_behind(http_server, gates):
+    """Twenty clients send a request each to a model whose one instance is held, and hang up (clients past
+    their timeout, about to retry): none is counted as waiting once they are gone, none runs, and the model
+    serves the held request and the next ones as before."""
+    server, name = http_server, "queued"
+    gates[name].marker.unlink(missing_ok=True)
+    before = executions(server, name)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(server.request, "POST", f"/v2/models/{name}/infer", json=v2_x(-1, True), timeout=60)
+        gates[name].wait_entered()
+        body = json.dumps(v2_x(5, True)).encode()
+        leaving = [sent_and_left_open(server, f"/v2/models/{name}/infer", body) for _ in range(20)]
+        wait_for(lambda: queue_depth(server, name) == 20, 30, "the twenty requests never waited for the instance")
+        for connection in leaving:
+            connection.close()
+        wait_for(lambda: queue_depth(server, name) == 0, 30, "requests whose clients left are still counted as waiting")
+        gates[name].release()
+        assert held.result(timeout=30).json()["outputs"][0]["data"] == [-2, 2, 4, 6]
+    for value in (7, 8):
+        answer = server.request("POST", f"/v2/models/{name}/infer", json=v2_x(value, True), timeout=30)
+        assert answer.json()["outputs"][0]["data"] == [2 * value, 2, 4, 6]
+    assert executions(server, name) - before == 3
+
+
 @pytest.mark.parametrize("quiet", [False, True], ids=["ticking", "quiet"])
 def test_a_generate_stream_whose_client_hangs_up_stops_its_model(http_server, gate_dir, quiet):
     """`generate_stream` to a decoupled model: its client reads the first event and closes the connection.
