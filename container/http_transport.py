@@ -271,7 +271,7 @@ class Connection:
         request sent behind it (pipelined), read after its answer; the end, or a reset, is the client
         gone (as nginx and Go's net/http take it): `hang_up()` in a greenlet of its own."""
         try:
-            ahead = self.sock._sock.recv(1, socket.MSG_PEEK)
+            ahead = self.sock._sock.recv(1, socket.MSG_PEEK)  # the raw socket: gevent's recv would wait, on the hub
         except BlockingIOError:
             return  # nothing after all: still watching
         except OSError:
