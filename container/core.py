@@ -28,7 +28,7 @@ from container.errors import (
     ServeError,
     Unavailable,
 )
-from container.inference import Client, InferRequest, InferResponse, TransformRequest
+from container.inference import Client, InferRequest, InferResponse, Ticket, TransformRequest
 from container.models.cache import total_by_device
 from container.models.downloads import DownloadCounters
 from container.models.registry import Model, Registry, State
@@ -37,7 +37,7 @@ from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.scheduling.base import as_done
-from container.scheduling.job import Job, Ticket, cancelled_error
+from container.scheduling.job import Job, cancelled_error
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
@@ -220,6 +220,8 @@ class Core:
                 self._failed(statistics, start, exc)
                 yield position, exc
                 continue
+            if request.ticket is not None:
+                request.ticket.when_cancelled(job.cancel)
             if cache is not None:
                 key, outputs, looked_up = self._look_up(cache, model, version, backend, request)
                 if outputs is not None:

@@ -6,6 +6,38 @@ from typing import Callable
 import numpy as np
 
 
+class Cancellable:
+    """A request its client may cancel (Triton's request cancellation, or an HTTP client that hung up:
+    Client.under_way): `cancelled`, and listeners told once."""
+
+    __slots__ = ()
+    cancelled: bool
+    _on_cancel: list | None
+
+    def cancel(self) -> None:
+        """Its client went away: not run if no execution has taken it yet (`run_batch`, direct.py's shares);
+        a running one's backend hears of it (`when_cancelled`). On the event loop."""
+        self.cancelled = True
+        for listener in self._on_cancel or ():
+            listener()
+
+    def when_cancelled(self, listener) -> None:
+        """`listener()` once the request is cancelled, at once if it is (from a thread, it may run twice)."""
+        self._on_cancel = [*(self._on_cancel or ()), listener]
+        if self.cancelled:
+            listener()
+
+
+class Ticket(Cancellable):
+    """A request's cancellation where the request is not a scheduling Job: a handler model's body, or a
+    call of a group, which its front-end may cancel alone (InferRequest.ticket)."""
+
+    __slots__ = ("cancelled", "_on_cancel")
+
+    def __init__(self):
+        self.cancelled, self._on_cancel = False, None
+
+
 @dataclass
 class InferRequest:
     """Tensors for the model and version a lease resolved (core.Lease)."""
@@ -19,6 +51,9 @@ class InferRequest:
     request_id: str = ""  # the client's id for it (V2's `id`), as python models see it
     # checked already (Signature.check), by a front-end against its view of the very load that runs it
     checked: bool = False
+    # its own cancellation, apart from its client's (scheduling.job.Ticket): a call of a group that a
+    # gRPC front-end's caller abandoned while the group's other calls are still wanted
+    ticket: Ticket | None = None
 
 
 @dataclass
@@ -52,12 +87,12 @@ class Client:
         self.requests = 0  # requests the connection has carried (the front-end counts them)
         self.gone = False  # closed
         self._on_close: set[Callable[["Client"], None]] = set()
-        self._jobs: set | None = None  # its requests under way (scheduling.job.Job)
+        self._jobs: set | None = None  # its requests under way (a scheduling Job, or a Ticket)
 
     def when_closed(self, callback: Callable[["Client"], None]) -> None:
         self._on_close.add(callback)
 
-    def under_way(self, job) -> None:
+    def under_way(self, job: Cancellable) -> None:
         """`job`, a request of this connection's, is cancelled if the connection closes before `done(job)`
         (at once if it has closed)."""
         if self.gone:
@@ -67,7 +102,7 @@ class Client:
         else:
             self._jobs.add(job)
 
-    def done(self, job) -> None:
+    def done(self, job: Cancellable) -> None:
         if self._jobs is not None:
             self._jobs.discard(job)
 

@@ -20,7 +20,7 @@ from container.channel.blobs import large
 from container.channel.groups import group_items
 from container.core import Core
 from container.errors import InvalidInput, InvalidRequest
-from container.inference import InferRequest, TransformRequest
+from container.inference import InferRequest, Ticket, TransformRequest
 from container.v2 import documents
 
 
@@ -31,10 +31,12 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
         client's number, the requests that client has made, document, binary data (bytes, or a large
         request's data mapped from shared memory)]. Its items (groups.group_items): TAKEN, then [position,
         None, answer, chunks] for each, or [position, error], as each is done."""
-        requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary)),
-                     clients.get(front_end, number, count)) for number, count, document, binary in calls]
+        tickets = [Ticket() for _ in calls]  # the front-end may cancel one call alone (GroupItems.cancel)
+        requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary),
+                                                   ticket), clients.get(front_end, number, count))
+                    for (number, count, document, binary), ticket in zip(calls, tickets, strict=True)]
         return group_items(v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED),
-                           lambda _, result: [result[0], [large(chunk) for chunk in result[1]]])
+                           lambda _, result: [result[0], [large(chunk) for chunk in result[1]]], tickets)
 
     def infer_stream(name: str, version: str, document: dict, binary):
         """A request of gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""

@@ -17,9 +17,9 @@ from container.api.pipeline import Dispatcher, Request
 from container.api.sagemaker_invoke import log_attributes
 from container.api.v2_infer import answer_body, parser
 from container.channel.blobs import large
-from container.channel.groups import group_items
+from container.channel.groups import GroupItems, group_items
 from container.core import Core
-from container.inference import Client, InferRequest, InferResponse
+from container.inference import Client, InferRequest, InferResponse, Ticket
 from container.v2 import views
 
 
@@ -82,11 +82,14 @@ def http_operations(dispatcher: Dispatcher, clients: FrontEndClients, core: Core
         inputs, the outputs asked for (None: all), parameters, request id]. Its items: TAKEN, then [position,
         None, the version that ran, its outputs] for each, or [position, error], or [position, None] when
         the model's load is no longer the view's: the front-end fetches the view again and decodes anew."""
-        requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id)),
+        tickets = [Ticket() for _ in calls]  # a gRPC front-end may cancel one call alone (GroupItems.cancel)
+        requests = [(_tensor_request(generation, InferRequest(inputs, outputs, parameters, request_id=request_id,
+                                                              ticket=ticket)),
                      clients.get(front_end, number, count))
-                    for number, count, generation, inputs, outputs, parameters, request_id in calls]
+                    for (number, count, generation, inputs, outputs, parameters, request_id), ticket
+                    in zip(calls, tickets, strict=True)]
         return _tensor_items(v2_dataplane.infer_group(core, name, version, requests),
-                             lambda response: [response.model_version, response.outputs])
+                             lambda response: [response.model_version, response.outputs], tickets)
 
     def invoke(front_end: int, name: str, on_demand: bool, calls: list[list]):
         """SageMaker invokes of one model that a front-end received together and leaves to this process to
@@ -144,11 +147,12 @@ class _Stale(Exception):
     """A request decoded against a view of a load that no longer serves."""
 
 
-def _tensor_items(results: Iterator[tuple[int, object]], answer: Callable[[InferResponse], list]) -> Iterator[list]:
+def _tensor_items(results: Iterator[tuple[int, object]], answer: Callable[[InferResponse], list],
+                  tickets: list[Ticket] | None = None) -> GroupItems:
     """group_items of requests a front-end decoded (`_tensor_request`): [position, None, *answer(response)]
     for each answered, and [position, None] alone for one decoded against a load that no longer serves."""
     results = ((position, _STALE if isinstance(result, _Stale) else result) for position, result in results)
-    return group_items(results, lambda _, result: [] if result is _STALE else answer(result))
+    return group_items(results, lambda _, result: [] if result is _STALE else answer(result), tickets)
 
 
 _STALE = object()

@@ -11,7 +11,7 @@ from container.api import offload
 from container.api.leased import serve_leased
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable
-from container.inference import Client, InferResponse
+from container.inference import Client, InferResponse, Ticket
 from container.limits import check_name, whole_number
 from container.models.statistics import Duration, Statistics
 from container.v2 import codec, documents
@@ -101,15 +101,17 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
     yield from serve_leased(leases, [decode for decode, _ in requests], core.infer_all)
 
 
-def document_request(core: Core, shared_memory, parse, heavy: bool):
+def document_request(core: Core, shared_memory, parse, heavy: bool, ticket: Ticket | None = None):
     """`decode` for infer_group: a request's document and binary data (`parse(signature)`), decoded here,
-    and `finish(response)`: the answer's document and binary chunks."""
+    and `finish(response)`: the answer's document and binary chunks; `ticket`: the request's own
+    cancellation (InferRequest.ticket)."""
 
     def decode(lease):
         signature, view = lease.signature, lease.view
         document, binary = parse(signature)
         request, requested = offload.run(heavy, documents.decode_request, document, binary, signature, shared_memory,
                                          core.limits, lease.name)
+        request.ticket = ticket
 
         def finish(response: InferResponse) -> tuple[dict, list[bytes]]:
             return offload.run(heavy or documents.heavy_outputs(response.outputs), documents.answer, document, request,

@@ -5,6 +5,7 @@ starting a new one), calls fail at once with Unavailable and the client keeps tr
 import asyncio
 import itertools
 import logging
+from typing import Callable
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
@@ -64,11 +65,13 @@ class ChannelClient:
             wire.raise_error(*result)
         return result
 
-    async def stream(self, op: str, *args):
-        """The items `op(*args)` streams, each as the model process sends it; its error raised here."""
+    async def stream(self, op: str, *args, named: Callable[[int], None] = lambda call_id: None):
+        """The items `op(*args)` streams, each as the model process sends it; its error raised here.
+        `named(call_id)`: the stream's id, as `cancel` takes it."""
         if self._writer is None:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
+        named(call_id)
         self._pending[call_id] = items = asyncio.Queue()
         ended = False
         try:
@@ -83,14 +86,16 @@ class ChannelClient:
         finally:
             self._pending.pop(call_id, None)
             if not ended:  # the caller stopped reading (its client went away): the model process stops too
-                self._cancel(call_id)
+                self.cancel(call_id)
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
 
-    def _cancel(self, call_id: int) -> None:
+    def cancel(self, call_id: int, position: int | None = None) -> None:
+        """Stop the stream `call_id` in the model process; with a `position`, only that call of a group
+        operation's stream (groups.GroupItems.cancel)."""
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            writer.write(wire.pack([next(self._ids), wire.CANCEL, [call_id]]))
+            writer.write(wire.pack([next(self._ids), wire.CANCEL, [call_id] if position is None else [call_id, position]]))
 
     async def _keep_connected(self) -> None:
         while True:

@@ -33,10 +33,39 @@ KEEP_SENDERS = 64  # greenlets kept to send the next groups (kept.py)
 TAKEN = []  # the item a group operation yields first: the model process has taken the group up
 
 
-def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, object], list]) -> Iterator[list]:
+def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, object], list],
+                tickets: list | None = None) -> Iterator[list]:
     """A group operation's items, made in the model process: TAKEN, then for each (position, result) as it
     comes, [position, error] when the result is an exception, else [position, None, *answer(position,
-    result)]."""
+    result)]. `tickets`: each call's cancellation (scheduling.job.Ticket), which the channel cancels for
+    a front-end whose caller of that call went away (`GroupItems.cancel`)."""
+    return GroupItems(_items(results, answer), tickets)
+
+
+class GroupItems:
+    """A group operation's items, and a way to cancel one of its calls (the channel's CANCEL of a
+    position) while the others go on."""
+
+    __slots__ = ("_items", "_tickets")
+
+    def __init__(self, items: Iterator[list], tickets: list | None):
+        self._items, self._tickets = items, tickets
+
+    def __iter__(self) -> Iterator[list]:
+        return self._items
+
+    def __next__(self) -> list:
+        return next(self._items)
+
+    def close(self) -> None:
+        self._items.close()
+
+    def cancel(self, position: int) -> None:
+        if self._tickets is not None and 0 <= position < len(self._tickets):
+            self._tickets[position].cancel()
+
+
+def _items(results: Iterator[tuple[int, object]], answer: Callable[[int, object], list]) -> Iterator[list]:
     yield TAKEN
     for position, result in results:
         if isinstance(result, Exception):
@@ -46,12 +75,13 @@ def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, ob
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "task")
+    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "task", "stream")
 
     def __init__(self, key: tuple):
         self.key, self.calls, self.answers, self.clients, self.size = key, [], [], [], 0
         self.sent = self.taken = False
         self.task = None  # AsyncGroups': the task sending it
+        self.stream = None  # AsyncGroups': the id of the channel stream that carries it, once sent
 
 
 class _Groups:
@@ -214,15 +244,17 @@ class AsyncGroups(_Groups):
         self._sending: set[asyncio.Task] = set()
 
     async def call(self, key: tuple, call: list, size: int) -> list:
-        """`Groups.call` on the loop. A call cancelled (its gRPC client went away) cancels its group in the
-        model process once every call in the group is (Triton's request cancellation); not before, as the
-        group's other calls are still wanted."""
+        """`Groups.call` on the loop. A call cancelled (its gRPC client went away: Triton's request
+        cancellation) is left out of its group if the group has not gone yet; else it is cancelled in the
+        model process alone, or, once every call in the group is, the group's stream is."""
         group, waiter = self._join(key, call, size)
         try:
             answered = await waiter
         except asyncio.CancelledError:
             if group.task is not None and _abandoned(group):
                 group.task.cancel()
+            elif group.stream is not None:
+                self.channel.cancel(group.stream, group.answers.index(waiter))
             raise
         return self._result(*answered)
 
@@ -249,7 +281,8 @@ class AsyncGroups(_Groups):
             self._taken(group)
             return
         try:
-            async for item in self.channel.stream(self.op, *group.key, group.calls):
+            async for item in self.channel.stream(self.op, *group.key, group.calls,
+                                                   named=lambda call_id: setattr(group, "stream", call_id)):
                 self._answer(group, item)
             self._fail(group, self._unanswered())
         except Exception as exc:

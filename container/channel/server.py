@@ -1,6 +1,6 @@
 """The model process's end of the channel: a Unix socket served on the gevent hub. Each call runs in a
 greenlet of its own (one kept from an earlier call), so calls from one front-end overlap as HTTP requests
-do; answers go back in the order they finish. An operation that returns a generator streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). A
+do; answers go back in the order they finish. An operation that returns a generator (or a group operation's items) streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). A
 front-end's connection is heard by pid as it comes (`on_connect`: its memory is measured) and as it ends
 (`on_disconnect`: it exited, or died; what the model process kept for it, its HTTP clients, goes)."""
 
@@ -18,6 +18,7 @@ from gevent.server import StreamServer
 
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
+from container.channel.groups import GroupItems
 from container.channel.kept import KeptGreenlets
 from container.channel.stream import FrameReader, Outbox
 from container.errors import ServeError, Unavailable
@@ -91,7 +92,7 @@ class ChannelServer:
         try:
             call_id, op, args = wire.unpack(frame, blobs)
             if op == wire.CANCEL:
-                _cancel(streams.get(args[0]))
+                _cancel(streams.get(args[0]), *args[1:2])
                 return
             if self.draining:
                 raise Unavailable("the server is shutting down")
@@ -99,7 +100,7 @@ class ChannelServer:
             if operation is None:
                 raise ServeError(f"the model process has no channel operation {op!r}")
             result = operation(*args)
-            if inspect.isgenerator(result):  # a stream: each item as it comes, then the end
+            if inspect.isgenerator(result) or isinstance(result, GroupItems):  # a stream: each item as it comes, then the end
                 self._stream(outbox, blobs, streams, call_id, result)
                 result = None
             answer = [call_id, wire.ANSWER, result]
@@ -117,7 +118,7 @@ class ChannelServer:
         """Each item as it comes. The front-end may cancel the stream (its client went away: a gRPC call
         cancelled, a stream ended): then the greenlet making it is killed where it waits, and the requests
         it was waiting for are cancelled (core.infer_all)."""
-        streams[call_id] = stream = _Stream(gevent.getcurrent())
+        streams[call_id] = stream = _Stream(gevent.getcurrent(), items)
         try:
             for item in items:
                 outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
@@ -127,17 +128,23 @@ class ChannelServer:
 
 
 class _Stream:
-    __slots__ = ("greenlet", "done")
+    __slots__ = ("greenlet", "items", "done")
 
-    def __init__(self, greenlet):
-        self.greenlet, self.done = greenlet, False
+    def __init__(self, greenlet, items):
+        self.greenlet, self.items, self.done = greenlet, items, False
 
 
-def _cancel(stream: _Stream | None) -> None:
+def _cancel(stream: _Stream | None, position: int | None = None) -> None:
     """Kill the greenlet making `stream` from the hub, once this turn's callbacks have run, unless the
-    stream has ended by then (its greenlet may be parked for other work, or making another stream)."""
-    if stream is not None:
+    stream has ended by then (its greenlet may be parked for other work, or making another stream). With
+    a `position`: only that call of a group operation's stream is cancelled (groups.GroupItems), as its
+    other calls are still wanted."""
+    if stream is None:
+        return
+    if position is None:
         gevent.get_hub().loop.run_callback(_kill, stream)
+    elif hasattr(stream.items, "cancel"):
+        stream.items.cancel(position)
 
 
 def _kill(stream: _Stream) -> None:

@@ -2,7 +2,8 @@
 
 A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
 An operation that streams sends `[id, 2, item]` for each item first, then its answer; `[id, CANCEL,
-[stream's id]]` stops a stream whose caller went away, and is not answered.
+[stream's id]]` stops a stream whose caller went away, and `[id, CANCEL, [stream's id, position]]` one
+call of a group operation's stream; neither is answered.
 Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
 makes only plain values and numeric arrays (no code runs, no object dtype from the wire), so a frame a
 peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels

@@ -12,12 +12,13 @@ from gevent.event import Event
 from gevent.queue import Queue
 
 from container.errors import DeviceOutOfMemory, WorkerLost
+from container.inference import Cancellable
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Cancellable, Job, call, cancelled_error, on_loop, on_thread, run_batch
+from container.scheduling.job import Job, call, cancelled_error, on_loop, on_thread, run_batch
 
 
 class DirectScheduler(Scheduler):

@@ -9,6 +9,7 @@ import numpy as np
 from gevent.event import AsyncResult
 
 from container.errors import Cancelled
+from container.inference import Cancellable
 from container.models.batch_io import BatchIO
 from container.models.statistics import Phases, Statistics
 
@@ -19,37 +20,6 @@ class Stage(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
-
-
-class Cancellable:
-    """A request its client may cancel (Triton's request cancellation, or an HTTP client that hung up:
-    inference.Client.under_way): `cancelled`, and listeners told once."""
-
-    __slots__ = ()
-    cancelled: bool
-    _on_cancel: list | None
-
-    def cancel(self) -> None:
-        """Its client went away: not run if no execution has taken it yet (`run_batch`, direct.py's shares);
-        a running one's backend hears of it (`when_cancelled`). On the event loop."""
-        self.cancelled = True
-        for listener in self._on_cancel or ():
-            listener()
-
-    def when_cancelled(self, listener) -> None:
-        """`listener()` once the request is cancelled, at once if it is (from a thread, it may run twice)."""
-        self._on_cancel = [*(self._on_cancel or ()), listener]
-        if self.cancelled:
-            listener()
-
-
-class Ticket(Cancellable):
-    """A request that is not a Job (a handler model's body), as its client may cancel it."""
-
-    __slots__ = ("cancelled", "_on_cancel")
-
-    def __init__(self):
-        self.cancelled, self._on_cancel = False, None
 
 
 @dataclass(eq=False)

@@ -271,7 +271,7 @@ def test_a_grpc_front_end_sends_what_it_decodes_as_tensors_and_the_rest_as_docum
         channel.start()
         assert await channel.wait_connected(30)
         sent, stream = [], channel.stream
-        channel.stream = lambda op, *args: sent.append(op) or stream(op, *args)
+        channel.stream = lambda op, *args, **kw: sent.append(op) or stream(op, *args, **kw)
         service = InferenceService(channel, Settings.from_env({}), Clients())
         try:
             answer = await asyncio.wait_for(service.ModelInfer(message, _Context()), 30)
@@ -373,7 +373,7 @@ def recording_front_end(server) -> tuple[ChannelDispatcher, list[str]]:
     dispatcher = ChannelDispatcher(Settings.from_env({}), socket_path(server.process.pid))
     sent, call, stream = [], dispatcher.channel.call, dispatcher.channel.stream
     dispatcher.channel.call = lambda op, *args, **kw: sent.append(op) or call(op, *args, **kw)
-    dispatcher.channel.stream = lambda op, *args: sent.append(op) or stream(op, *args)
+    dispatcher.channel.stream = lambda op, *args, **kw: sent.append(op) or stream(op, *args, **kw)
     dispatcher.start()
     poll(lambda: dispatcher.channel.connected, 30, "the front-end did not reach the model process")
     return dispatcher, sent

@@ -12,15 +12,15 @@ from gevent import GreenletExit
 from gevent.event import Event
 
 from container.channel.client import ChannelClient
-from container.channel.groups import TAKEN, AsyncGroups
+from container.channel.groups import TAKEN, AsyncGroups, GroupItems
 from container.channel.server import ChannelServer
 from tests.builders import wait_for
 
 
 class ModelProcess:
-    """`group(key, calls)` records each group as {"calls": [n, …], "ended": None, "finished" or "killed"};
-    it holds a call [n, "held"] until `release()`; a group whose first call is [n, "untaken"] is not taken
-    up until then either. `echo(value)` answers at once."""
+    """`group(key, calls)` records each group as {"calls": [n, …], "ended": None, "finished" or "killed",
+    "cancelled": the positions cancelled alone}; it holds a call [n, "held"] until `release()`; a group
+    whose first call is [n, "untaken"] is not taken up until then either. `echo(value)` answers at once."""
 
     def __init__(self, path: str):
         self.path, self.groups = path, []
@@ -37,9 +37,12 @@ class ModelProcess:
         self._stop.wait()
         server.drain(1)
 
-    def _group(self, key: str, calls: list):
-        record = {"calls": [call[0] for call in calls], "ended": None}
+    def _group(self, key: str, calls: list) -> GroupItems:
+        record = {"calls": [call[0] for call in calls], "ended": None, "cancelled": []}
         self.groups.append(record)
+        return GroupItems(self._items(record, calls), [_Told(record["cancelled"], position) for position in range(len(calls))])
+
+    def _items(self, record: dict, calls: list):
         try:
             if calls[0][1:] == ["untaken"]:
                 self._gate.wait(30)
@@ -59,6 +62,16 @@ class ModelProcess:
     def stop(self) -> None:
         self._hub.loop.run_callback_threadsafe(self._stop.set)
         self._thread.join(10)
+
+
+class _Told:
+    """A call's cancellation, as the model process's group operations hold one (inference.Ticket)."""
+
+    def __init__(self, cancelled: list, position: int):
+        self.cancelled, self.position = cancelled, position
+
+    def cancel(self) -> None:
+        self.cancelled.append(self.position)
 
 
 @pytest.fixture
@@ -165,3 +178,33 @@ def test_a_call_whose_caller_left_before_its_group_went_is_left_out_of_it(model_
 
     assert asyncio.run(one_leaves()) == [[2], [6]]
     assert [group["calls"] for group in model_process.groups] == [[1], [3]]
+
+
+def test_one_call_of_a_group_under_way_is_cancelled_alone(model_process):
+    """Two calls went as one group; the first is cancelled while both are held: the model process hears
+    that call's position alone, the group goes on, and the second is answered."""
+    async def cancel_one():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
+        await asyncio.sleep(0)  # both join the group of this turn
+        await round_trips_until(channel, lambda: model_process.groups)
+        calls[0].cancel()
+        await round_trips_until(channel, lambda: model_process.groups[0]["cancelled"])
+        model_process.release()
+        answer = await calls[1]
+        await channel.close()
+        return answer
+
+    assert asyncio.run(cancel_one()) == [4]
+    assert ended(model_process) == "finished"
+    assert model_process.groups[0]["cancelled"] == [0] and model_process.groups[0]["calls"] == [1, 2]
+
+
+async def round_trips_until(channel: ChannelClient, predicate, most: int = 1000) -> None:
+    """Calls to the model process, one after another, until `predicate()` (at most `most` of them)."""
+    for _ in range(most):
+        if predicate():
+            return
+        await channel.call("echo", None)
+    raise AssertionError("the model process never got there")

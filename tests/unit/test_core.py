@@ -12,6 +12,7 @@ from container.backends import WorkerOptions, load_backends, server_memory
 from container.backends.torch_runtime import free_memory, release_memory
 from container.core import Core
 from container.errors import (
+    Cancelled,
     DeviceFault,
     InsufficientMemory,
     InvalidInput,
@@ -21,7 +22,7 @@ from container.errors import (
     ModelNotFound,
     Unavailable,
 )
-from container.inference import InferRequest
+from container.inference import Client, InferRequest, Ticket
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
@@ -94,6 +95,30 @@ def test_requests_that_arrived_together_each_answer_under_their_own_lease(tmp_pa
     assert isinstance(answered[2], InvalidInput)
     assert measured == [2, 1]  # the refused request left first; each measure under a lease
     assert registry.models["m"].in_flight == 0
+
+
+def test_a_request_of_a_closed_connection_or_with_its_ticket_cancelled_never_runs(tmp_path):
+    """A request whose connection's Client closed (its HTTP client hung up), or whose own Ticket was cancelled
+    (one call of a gRPC group), is Cancelled without running; the request beside them runs."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    gone, ticket = Client(), Ticket()
+    gone.close()
+    ticket.cancel()
+    leases = core.leases("m", None, [gone, None, None])
+    for lease in leases:
+        lease.__enter__()
+    requests = [InferRequest({"x": np.full((1, 4), 1, np.float32)}), InferRequest({"x": np.full((1, 4), 2, np.float32)}, ticket=ticket),
+                InferRequest({"x": np.full((1, 4), 3, np.float32)})]
+    answered = {}
+    for position, result in core.infer_all(leases, requests):
+        answered[position] = result
+        leases[position].__exit__()
+    assert isinstance(answered[0], Cancelled) and isinstance(answered[1], Cancelled)
+    assert answered[2].outputs["y"].tolist() == [[6.0] * 4]
+    [(_, _, statistics)] = core.stats()
+    assert statistics.execution_count == 1
 
 
 def test_a_front_end_words_each_miss_itself(tmp_path):
