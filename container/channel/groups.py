@@ -34,11 +34,11 @@ TAKEN = []  # the item a group operation yields first: the model process has tak
 
 
 def group_items(results: Iterator[tuple[int, object]], answer: Callable[[int, object], list],
-                tickets: list | None = None) -> Iterator[list]:
+                tickets: list | None = None) -> "GroupItems":
     """A group operation's items, made in the model process: TAKEN, then for each (position, result) as it
     comes, [position, error] when the result is an exception, else [position, None, *answer(position,
-    result)]. `tickets`: each call's cancellation (scheduling.job.Ticket), which the channel cancels for
-    a front-end whose caller of that call went away (`GroupItems.cancel`)."""
+    result)]. `tickets`: each call's cancellation (inference.Ticket), which the channel cancels for a
+    front-end whose caller of that call went away (`GroupItems.cancel`)."""
     return GroupItems(_items(results, answer), tickets)
 
 
@@ -53,12 +53,6 @@ class GroupItems:
 
     def __iter__(self) -> Iterator[list]:
         return self._items
-
-    def __next__(self) -> list:
-        return next(self._items)
-
-    def close(self) -> None:
-        self._items.close()
 
     def cancel(self, position: int) -> None:
         if self._tickets is not None and 0 <= position < len(self._tickets):

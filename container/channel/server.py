@@ -1,6 +1,8 @@
 """The model process's end of the channel: a Unix socket served on the gevent hub. Each call runs in a
 greenlet of its own (one kept from an earlier call), so calls from one front-end overlap as HTTP requests
-do; answers go back in the order they finish. An operation that returns a generator (or a group operation's items) streams: each item goes back as it is made. `drain()` refuses new calls and waits for those under way (SIGTERM). A
+do; answers go back in the order they finish. An operation that returns a generator (or a group
+operation's items, groups.GroupItems) streams: each item goes back as it is made. `drain()` refuses new
+calls and waits for those under way (SIGTERM). A
 front-end's connection is heard by pid as it comes (`on_connect`: its memory is measured) and as it ends
 (`on_disconnect`: it exited, or died; what the model process kept for it, its HTTP clients, goes)."""
 
