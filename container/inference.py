@@ -51,7 +51,7 @@ class InferRequest:
     request_id: str = ""  # the client's id for it (V2's `id`), as python models see it
     # checked already (Signature.check), by a front-end against its view of the very load that runs it
     checked: bool = False
-    # its own cancellation, apart from its client's (scheduling.job.Ticket): a call of a group that a
+    # its own cancellation, apart from its client's (Ticket): a call of a group that a
     # gRPC front-end's caller abandoned while the group's other calls are still wanted
     ticket: Ticket | None = None
 
