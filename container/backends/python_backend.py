@@ -116,6 +116,8 @@ class PythonBackend:
             replies, self._reported[worker] = worker.reply("execute", self._options.response_timeout)
         finally:
             self._free.put(worker)
+        if all(ok is _NOT_RUN for ok, _ in replies):  # all cancelled before their turn: no execution happened
+            raise self._outcome(replies[0])
         return [self._outcome(reply) for reply in replies]
 
     def execute_each(self, jobs: list, answer) -> None:
@@ -133,10 +135,12 @@ class PythonBackend:
             self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
 
         def answered(index: int, reply) -> None:
+            ran = True
             if not isinstance(reply, ServeError):
                 [reply], self._reported[worker] = reply
+                ran = reply[0] is not _NOT_RUN
                 reply = self._outcome(reply)
-            answer(index, reply)
+            answer(index, reply, ran)
 
         try:
             worker.in_turn(jobs, lambda rest: self._message("each", rest, worker), start, "execute",
@@ -281,7 +285,7 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             # others' executes long enough to matter, as it hears now (a system call: not for every request)
             look = time.monotonic() - taken > _LOOK_AFTER
             if all(inbox.cancelled(number, i, look) for i in batch):
-                replies = [(False, _CANCELLED)] * len(batch)
+                replies = [(_NOT_RUN, _CANCELLED)] * len(batch)
             else:
                 replies = _execute(name, model, [wrapped[i] for i in batch], [wanted[i] for i in batch], loop)
             if not send(connection, ("ok", (replies, _state(device)))):
@@ -304,6 +308,7 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
 
 
 _CANCELLED = ("Cancelled", "the request was cancelled: its client went away before it ran", 499, None)
+_NOT_RUN = None  # a reply's `ok` for a request the instance skipped (cancelled before its turn): no execution
 _LOOK_AFTER = 0.001  # seconds a request of a message waits behind the others before the inbox is read for it
 
 

@@ -71,7 +71,8 @@ class DirectScheduler(Scheduler):
         """Requests that arrived together for a model of worker processes (a handler model's, a python
         model's), in as many shares as the model has instances (a worker each, and one message to it):
         each share is one `fn(its calls, answer)` on an instance thread, which answers each call as it is
-        done (`answer(index in the share, result or the exception)`). Yields (position, (result, phases)
+        done (`answer(index in the share, result or the exception)`, and False after them for a call the
+        worker skipped, which is not counted as an execution). Yields (position, (result, phases)
         or the exception) as each is answered; a call that failed for want of device memory runs again,
         alone, once room is made for it. `items`: each call's batch items, as its execution is counted
         (default: one each); `cancellable`: each call's Job or Ticket: a call cancelled (its client went
@@ -113,11 +114,11 @@ class DirectScheduler(Scheduler):
         cancelled by the time it begins are answered Cancelled, not run."""
         last = len(share.positions) - 1
 
-        def answer(index: int, result) -> None:
+        def answer(index: int, result, ran: bool = True) -> None:
             if index == last:
-                share.last = (index, result, time.perf_counter_ns())
+                share.last = (index, result, time.perf_counter_ns(), ran)
             else:
-                self._threads.post(share.answer, index, result, time.perf_counter_ns())
+                self._threads.post(share.answer, index, result, time.perf_counter_ns(), ran)
 
         def run() -> None:
             share.began = time.perf_counter_ns()
@@ -127,7 +128,7 @@ class DirectScheduler(Scheduler):
                 for index in sorted(set(range(len(share.positions))) - set(live)):
                     self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
             if live:
-                fn([calls[share.positions[index]] for index in live], lambda index, result: answer(live[index], result))
+                fn([calls[share.positions[index]] for index in live], lambda index, *result: answer(live[index], *result))
 
         try:
             self._threads.apply(on_thread, (call, (run, ()), share.submitted))

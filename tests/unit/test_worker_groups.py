@@ -17,8 +17,8 @@ from container.backends import WorkerOptions, load_backends, server_memory
 from container.backends.torch_runtime import free_memory, release_memory
 from container.backends.worker_process import WorkerProcess
 from container.core import Core
-from container.errors import ModelError
-from container.inference import InferRequest, TransformRequest
+from container.errors import Cancelled, ModelError
+from container.inference import InferRequest, Ticket, TransformRequest
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
 from container.scheduling import scheduler_for
@@ -178,8 +178,10 @@ def test_a_pools_workers_each_take_a_share_of_a_group_in_one_message(tmp_path, m
         core.unload("h")
 
 
-def python_core(tmp_path, instances: int) -> Core:
-    python_model(tmp_path, "p", EACH_PY, {"input": [tensor("x", "TYPE_FP32", [1])],
+def python_core(tmp_path, instances: int, gate: Gate | None = None) -> Core:
+    """`gate`: a request whose x is 5 waits at it first."""
+    source = EACH_PY if gate is None else EACH_PY.replace("        if x[0] == -3:", f"        if x[0] == 5:\n            {gate.code()}\n        if x[0] == -3:")
+    python_model(tmp_path, "p", source, {"input": [tensor("x", "TYPE_FP32", [1])],
                                           "output": [tensor("y", "TYPE_FP32", [1]), tensor("pid", "TYPE_INT64", [1])],
                                           "instance_group": [{"count": instances, "kind": "KIND_CPU"}]})
     core = make_core(tmp_path)
@@ -187,13 +189,15 @@ def python_core(tmp_path, instances: int) -> Core:
     return core
 
 
-def infer_all(core: Core, values: list[float]) -> list:
-    """Each request's (y, pid), or the exception it failed with, in the order sent."""
+def infer_all(core: Core, values: list[float], tickets: list[Ticket | None] | None = None) -> list:
+    """Each request's (y, pid), or the exception it failed with, in the order sent; `tickets`: each one's."""
     leases = core.leases("p", None, [None] * len(values))
     for lease in leases:
         lease.__enter__()
     answered = {}
-    for position, result in core.infer_all(leases, [InferRequest({"x": np.array([v], np.float32)}) for v in values]):
+    tickets = tickets or [None] * len(values)
+    requests = [InferRequest({"x": np.array([v], np.float32)}, ticket=ticket) for v, ticket in zip(values, tickets, strict=True)]
+    for position, result in core.infer_all(leases, requests):
         leases[position].__exit__()
         answered[position] = result if isinstance(result, Exception) else (result.outputs["y"][0], result.outputs["pid"][0])
     return [answered[p] for p in range(len(values))]
@@ -220,5 +224,23 @@ def test_a_python_models_instances_each_take_a_share_of_a_group_in_one_message(t
         answered = infer_all(core, [1.0, 2.0, 3.0, 4.0])
         assert [y for y, _ in answered] == [1.0, 2.0, 3.0, 4.0]
         assert messages == [2, 2] and len({pid for _, pid in answered}) == 2
+    finally:
+        core.unload("p")
+
+
+def test_a_python_request_cancelled_while_the_one_before_it_in_its_message_runs_is_skipped_and_not_counted(tmp_path, messages):
+    """Two requests in one message to one instance; the first held at a gate while the second is cancelled
+    (its gRPC caller left): the instance skips the second, which is Cancelled and no execution."""
+    gate = Gate(tmp_path, "gate")
+    core = python_core(tmp_path / "models", instances=1, gate=gate)
+    try:
+        ticket = Ticket()
+        answering = gevent.spawn(infer_all, core, [5.0, 6.0], [None, ticket])
+        poll(gate.marker.exists, 30, "the first request never reached the gate")
+        ticket.cancel()
+        gate.release()
+        first, second = answering.get(timeout=30)
+        assert first[0] == 5.0 and isinstance(second, Cancelled)
+        assert messages == [2] and core._registry.models["p"].statistics[1].execution_count == 1
     finally:
         core.unload("p")
