@@ -4,8 +4,9 @@ shorter than a thread hand-off is worth, on the hub itself (inline.py). Requests
 for a model of worker processes go to its workers in shares, one message a worker (`run_all`)."""
 
 import functools
+import itertools
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import gevent
 from gevent.event import Event
@@ -79,7 +80,6 @@ class DirectScheduler(Scheduler):
         away) stops counting in queue_depth at once, and, cancelled by the time its share begins, is not
         run (Cancelled, and no execution)."""
         answered, retried, left = Queue(), set(), _Left(self)
-        cancelled = None if cancellable is None else (lambda position: cancellable[position].cancelled)
         for position, request in enumerate(cancellable or ()):
             request.when_cancelled(functools.partial(left.cancelled, position))
         items = items or [1] * len(calls)
@@ -88,16 +88,16 @@ class DirectScheduler(Scheduler):
         pending = len(calls)
         try:
             if len(calls) == 1:
-                self._run_share(fn, calls, shares[0], cancelled)  # nothing to answer before it is done: no greenlet
+                self._run_share(fn, calls, shares[0], cancellable)  # nothing to answer before it is done: no greenlet
             else:
                 for share in shares:
-                    gevent.spawn_raw(self._run_share, fn, calls, share, cancelled)
+                    gevent.spawn_raw(self._run_share, fn, calls, share, cancellable)
             while pending:
                 position, result = answered.get()
                 if isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:
                     retried.add(position)
                     self._recover(result.device, result.requested)
-                    self._run_share(fn, calls, _Share([position], answered, statistics, items), cancelled)
+                    self._run_share(fn, calls, _Share([position], answered, statistics, items), cancellable)
                     continue
                 pending -= 1
                 self._submitted -= 1
@@ -108,7 +108,7 @@ class DirectScheduler(Scheduler):
             self._submitted -= pending
             left.close()
 
-    def _run_share(self, fn, calls: list, share: "_Share", cancelled: Callable[[int], bool] | None) -> None:
+    def _run_share(self, fn, calls: list, share: "_Share", cancellable: list[Cancellable] | None) -> None:
         """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
         it comes, the last with the call's own end (one wake-up of the loop for a lone request). Its calls
         cancelled by the time it begins are answered Cancelled, not run."""
@@ -122,11 +122,10 @@ class DirectScheduler(Scheduler):
 
         def run() -> None:
             share.began = time.perf_counter_ns()
-            live = list(range(len(share.positions)))
-            if cancelled is not None:
-                live = [index for index in live if not cancelled(share.positions[index])]
-                for index in sorted(set(range(len(share.positions))) - set(live)):
-                    self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
+            gone = [cancellable is not None and cancellable[position].cancelled for position in share.positions]
+            for index in itertools.compress(range(len(gone)), gone):
+                self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
+            live = [index for index, out in enumerate(gone) if not out]
             if live:
                 fn([calls[share.positions[index]] for index in live], lambda index, *result: answer(live[index], *result))
 
