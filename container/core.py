@@ -20,6 +20,7 @@ from gevent.event import Event
 from container import ensembles
 from container.backends.ensemble import Ensemble, Step
 from container.errors import (
+    Cancelled,
     Forbidden,
     InsufficientMemory,
     InvalidModel,
@@ -37,7 +38,7 @@ from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
 from container.scheduling.base import as_done
-from container.scheduling.job import Job, cancelled_error
+from container.scheduling.job import Job
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
 log = logging.getLogger(__name__)
@@ -317,7 +318,7 @@ class Core:
         """One step of an ensemble's request (`job`): a request to its model, loaded again first if it was
         evicted; none once the request is cancelled (as Triton checks between steps)."""
         if job.cancelled:
-            raise cancelled_error()
+            raise Cancelled()
         try:
             lease = self.lease(step.model, step.version)
         except ModelNotFound:
@@ -340,8 +341,8 @@ class Core:
         them to the model's workers together (a message to a worker for all it takes)."""
         model, version = leases[0].model, leases[0].version
         transform_all, statistics = model.versions[version].transform_all, model.statistics[version]
-        calls = [(r.body, r.content_type, r.accept, r.headers, r.request_id) for r in requests]
-        tickets, clients = [Ticket() for _ in calls], [lease.client for lease in leases]
+        tickets, clients = [Ticket() for _ in requests], [lease.client for lease in leases]
+        calls = [(ticket, (r.body, r.content_type, r.accept, r.headers, r.request_id)) for ticket, r in zip(tickets, requests, strict=True)]
         for ticket, client in zip(tickets, clients, strict=True):
             if client is not None:  # a client that hangs up cancels its request (inference.Client)
                 client.under_way(ticket)

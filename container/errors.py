@@ -113,6 +113,9 @@ class QueueTimeout(Unavailable):
 class Cancelled(ServeError):
     status = 499
 
+    def __init__(self, message: str = "the request was cancelled: its client went away before it ran"):
+        super().__init__(message)
+
 
 class Unsupported(ServeError):
     status = 501

@@ -21,6 +21,7 @@ from gevent.monkey import get_original
 from container.backends import footprint, pt2
 from container.backends.handler import HandlerModel
 from container.backends.torch_runtime import release_memory
+from container.backends.worker_inbox import Inbox
 from container.backends.worker_process import (
     NativeQueue,
     WorkerOptions,
@@ -28,10 +29,10 @@ from container.backends.worker_process import (
     charged,
     error_reply,
     isolate,
-    receive,
     send,
 )
-from container.errors import DeviceFault, DeviceOutOfMemory, ServeError
+from container.errors import Cancelled, DeviceFault, DeviceOutOfMemory, ServeError
+from container.inference import Cancellable
 from container.logs import configure_logging
 from container.models.cache import total_by_device
 
@@ -124,22 +125,29 @@ class HandlerWorker:
         """How many workers beyond its least the memory budget has room for now (the registry's word)."""
         self._allowed = max(0, min(extra, self._most - self._least))
 
-    def transform_all(self, requests: list[tuple], answer) -> None:
-        """On an instance thread: requests that arrived together, in one message to one worker, which runs
-        them in turn; `answer(index, response or the error)` as each is answered (`WorkerProcess.in_turn`)."""
+    def transform_all(self, requests: list[tuple[Cancellable, tuple]], answer) -> None:
+        """On an instance thread: requests that arrived together, each (its Ticket, `HandlerModel.transform`'s
+        arguments), in one message to one worker, which runs them in turn; `answer(index, response or the
+        error)` as each is answered (`WorkerProcess.in_turn`), and `answer(index, Cancelled, False)` for one
+        the worker skipped, as it was cancelled before its turn."""
         worker = self._take()
 
         def start() -> None:
             self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
 
+        def message(rest: list[tuple[Cancellable, tuple]]) -> tuple[int, list[tuple]]:
+            return worker.number([ticket for ticket, _ in rest]), [arguments for _, arguments in rest]
+
         def answered(index: int, reply) -> None:
+            if reply is _NOT_RUN:
+                answer(index, Cancelled(), False)
+                return
             if not isinstance(reply, ServeError):
                 reply, self._device_bytes[worker] = reply
             answer(index, reply)
 
         try:
-            # the message is the requests themselves (serve, below)
-            worker.in_turn(requests, list, start, "a request", self._options.handler_timeout, answered)
+            worker.in_turn(requests, message, start, "a request", self._options.handler_timeout, answered)
         finally:
             self._last_used[worker] = time.monotonic()
             self._idle.put(worker)
@@ -265,16 +273,26 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         return
     if not send(connection, loaded):
         return
+    inbox = Inbox(connection)
     while True:
         try:
-            request = receive(connection)
+            message = inbox.next()
         except (EOFError, OSError):
             return
-        if request is None:
+        if message is None:
             return
-        for one in request:  # requests that arrived together, each answered as it is done
-            if not _answer(connection, model, one):
+        number, requests = message  # requests that arrived together, each answered as it is done
+        inbox.running(number)
+        for index, request in enumerate(requests):
+            if inbox.skips(number, index):
+                answered = send(connection, ("ok", _NOT_RUN))
+            else:
+                answered = _answer(connection, model, request)
+            if not answered:
                 return
+
+
+_NOT_RUN = None  # the reply for a request the worker skipped, as it was cancelled before its turn
 
 
 def _answer(connection: Connection, model: HandlerModel, request: tuple) -> bool:

@@ -11,12 +11,10 @@ import asyncio
 import functools
 import importlib.util
 import inspect
-import itertools
 import json
 import os
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -89,7 +87,6 @@ class PythonBackend:
                          for _ in range(count)]
         self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
         self._free = NativeQueue()
-        self._numbers = itertools.count()  # of the messages that hand requests to the workers
         try:
             for worker in self._workers:
                 self._reported[worker] = worker.start(options.load_timeout, "initialize")
@@ -151,10 +148,8 @@ class PythonBackend:
     def _message(self, kind: str, jobs: list, worker: WorkerProcess) -> tuple:
         """The message that hands `jobs` to `worker` ("execute": one batch; "each": an execute apiece),
         numbered, so that a job cancelled from now on is told to the worker as (number, its index)."""
-        number = next(self._numbers)
-        for index, job in enumerate(jobs):
-            job.when_cancelled(lambda index=index: worker.cancel(number, index))
-        return kind, [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs], self._decoupled, number
+        requests = [(job.inputs, job.outputs, job.parameters, job.request_id) for job in jobs]
+        return kind, requests, self._decoupled, worker.number(jobs)
 
     def _needs_stream(self) -> InvalidRequest:
         return InvalidRequest(f"model '{self.name}' is decoupled: it answers over a gRPC stream (ModelStreamInfer), "
@@ -279,12 +274,8 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             _execute_decoupled(name, model, wrapped, wanted, loop, connection, device)
             continue
         batches = [[i] for i in range(len(requests))] if kind == "each" else [list(range(len(requests)))]  # "each": an execute apiece
-        taken = time.monotonic()
         for batch in batches:
-            # Not run when cancelled: as the inbox has heard already, or, for a request that has waited behind
-            # others' executes long enough to matter, as it hears now (a system call: not for every request)
-            look = time.monotonic() - taken > _LOOK_AFTER
-            if all(inbox.cancelled(number, i, look) for i in batch):
+            if all(inbox.skips(number, i) for i in batch):
                 replies = [(_NOT_RUN, _CANCELLED)] * len(batch)
             else:
                 replies = _execute(name, model, [wrapped[i] for i in batch], [wanted[i] for i in batch], loop)
@@ -307,9 +298,8 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
     return [_outcome(name, response, outputs) for response, outputs in zip(responses, wanted, strict=True)]
 
 
-_CANCELLED = ("Cancelled", "the request was cancelled: its client went away before it ran", 499, None)
+_CANCELLED = error_reply(Cancelled())
 _NOT_RUN = None  # a reply's `ok` for a request the instance skipped (cancelled before its turn): no execution
-_LOOK_AFTER = 0.001  # seconds a request of a message waits behind the others before the inbox is read for it
 
 
 def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, connection: Connection, device: str) -> None:

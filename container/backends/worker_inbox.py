@@ -1,16 +1,21 @@
-"""What a python model's worker reads from the model process, Triton's request cancellation included.
+"""What a worker of user code (a python model's, a handler model's) reads from the model process, the
+cancellations of its requests included.
 
-Each message that hands the worker requests is numbered; when the client of one of them goes away, the
-model process sends ("cancel", number, index), which may come before its message, while `execute` runs,
-or after. The worker's loop reads the cancellations that come while it waits for its next message; while
-`execute` runs, `is_cancelled()` reads those that have come, without waiting (from the thread that runs
-`execute` or from any the model started), and keeps any other message for the loop."""
+Each message that hands the worker requests is numbered (`WorkerProcess.number`); when the client of one
+of them goes away, the model process sends ("cancel", number, index), which may come before its message,
+while user code runs, or after. The worker's loop reads the cancellations that come while it waits for its
+next message, and skips a request cancelled before its turn (`skips`); while user code runs, a python
+model's `is_cancelled()` reads those that have come, without waiting (from the thread that runs `execute`
+or from any the model started), and keeps any other message for the loop."""
 
 import threading
+import time
 from collections import deque
 from multiprocessing.connection import Connection
 
 from container.backends.worker_process import receive
+
+_LOOK_AFTER = 0.001  # seconds a request of a message waits behind the others before `skips` reads the socket for it
 
 
 class Inbox:
@@ -20,6 +25,7 @@ class Inbox:
         self._kept: deque = deque()  # messages `look` read for the loop
         self._cancelled: set[tuple[int, int]] = set()  # (message number, index)
         self._current = -1  # the number of the message being run
+        self._taken = 0.0  # when it was taken (time.monotonic)
 
     def next(self):
         """The next message that is not a cancellation, waiting for it; EOFError or OSError when the
@@ -32,14 +38,20 @@ class Inbox:
 
     def running(self, number: int) -> None:
         """The requests of message `number` run now: cancellations of earlier messages are forgotten."""
-        self._current = number
+        self._current, self._taken = number, time.monotonic()
         for key in [key for key in self._cancelled if key[0] < number]:
             self._cancelled.discard(key)
 
-    def cancelled(self, number: int, index: int, look: bool = True) -> bool:
-        """Whether the request at `index` of message `number` was cancelled: as far as has come (`look`: a
-        system call), or as far as has been read."""
-        if look:
+    def cancelled(self, number: int, index: int) -> bool:
+        """Whether the request at `index` of message `number` was cancelled, as far as has come (a system call)."""
+        self._look()
+        return (number, index) in self._cancelled
+
+    def skips(self, number: int, index: int) -> bool:
+        """Whether the request at `index` of the running message `number` is not to be run at its turn, as
+        it was cancelled: as far as has been read, or, for one that has waited behind the others' runs long
+        enough to matter, as far as has come (a system call: not for every request)."""
+        if time.monotonic() - self._taken > _LOOK_AFTER:
             self._look()
         return (number, index) in self._cancelled
 

@@ -7,7 +7,9 @@ handler models (handler_worker.py) and Triton python-backend models (python_back
 The parent waits on native threads (the model's instance threads), never on the event loop.
 """
 
+import functools
 import gc
+import itertools
 import pickle
 import select
 import signal
@@ -24,6 +26,7 @@ from container import content, errors
 from container.backends import footprint
 from container.backends.forkserver import ForkServer
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError, WorkerLost
+from container.inference import Cancellable
 from container.models.cache import total_by_device
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
@@ -68,6 +71,7 @@ class WorkerProcess:
         self.lock = get_original("threading", "Lock")()  # callers are native threads
         self._sending = get_original("threading", "Lock")()  # one message on the socket at a time
         self._process = self._connection = self._poller = None
+        self._numbers = itertools.count()  # of the messages that hand it requests
 
     @property
     def pid(self) -> int | None:
@@ -105,6 +109,14 @@ class WorkerProcess:
         data = pickle.dumps(message, _PROTOCOL)
         with self._sending:
             self._connection.send_bytes(data)
+
+    def number(self, requests: list[Cancellable]) -> int:
+        """A number for the message that hands the worker `requests`: each of them cancelled from now on is
+        told to the worker as (this number, its index), which skips it if its turn has not come (worker_inbox.py)."""
+        number = next(self._numbers)
+        for index, request in enumerate(requests):
+            request.when_cancelled(functools.partial(self.cancel, number, index))
+        return number
 
     def cancel(self, number: int, index: int) -> None:
         """Tell the worker that the request at `index` of its message `number` was cancelled, from any

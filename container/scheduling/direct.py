@@ -12,14 +12,14 @@ import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
-from container.errors import DeviceOutOfMemory, WorkerLost
+from container.errors import Cancelled, DeviceOutOfMemory, WorkerLost
 from container.inference import Cancellable
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases, Statistics
 from container.scheduling.base import Scheduler, outcome
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, call, cancelled_error, on_loop, on_thread, run_batch
+from container.scheduling.job import Job, call, on_loop, on_thread, run_batch
 
 
 class DirectScheduler(Scheduler):
@@ -124,7 +124,7 @@ class DirectScheduler(Scheduler):
             share.began = time.perf_counter_ns()
             gone = [cancellable is not None and cancellable[position].cancelled for position in share.positions]
             for index in itertools.compress(range(len(gone)), gone):
-                self._threads.post(share.answer, index, cancelled_error(), time.perf_counter_ns(), False)
+                self._threads.post(share.answer, index, Cancelled(), time.perf_counter_ns(), False)
             live = [index for index, out in enumerate(gone) if not out]
             if live:
                 fn([calls[share.positions[index]] for index in live], lambda index, *result: answer(live[index], *result))

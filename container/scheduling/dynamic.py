@@ -17,13 +17,13 @@ import gevent
 from gevent import Timeout
 from gevent.lock import Semaphore
 
-from container.errors import QueueTimeout
+from container.errors import Cancelled, QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler, as_done
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, cancelled_error, on_loop, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -83,7 +83,7 @@ class DynamicBatcher(Scheduler):
     def _cancelled(self, job: Job) -> None:
         if job.stage is Stage.QUEUED:
             self.queue.discard(job)
-            self._deliver(job, cancelled_error(), ok=False)
+            self._deliver(job, Cancelled(), ok=False)
 
     def _wait(self, job: Job, timeout: float | None) -> tuple[dict, Phases]:
         try:

@@ -82,14 +82,10 @@ def _without_cancelled(jobs: list[Job]) -> tuple[Phases, list]:
     gone = [job.cancelled for job in jobs]  # read once: a job may be cancelled meanwhile
     live = [job for job, cancelled in zip(jobs, gone, strict=True) if not cancelled]
     if not live:
-        raise cancelled_error()
+        raise Cancelled()
     phases, results = run_batch(live)
     answered = iter(results)
-    return phases, [cancelled_error() if cancelled else next(answered) for cancelled in gone]
-
-
-def cancelled_error() -> Cancelled:
-    return Cancelled("the request was cancelled: its client went away before it ran")
+    return phases, [Cancelled() if cancelled else next(answered) for cancelled in gone]
 
 
 def on_loop(execute, args: tuple, submitted: int):

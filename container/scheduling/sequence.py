@@ -26,7 +26,7 @@ from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
 from container.scheduling.base import Scheduler
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, cancelled_error, run_jobs
+from container.scheduling.job import Job, run_jobs
 from container.tensors import datatype_of, numpy_dtype, zeros
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
@@ -66,7 +66,7 @@ class Turn:
         if mine in self._dropped:
             self._dropped.discard(mine)
             self.release()
-            raise cancelled_error()
+            raise Cancelled()
 
     def cancel_waiting(self) -> None:
         """The requests waiting for the turn now are cancelled when it comes to them: as Triton cancels a

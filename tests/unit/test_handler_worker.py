@@ -20,7 +20,7 @@ server_end, worker_end = (Connection(s.detach()) for s in socket.socketpair())
 def server(hang_up):
     if hang_up == "during a request":
         assert server_end.recv()[0] == "ok"
-        server_end.send([(b"[[1.0, 2.0]]", "application/json", "application/json", {}, "r-1")])
+        server_end.send((0, [(b"[[1.0, 2.0]]", "application/json", "application/json", {}, "r-1")]))  # message 0
     server_end.close()
 thread = threading.Thread(target=server, args=(sys.argv[2],))
 thread.start()

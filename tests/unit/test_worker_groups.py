@@ -18,7 +18,7 @@ from container.backends.torch_runtime import free_memory, release_memory
 from container.backends.worker_process import WorkerProcess
 from container.core import Core
 from container.errors import Cancelled, ModelError
-from container.inference import InferRequest, Ticket, TransformRequest
+from container.inference import Client, InferRequest, Ticket, TransformRequest
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime
 from container.scheduling import scheduler_for
@@ -96,9 +96,10 @@ def handler_core(tmp_path, **options) -> tuple[Core, Gate]:
     return core, gate
 
 
-def transform_all(core: Core, bodies: list[bytes]):
-    """(position, body answered or the exception) for each of `bodies` sent together, as each comes."""
-    leases = core.leases("h", None, [None] * len(bodies))
+def transform_all(core: Core, bodies: list[bytes], clients: list[Client | None] | None = None):
+    """(position, body answered or the exception) for each of `bodies` sent together, as each comes;
+    `clients`: each one's connection."""
+    leases = core.leases("h", None, clients or [None] * len(bodies))
     for lease in leases:
         lease.__enter__()
     requests = [TransformRequest(body, "application/octet-stream", None, {}) for body in bodies]
@@ -107,8 +108,8 @@ def transform_all(core: Core, bodies: list[bytes]):
         yield position, result if isinstance(result, Exception) else result.body
 
 
-def answers(core: Core, bodies: list[bytes]) -> list:
-    by_position = dict(transform_all(core, bodies))
+def answers(core: Core, bodies: list[bytes], clients: list[Client | None] | None = None) -> list:
+    by_position = dict(transform_all(core, bodies, clients))
     return [by_position[p] for p in range(len(bodies))]
 
 
@@ -161,6 +162,23 @@ def test_each_request_of_a_message_is_answered_as_soon_as_it_is_done(tmp_path, m
         with gevent.Timeout(30):
             [(position, answer)] = list(answering)
         assert (position, answer.partition(b":")[0]) == (1, b"gate") and messages == [2]
+    finally:
+        core.unload("h")
+
+
+def test_a_handler_request_whose_client_left_while_the_one_before_it_in_its_message_runs_is_skipped(tmp_path, messages):
+    """Three requests in one message to one worker, the first held at the gate while the second's client
+    hangs up: the worker skips the second (Cancelled, not an execution), and runs the third."""
+    core, gate = handler_core(tmp_path)
+    try:
+        client = Client()
+        answering = gevent.spawn(answers, core, [b"gate", b"b", b"c"], [None, client, None])
+        poll(gate.marker.exists, 30, "the first request never reached the gate")
+        client.close()
+        gate.release()
+        first, second, third = answering.get(timeout=30)
+        assert [first.partition(b":")[0], third.partition(b":")[0]] == [b"gate", b"c"] and isinstance(second, Cancelled)
+        assert messages == [3] and core._registry.models["h"].statistics[1].execution_count == 2
     finally:
         core.unload("h")
 
