@@ -44,7 +44,7 @@ class DirectScheduler(Scheduler):
             self._finished.clear()
             self._finished.wait()
             inline = self._judge.fits(job.items)
-        execute = on_loop if inline else self._apply
+        execute = on_loop if inline else functools.partial(self._apply, request=job)
         phases, (outputs,) = self._one(lambda jobs: execute(run_batch, (jobs,), job.submitted), job)
         self._judge.record(job.items, phases, inline)
         job.statistics.record_execution(job.items, phases, inline)
@@ -111,7 +111,8 @@ class DirectScheduler(Scheduler):
     def _run_share(self, fn, calls: list, share: "_Share", cancellable: list[Cancellable] | None) -> None:
         """The share's calls through one `fn` on a thread: each answer but the last handed to the loop as
         it comes, the last with the call's own end (one wake-up of the loop for a lone request). Its calls
-        cancelled by the time it begins are answered Cancelled, not run."""
+        cancelled by the time it begins are answered Cancelled, not run; a share of one call cancelled while
+        it waits for a thread leaves the queue at once (`Instances.apply`)."""
         last = len(share.positions) - 1
 
         def answer(index: int, result, ran: bool = True) -> None:
@@ -129,9 +130,10 @@ class DirectScheduler(Scheduler):
             if live:
                 fn([calls[share.positions[index]] for index in live], lambda index, *result: answer(live[index], *result))
 
+        lone = cancellable[share.positions[0]] if cancellable and len(share.positions) == 1 else None
         try:
-            self._threads.apply(on_thread, (call, (run, ()), share.submitted))
-        except Exception as exc:  # the share failed as a whole: each call it had not answered, with it
+            self._threads.apply(on_thread, (call, (run, ()), share.submitted), lone)
+        except Exception as exc:  # the share failed as a whole (or its lone call was withdrawn): each call it had not answered, with it
             share.fail(exc)
         else:
             if share.last is not None:
@@ -144,10 +146,10 @@ class DirectScheduler(Scheduler):
             raise outcome
         return outcome
 
-    def _apply(self, function, args: tuple, submitted: int):
+    def _apply(self, function, args: tuple, submitted: int, request: Cancellable):
         self._submitted += 1
         try:
-            return self._threads.apply(on_thread, (function, args, submitted))
+            return self._threads.apply(on_thread, (function, args, submitted), request)
         finally:
             self._submitted -= 1
             self._finished.set()

@@ -2,13 +2,20 @@
 answering through one async watcher of the event loop that hands back every result finished since it
 last ran (and every answer a call posted on its way: `post`). gevent's ThreadPool makes a watcher, a
 result object and a greenlet hand-off per call; here a call costs a queue put and a waiter, and a burst
-of finished batches one wake-up of the loop."""
+of finished batches one wake-up of the loop.
 
+A call still in the queue when its request is cancelled is withdrawn: whichever of a thread and the
+cancellation takes the call's one entry first (a list's `pop`, atomic under the GIL) has it."""
+
+import functools
 from collections import deque
 
 from gevent import get_hub
 from gevent.hub import Waiter
 from gevent.monkey import get_original
+
+from container.errors import Cancelled
+from container.inference import Cancellable
 
 _NativeQueue = get_original("queue", "SimpleQueue")  # blocks a real thread, not a greenlet
 _start_thread = get_original("_thread", "start_new_thread")
@@ -30,13 +37,28 @@ class Instances:
         for _ in range(count):
             _start_thread(self._work, ())
 
-    def apply(self, fn, args: tuple = ()):
+    def apply(self, fn, args: tuple = (), request: Cancellable | None = None):
+        """`request`: the one request the call runs for: cancelled while the call waits for a thread, the
+        call is withdrawn (Cancelled raised here at once: its caller lets go of what it holds) and no thread
+        runs it."""
         waiter = Waiter()
         if not self._waiting:
             self._wake.ref = True
         self._waiting += 1
-        self._tasks.put((fn, args, waiter))
+        task = [(fn, args, waiter)]
+        self._tasks.put(task)
+        if request is not None:
+            request.when_cancelled(functools.partial(self._withdraw, task))
         return waiter.get()
+
+    def _withdraw(self, task: list) -> None:
+        """On the loop (a cancellation): the call, unless a thread has taken it, answered Cancelled."""
+        try:
+            _, _, waiter = task.pop()
+        except IndexError:  # a thread has it
+            return
+        self._done.append((waiter.throw, (Cancelled(),), True))
+        self._wake.send()
 
     def post(self, function, *args) -> None:
         """From inside a call on a thread: `function(*args)` on the loop, soon (a call that answers
@@ -52,7 +74,10 @@ class Instances:
     def _work(self) -> None:
         tasks, done, wake = self._tasks, self._done, self._wake
         while (task := tasks.get()) is not _STOP:
-            fn, args, waiter = task
+            try:
+                fn, args, waiter = task.pop()
+            except IndexError:  # withdrawn while it waited
+                continue
             try:
                 done.append((waiter.switch, (fn(*args),), True))
             except BaseException as exc:  # noqa: BLE001 — raised again in the caller's greenlet

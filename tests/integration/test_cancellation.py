@@ -181,6 +181,11 @@ def executions(server, name: str) -> int:
     return stats["execution_count"]
 
 
+def failures(server, name: str) -> int:
+    stats = server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]
+    return stats["inference_stats"]["fail"]["count"]
+
+
 def cancelled_responses(server, name: str) -> int:
     stats = server.request("GET", f"/v2/models/{name}/stats").json()["model_stats"][0]
     return sum(int(place["cancel"]["count"]) for place in stats.get("response_stats", {}).values())
@@ -309,18 +314,19 @@ def v2_x(first: float, batched: bool) -> dict:
 @pytest.mark.parametrize("name", ["queued", "direct"])
 def test_an_http_request_whose_client_hangs_up_while_it_waits_never_runs(http_server, gates, name):
     """One instance, held at a gate by a first request: a second waits for it (in the dynamic batcher's
-    queue, or for the instance), and its client closes the connection: it no longer counts as waiting, and
-    never runs: once the gate opens, the first is answered, then a third, and the model has executed those
-    two."""
+    queue, or for the instance), and its client closes the connection: it no longer counts as waiting, is
+    let go of at once (counted as a failure while the first is still held), and never runs: once the gate
+    opens, the first is answered, then a third, and the model has executed those two."""
     server, batched = http_server, name == "queued"
     gates[name].marker.unlink(missing_ok=True)
-    before = executions(server, name)
+    before, failed = executions(server, name), failures(server, name)
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(server.request, "POST", f"/v2/models/{name}/infer", json=v2_x(-1, batched), timeout=60)
         gates[name].wait_entered()
         with sent_and_left_open(server, f"/v2/models/{name}/infer", json.dumps(v2_x(5, batched)).encode()):
             wait_for(lambda: queue_depth(server, name) == 1, 30, "the second request never waited for the instance")
         wait_for(lambda: queue_depth(server, name) == 0, 30, "the request whose client left is still counted as waiting")
+        wait_for(lambda: failures(server, name) == failed + 1, 30, "the request whose client left still waits for the instance")
         gates[name].release()
         assert held.result(timeout=30).json()["outputs"][0]["data"] == [-2, 2, 4, 6]
     third = server.request("POST", f"/v2/models/{name}/infer", json=v2_x(7, batched), timeout=30)

@@ -7,6 +7,8 @@ from pathlib import Path
 import gevent
 import pytest
 
+from container.errors import Cancelled
+from container.inference import Ticket
 from container.scheduling.instances import Instances
 from tests.builders import poll, take_turns
 
@@ -142,3 +144,26 @@ def test_a_call_posts_answers_to_the_loop_before_it_ends():
         release.set()
         instances.close()
     assert posted == [(threading.get_ident(), "first"), (threading.get_ident(), "second")]  # run on the loop's thread
+
+
+def test_a_call_whose_request_is_cancelled_while_it_waits_leaves_at_once_and_never_runs(held):
+    """Behind a held call, a waiting call's request is cancelled (its client hung up): its caller gets
+    Cancelled while the held call still runs, the call never runs, and the next call runs as before; a
+    request cancelled once its call has a thread changes nothing (its answer comes)."""
+    instances, ran = Instances(1), []
+    try:
+        first, request = Ticket(), Ticket()
+        call = gevent.spawn(instances.apply, held, (), first)
+        poll(held.entered.is_set, message="the call did not start on a thread")
+        waiting = gevent.spawn(instances.apply, ran.append, ("withdrawn",), request)
+        take_turns(1)  # queued behind the held call
+        request.cancel()
+        with pytest.raises(Cancelled):
+            waiting.get(timeout=10)
+        first.cancel()  # it has its thread
+        assert not call.ready()
+        held.release.set()
+        assert call.get(timeout=10) > 0 and instances.apply(str, ("next",)) == "next"
+        assert ran == []
+    finally:
+        instances.close()
