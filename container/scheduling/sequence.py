@@ -11,6 +11,7 @@ wait for a free slot — and each instance sends its batches laid out by slot, a
 filled with READY false. Either waits up to its
 max_queue_delay_microseconds for requests on their way (as the dynamic batcher does)."""
 
+import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from gevent import GreenletExit
 from gevent.event import Event
 
 from container.errors import Cancelled, InvalidRequest, QueueTimeout
+from container.inference import Cancellable
 from container.models.recovery import Recover, execute
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
@@ -47,26 +49,46 @@ class Turn:
     def locked(self) -> bool:
         return bool(self._queue)
 
-    def acquire(self) -> None:
+    def acquire(self, request: Cancellable | None = None) -> None:
+        """The turn, once the requests before it have had theirs; Cancelled when `request` is cancelled while
+        it waits (then at once), or with a request before it (`cancel_waiting`)."""
         mine = Event()
         self._queue.append(mine)
         if len(self._queue) == 1:
             return
+        waiting = True
+
+        def cancelled() -> None:  # its client went away while it waited: it leaves now, not at its turn
+            if waiting and mine in self._queue:
+                self._leave(mine)
+                mine.set()
+
+        if request is not None:
+            request.when_cancelled(cancelled)
         try:
             mine.wait()
-        except BaseException:  # its client went away while it waited: the turn passes over it, and the
-            handed = self._queue[0] is mine  # requests behind it are cancelled with it
-            behind = list(self._queue)[self._queue.index(mine) + 1:]
-            self._queue.remove(mine)
-            self._dropped.discard(mine)
-            self._dropped.update(behind)
-            if handed:
-                self._pass_on()
+        except BaseException:  # its greenlet was killed (its gRPC stream ended) while it waited
+            if mine in self._queue:
+                self._leave(mine)
             raise
+        finally:
+            waiting = False
+        if mine not in self._queue:  # it left (cancelled)
+            raise Cancelled()
         if mine in self._dropped:
             self._dropped.discard(mine)
             self.release()
             raise Cancelled()
+
+    def _leave(self, mine: Event) -> None:
+        """A waiter leaves: the turn passes over it, and the requests behind it are cancelled with it."""
+        handed = self._queue[0] is mine
+        behind = list(self._queue)[self._queue.index(mine) + 1:]
+        self._queue.remove(mine)
+        self._dropped.discard(mine)
+        self._dropped.update(behind)
+        if handed:
+            self._pass_on()
 
     def cancel_waiting(self) -> None:
         """The requests waiting for the turn now are cancelled when it comes to them: as Triton cancels a
@@ -126,7 +148,7 @@ class SequenceBatcher(Scheduler):
             raise self._not_running(sequence_id)
         self._behind += 1  # its sequence's previous request has not run: it cannot join the next batch
         try:
-            sequence.turn.acquire()
+            sequence.turn.acquire(job)
         finally:
             self._behind -= 1
         try:
@@ -139,8 +161,9 @@ class SequenceBatcher(Scheduler):
             wanted = (job.outputs or [s.name for s in self.signature.outputs]) + [s.output.name for s in self.signature.states]
             run = Job(job.backend, job.statistics, inputs, wanted, 1, job.parameters, job.submitted,
                       respond=job.respond, request_id=job.request_id, batching=job.batching)
-            job.when_cancelled(run.cancel)
             self._ready.append((run, sequence))
+            job.when_cancelled(run.cancel)
+            run.when_cancelled(functools.partial(self._withdraw, run, sequence))
             self._arrived.set()
             try:
                 outputs, phases = self._wait(run, sequence)
@@ -157,6 +180,12 @@ class SequenceBatcher(Scheduler):
         if end and self.sequences.get(sequence_id) is sequence:
             self._release(sequence_id)
         return outputs, phases
+
+    def _withdraw(self, run: Job, sequence: Sequence) -> None:
+        """A request cancelled before a batch took it leaves at once: a sequence without a slot may wait long."""
+        if (run, sequence) in self._ready:
+            self._ready.remove((run, sequence))
+            run.result.set_exception(Cancelled())
 
     def _wait(self, run: Job, sequence: Sequence) -> tuple[dict, Phases]:
         """The request's outputs; a request still waiting for a slot after the wait limit gives up (503),

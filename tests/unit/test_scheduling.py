@@ -552,6 +552,36 @@ def test_a_cancelled_sequence_request_cancels_the_requests_of_its_sequence_behin
     scheduler.close()
 
 
+@pytest.mark.parametrize("where", ["waiting for its turn", "waiting for a slot"])
+def test_a_sequence_request_whose_client_hangs_up_leaves_at_once_and_its_retry_is_served(backend, where):
+    """A request of sequence 7 waits (for the turn its sequence's first request holds, or for a slot while
+    other sequences hold all four), and its HTTP client hangs up (its job is cancelled): it is answered
+    Cancelled at once, while the execution ahead is still held, and no longer counts as waiting; the
+    client's retry, sent after it, is not cancelled with it, and runs."""
+    scheduler = scheduler_for("m", sequence_config({"direct": {}}))  # max_batch_size 4: four slots
+    if where == "waiting for its turn":
+        ahead = spawn(scheduler, sequence_job(backend, 1, 7, start=True))
+        gone, retry = sequence_job(backend, 2, 7), sequence_job(backend, 2, 7)
+    else:
+        ahead = spawn(scheduler, *[sequence_job(backend, value, value, start=True) for value in (1, 2, 3, 4)])
+        gone, retry = sequence_job(backend, 5, 7, start=True), sequence_job(backend, 5, 7, start=True)
+    backend.wait_entered()
+    waiting = spawn(scheduler, gone)[0]
+    depth = scheduler.queue_depth()
+    gone.cancel()
+    with pytest.raises(Cancelled):
+        waiting.get(timeout=30)
+    assert not any(greenlet.ready() for greenlet in ahead)  # the execution ahead is still held
+    assert scheduler.queue_depth() == depth - (where == "waiting for a slot")
+    retried = spawn(scheduler, retry)[0]
+    backend.release.set()
+    assert [values(greenlet) for greenlet in ahead] == [[2.0 * value] for value in range(1, len(ahead) + 1)]
+    if where == "waiting for a slot":
+        assert values(spawn(scheduler, sequence_job(backend, 6, 1, end=True))[0]) == [12.0]  # a slot comes free
+    assert values(retried) == [4.0 if where == "waiting for its turn" else 10.0]
+    scheduler.close()
+
+
 def _taking(turn: Turn, order: list, name: str):
     def take():
         turn.acquire()
