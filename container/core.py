@@ -316,7 +316,9 @@ class Core:
 
     def _infer_step(self, job: Job, step: Step, inputs: dict) -> dict:
         """One step of an ensemble's request (`job`): a request to its model, loaded again first if it was
-        evicted; none once the request is cancelled (as Triton checks between steps)."""
+        evicted; none once the request is cancelled (as Triton checks between steps). It carries what the
+        ensemble's request carries, as Triton's steps do: its id and its parameters (a sequence's id and
+        flags, its priority and timeout, and the rest for a python model to read)."""
         if job.cancelled:
             raise Cancelled()
         try:
@@ -326,7 +328,7 @@ class Core:
                 raise
             lease = self.lease_loading(step.model, self.locate(step.model))
         with lease:
-            return self.infer(lease, InferRequest(inputs, list(step.outputs))).outputs
+            return self.infer(lease, InferRequest(inputs, list(step.outputs), job.parameters, request_id=job.request_id)).outputs
 
     def transform(self, lease: Lease, request: TransformRequest):
         """A request body through the leased SageMaker handler model; returns its backend's response."""

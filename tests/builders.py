@@ -106,6 +106,20 @@ def fp32_model(root: Path, name: str, module=None, dims=(4,), max_batch_size=8, 
                         [tensor("y", "TYPE_FP32", dims)], max_batch_size, **kwargs)
 
 
+def ensemble(root: Path, name: str, inputs, outputs, steps, config: dict | None = None, **scheduling) -> Path:
+    """`steps`: `ensemble_step`s; `config`: more of the ensemble's own config (`max_batch_size`, `response_cache`)."""
+    directory = root / name
+    (directory / "1").mkdir(parents=True)  # an ensemble's version directory is empty, as on Triton
+    document = {"name": name, "platform": "ensemble", "input": inputs, "output": outputs, **(config or {}),
+                "ensemble_scheduling": {"step": steps, **scheduling}}
+    (directory / "config.pbtxt").write_text(_pbtxt(document))
+    return directory
+
+
+def ensemble_step(model: str, inputs: dict, outputs: dict) -> dict:
+    return {"model_name": model, "model_version": -1, "input_map": inputs, "output_map": outputs}
+
+
 def sized_model(root: Path, name: str, mib: float) -> Path:
     return fp32_model(root, name, Sized(mib))
 

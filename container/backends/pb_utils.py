@@ -13,6 +13,8 @@ import numpy as np
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+# What Triton's front-ends make a request's own properties, not parameters its model reads
+_PROPERTIES = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
@@ -126,7 +128,7 @@ class InferenceRequest:
         self._request_id, self._correlation_id, self._flags = request_id, correlation_id, flags
         self._inputs = list(inputs)
         self._outputs = [_text(n) for n in requested_output_names]
-        self.model_name, self.model_version, self.timeout = _text(model_name), int(model_version), timeout
+        self.model_name, self.model_version, self._timeout = _text(model_name), int(model_version), timeout
         self._given_parameters = parameters  # as JSON text when asked for: most models never ask
         self._sender = None
         self._cancelled = None  # a request `execute` got: whether its client has gone (worker_inbox.py)
@@ -142,6 +144,10 @@ class InferenceRequest:
 
     def flags(self) -> int:
         return self._flags
+
+    def timeout(self) -> int:
+        """Microseconds the request may wait in the model's queue (its `timeout` parameter), 0 for none."""
+        return self._timeout
 
     def requested_output_names(self) -> list[str]:
         return self._outputs
@@ -167,7 +173,7 @@ class InferenceRequest:
         if _bls is None:
             raise TritonModelException("BLS calls are made from initialize or execute of a served model")
         call = (self.model_name, self.model_version, {t.name(): wire_array(t.as_numpy()) for t in self._inputs},
-                self._outputs or None, json.loads(self.parameters()), self.timeout)
+                self._outputs or None, _server_parameters(self), self._timeout)
         if decoupled:
             return (_response(outcome or {}) for outcome, _ in _bls.stream(*call))
         return _response(_bls.exec(*call))
@@ -177,6 +183,31 @@ class InferenceRequest:
         `decoupled`, the responses once the model has sent its final one."""
         run = (lambda: list(self.exec(True))) if decoupled else self.exec
         return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+def served_request(request_id: str, inputs: list, outputs, parameters: dict) -> InferenceRequest:
+    """A request `execute` receives: the client's parameters but those Triton makes the request's own
+    properties (a sequence's id and flags, its priority and timeout, the answer's encoding), which its
+    `correlation_id()`, `flags()` and `timeout` give."""
+    if not parameters or parameters.keys().isdisjoint(_PROPERTIES):  # most requests
+        return InferenceRequest(request_id, inputs=inputs, requested_output_names=outputs, parameters=parameters)
+    flags = ((TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0)
+             | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") else 0))
+    return InferenceRequest(request_id, parameters.get("sequence_id", 0), inputs, outputs, flags=flags,
+                            timeout=parameters.get("timeout", 0),
+                            parameters={k: v for k, v in parameters.items() if k not in _PROPERTIES})
+
+
+def _server_parameters(request: InferenceRequest) -> dict:
+    """A BLS request's parameters as the server reads them: its correlation id and flags among them."""
+    parameters = json.loads(request.parameters())
+    if request.correlation_id():
+        parameters["sequence_id"] = request.correlation_id()
+    if request.flags() & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        parameters["sequence_start"] = True
+    if request.flags() & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        parameters["sequence_end"] = True
+    return parameters
 
 
 def _response(outcome: "dict | TritonError") -> InferenceResponse:

@@ -9,13 +9,10 @@ model's `is_cancelled()` reads those that have come, without waiting (from the t
 or from any the model started), and keeps any other message for the loop."""
 
 import threading
-import time
 from collections import deque
 from multiprocessing.connection import Connection
 
 from container.backends.worker_process import receive
-
-_LOOK_AFTER = 0.001  # seconds a request of a message waits behind the others before `skips` reads the socket for it
 
 
 class Inbox:
@@ -25,7 +22,6 @@ class Inbox:
         self._kept: deque = deque()  # messages `look` read for the loop
         self._cancelled: set[tuple[int, int]] = set()  # (message number, index)
         self._current = -1  # the number of the message being run
-        self._taken = 0.0  # when it was taken (time.monotonic)
 
     def next(self):
         """The next message that is not a cancellation, waiting for it; EOFError or OSError when the
@@ -38,7 +34,7 @@ class Inbox:
 
     def running(self, number: int) -> None:
         """The requests of message `number` run now: cancellations of earlier messages are forgotten."""
-        self._current, self._taken = number, time.monotonic()
+        self._current = number
         for key in [key for key in self._cancelled if key[0] < number]:
             self._cancelled.discard(key)
 
@@ -49,9 +45,10 @@ class Inbox:
 
     def skips(self, number: int, index: int) -> bool:
         """Whether the request at `index` of the running message `number` is not to be run at its turn, as
-        it was cancelled: as far as has been read, or, for one that has waited behind the others' runs long
-        enough to matter, as far as has come (a system call: not for every request)."""
-        if time.monotonic() - self._taken > _LOOK_AFTER:
+        it was cancelled: as far as has come, for a request behind others in its message (during whose runs,
+        however short, a cancellation may have come; a look costs 3 µs, a request run for nobody may cost
+        seconds), else as far as has been read."""
+        if index:
             self._look()
         return (number, index) in self._cancelled
 

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.builders import Gate, handler_model, python_model, tensor, wait_for
-from tests.integration.test_python_backend import ensemble, step
+from tests.builders import Gate, ensemble, ensemble_step, handler_model, python_model, tensor, wait_for
 
 # x (FP32 [4]) → y = 2x; x[0] == -1 waits at the gate first
 QUEUED_PY = """
@@ -129,7 +128,7 @@ def models(tmp_path_factory, gate_dir, gates) -> Path:
                  {"max_batch_size": 0, "input": [x], "output": [y], **one})
     python_model(root, "second", QUEUED_PY.replace("{gate}", "pass"), {"max_batch_size": 0, "input": [x], "output": [y], **one})
     ensemble(root, "pipeline", [x], [tensor("z", "TYPE_FP32", [4])],
-             [step("direct", {"x": "x"}, {"y": "doubled"}), step("second", {"x": "doubled"}, {"y": "z"})])
+             [ensemble_step("direct", {"x": "x"}, {"y": "doubled"}), ensemble_step("second", {"x": "doubled"}, {"y": "z"})])
     python_model(root, "watchful", WATCHFUL_PY.format(entered=str(gate_dir / "watchful.entered"),
                                                       marker=str(gate_dir / "watchful.ended")),
                  {"max_batch_size": 0, "input": [x], "output": [y]})

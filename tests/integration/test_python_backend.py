@@ -18,24 +18,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bench.harness import free_port
-from tests.builders import MIB, AddSub, Gate, handler_model, python_model, tensor, triton_model, wait_for
+from tests.builders import MIB, AddSub, Gate, ensemble, ensemble_step, handler_model, python_model, tensor, triton_model, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "data" / "python_backend"  # the project's own models
-
-
-def ensemble(root: Path, name: str, inputs, outputs, steps, **scheduling) -> Path:
-    from tests.builders import _pbtxt
-
-    directory = root / name
-    (directory / "1").mkdir(parents=True)  # an ensemble's version directory is empty, as on Triton
-    document = {"name": name, "platform": "ensemble", "input": inputs, "output": outputs,
-                "ensemble_scheduling": {"step": steps, **scheduling}}
-    (directory / "config.pbtxt").write_text(_pbtxt(document))
-    return directory
-
-
-def step(model: str, inputs: dict, outputs: dict) -> dict:
-    return {"model_name": model, "model_version": -1, "input_map": inputs, "output_map": outputs}
 
 
 # x (FP32 [4]) → y = factor·x; x[0] == -1 waits at the gate; x[0] < -1 is that request's own error
@@ -268,7 +253,7 @@ def server(start_server, tmp_path_factory, gate_dir):
         "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "crashes", CRASHES_PY, scale_config(1))
     python_model(root, "describes", DESCRIBES_PY, {"input": [tensor("x", "TYPE_FP32", [4])],
-                                                   "output": [tensor("about", "TYPE_STRING", [2])]})
+                                                   "output": [tensor("about", "TYPE_STRING", [5])]})
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
@@ -278,18 +263,21 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "maybe", MAYBE_PY, {"input": [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
                                            "output": [tensor("y", "TYPE_FP32", [4])]})
     ensemble(root, "maybe_chain", [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
-             [tensor("y", "TYPE_FP32", [4])], [step("maybe", {"x": "x", "scale": "scale"}, {"y": "y"})])
+             [tensor("y", "TYPE_FP32", [4])], [ensemble_step("maybe", {"x": "x", "scale": "scale"}, {"y": "y"})])
     python_model(root, "broken", "import not_a_module_anywhere\n", scale_config(1))
     python_model(root, "classless", "class Other:\n    pass\n", scale_config(1))
     ensemble(root, "fan", [tensor("RAW", "TYPE_FP32", [4])],
              [tensor("SUM", "TYPE_FP32", [4]), tensor("DIFF", "TYPE_FP32", [4])],
-             [step("double", {"x": "RAW"}, {"y": "TWICE"}), step("triple", {"x": "RAW"}, {"y": "THRICE"}),
-              step("add_sub_ts", {"INPUT0": "TWICE", "INPUT1": "THRICE"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})])
+             [ensemble_step("double", {"x": "RAW"}, {"y": "TWICE"}), ensemble_step("triple", {"x": "RAW"}, {"y": "THRICE"}),
+              ensemble_step("add_sub_ts", {"INPUT0": "TWICE", "INPUT1": "THRICE"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})])
+    python_model(root, "relay", RELAY_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("about", "TYPE_STRING", [5])]})
+    ensemble(root, "described", [tensor("x", "TYPE_FP32", [4])], [tensor("about", "TYPE_STRING", [5])],
+             [ensemble_step("describes", {"x": "x"}, {"about": "about"})])
     ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
-             [step("pre", {"x": "x"}, {"y": "mid"}), step("post", {"x": "mid"}, {"y": "y"})])
+             [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes,pair,drip,maybe,maybe_chain", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes,described,relay,pair,drip,maybe,maybe_chain", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate}
     server.finalized = gate_dir / "pair.finalized"
@@ -350,8 +338,25 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("about", np.array([r.request_id(), r.parameters()], np.object_))])
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("about", np.array(
+                    [r.request_id(), r.parameters(), str(r.correlation_id()), str(r.flags()), str(r.timeout())], np.object_))])
                 for r in requests]
+"""
+
+# Calls `describes` (BLS) with its own request's sequence id and flags, and a parameter of its own
+RELAY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(model_name="describes", inputs=[pb_utils.get_input_tensor_by_name(request, "x")],
+                                             requested_output_names=["about"], correlation_id=request.correlation_id(),
+                                             flags=request.flags(), parameters={"via": "relay"})
+            answer = call.exec()
+            responses.append(answer if answer.has_error() else pb_utils.InferenceResponse(answer.output_tensors()))
+        return responses
 """
 
 NEGATE_PY = """
@@ -483,13 +488,56 @@ def test_bls_reaches_every_kind_of_model_through_the_core(server, target):
     assert stats(server, target)["success"]["count"] == before + 1  # counted as the target's own request
 
 
-def test_execute_sees_the_requests_id_and_parameters(server):
-    answer = server.request("POST", "/v2/models/describes/infer", json={
-        "id": "req-7", "parameters": {"tag": "blue", "priority": 0},
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_execute_sees_the_requests_id_its_parameters_and_its_properties_apart(server, protocol):
+    """As Triton's front-ends do: a sequence's id and flags and the timeout are the request's properties
+    (`correlation_id()`, `flags()`, `timeout()`), not among its `parameters()`; nor are its priority
+    and how the answer is encoded."""
+    parameters = {"tag": "blue", "priority": 0, "sequence_id": 42, "sequence_start": True, "timeout": 5_000_000}
+    if protocol == "http":
+        answer = server.request("POST", "/v2/models/describes/infer", json={
+            "id": "req-7", "parameters": {**parameters, "binary_data_output": False},
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+        assert answer.status_code == 200, answer.text
+        about = output(answer, "about").tolist()
+    else:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            sent = grpcclient.InferInput("x", [4], "FP32")
+            sent.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
+            result = client.infer("describes", [sent], request_id="req-7", parameters={"tag": "blue"}, sequence_id=42,
+                                  sequence_start=True, priority=0, timeout=5_000_000, client_timeout=30)
+        about = [value.decode() for value in result.as_numpy("about").tolist()]
+    request_id, model_parameters, correlation_id, flags, timeout = about
+    assert (request_id, json.loads(model_parameters)) == ("req-7", {"tag": "blue"})
+    assert (correlation_id, flags, timeout) == ("42", "1", "5000000")  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+
+
+def test_a_bls_request_carries_its_sequence_id_and_flags_to_the_model_it_calls(server):
+    answer = server.request("POST", "/v2/models/relay/infer", json={
+        "parameters": {"sequence_id": 7, "sequence_end": True},
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
     assert answer.status_code == 200, answer.text
-    request_id, parameters = output(answer, "about").tolist()
-    assert request_id == "req-7" and json.loads(parameters) == {"tag": "blue", "priority": 0}
+    _, parameters, correlation_id, flags, _ = output(answer, "about").tolist()
+    assert (json.loads(parameters), correlation_id, flags) == ({"via": "relay"}, "7", "2")  # SEQUENCE_END
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_ensembles_step_sees_the_ensemble_requests_id_and_parameters(server, protocol):
+    """As Triton's steps do: a python model in an ensemble reads what the client sent the ensemble."""
+    if protocol == "http":
+        answer = server.request("POST", "/v2/models/described/infer", json={
+            "id": "req-9", "parameters": {"tag": "red", "temperature": 0.25},
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
+        assert answer.status_code == 200, answer.text
+        request_id, parameters, *_ = output(answer, "about").tolist()
+    else:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            sent = grpcclient.InferInput("x", [4], "FP32")
+            sent.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
+            result = client.infer("described", [sent], request_id="req-9", parameters={"tag": "red", "temperature": 0.25},
+                                  client_timeout=30)
+        request_id, parameters, *_ = (value.decode() for value in result.as_numpy("about").tolist())
+    assert request_id == "req-9" and json.loads(parameters) == {"tag": "red", "temperature": 0.25}
 
 
 def test_generate_hands_a_python_model_its_id_and_parameters(server):
@@ -497,7 +545,7 @@ def test_generate_hands_a_python_model_its_id_and_parameters(server):
         "id": "req-8", "x": [1, 2, 3, 4], "tag": "green", "parameters": {"temperature": 0.5, "stream": False}})
     assert answer.status_code == 200, answer.text
     about = answer.json()
-    request_id, parameters = about.pop("about")
+    request_id, parameters, *_ = about.pop("about")
     assert about == {"id": "req-8", "model_name": "describes", "model_version": "1"}
     assert request_id == "req-8" and json.loads(parameters) == {"tag": "green", "temperature": 0.5, "stream": False}
 
@@ -636,7 +684,7 @@ def test_unload_dependents_unloads_what_the_ensemble_loaded(server):
 
 def test_an_ensemble_naming_a_missing_tensor_does_not_load(server):
     ensemble(server.model_root, "miswired", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
-             [step("pre", {"nope": "x"}, {"y": "y"})])
+             [ensemble_step("pre", {"nope": "x"}, {"y": "y"})])
     answer = server.request("POST", "/v2/repository/models/miswired/load")
     assert answer.status_code == 400 and "has no input(s) ['nope']" in answer.json()["error"]
 

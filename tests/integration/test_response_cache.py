@@ -13,7 +13,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.builders import AddSub, Scale, fp32_model, python_model, tensor, triton_model, wait_for
+from tests.builders import AddSub, Scale, ensemble, ensemble_step, fp32_model, python_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
 CACHED = {"response_cache": {"enable": True}}
@@ -50,7 +50,10 @@ def server(start_server, tmp_path_factory):
     python_model(root, "decoupled_cached", FACTOR_PY, {
         "input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])],
         "model_transaction_policy": {"decoupled": True}, **CACHED})
-    server = start_server(root, SERVE_LOAD_MODELS="cached,plain,addsub,factor", SERVE_RESPONSE_CACHE_SIZE=str(BUDGET))
+    ensemble(root, "cached_pipeline", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
+             [ensemble_step("plain", {"x": "x"}, {"y": "doubled"}), ensemble_step("factor", {"x": "doubled"}, {"y": "y"})],
+             {"max_batch_size": 8, **CACHED})
+    server = start_server(root, SERVE_LOAD_MODELS="cached,plain,addsub,factor,cached_pipeline", SERVE_RESPONSE_CACHE_SIZE=str(BUDGET))
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the models did not load, or gRPC did not listen")
     server.root = root
     return server
@@ -79,6 +82,19 @@ def test_the_same_request_again_is_answered_without_running_the_model(server):
     assert after["inference_count"] - before["inference_count"] == 2
     infer(server, "cached", [1, 2, 3, 5])  # another input: run
     assert stats(server, "cached")["execution_count"] - after["execution_count"] == 1
+
+
+def test_an_ensemble_answers_the_same_request_again_from_the_cache_and_runs_no_step(server):
+    """As Triton caches a top-level ensemble's responses: the second request is a hit, and neither step runs
+    for it; the steps' own configs do not cache."""
+    before = {name: stats(server, name) for name in ("cached_pipeline", "plain", "factor")}
+    first, second = (infer(server, "cached_pipeline", [1, 2, 3, 9], parameters={"factor": 3}) for _ in range(2))
+    assert first["outputs"] == second["outputs"] and first["outputs"][0]["data"] == [6, 12, 18, 54]  # the factor reached its step
+    after = {name: stats(server, name) for name in before}
+    grew = {k: after["cached_pipeline"]["inference_stats"][k]["count"] - before["cached_pipeline"]["inference_stats"][k]["count"]
+            for k in ("success", "cache_hit", "cache_miss")}
+    assert grew == {"success": 2, "cache_hit": 1, "cache_miss": 1}
+    assert [after[step]["execution_count"] - before[step]["execution_count"] for step in ("plain", "factor")] == [1, 1]
 
 
 def answers(server, name: str) -> list:

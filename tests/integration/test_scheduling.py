@@ -14,7 +14,7 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import tensor, triton_model, wait_for
+from tests.builders import ensemble, ensemble_step, tensor, triton_model, wait_for
 
 
 class Affine(torch.nn.Module):
@@ -57,8 +57,10 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "accumulate", Accumulate(), [tensor("INPUT", "TYPE_FP32", [1])],
                  [tensor("OUTPUT", "TYPE_FP32", [1]), tensor("CONTROLS", "TYPE_FP32", [4])], max_batch_size=4,
                  sequence_batching=SEQUENCE)
+    ensemble(root, "accumulating", [tensor("VALUE", "TYPE_FP32", [1])], [tensor("TOTAL", "TYPE_FP32", [1])],
+             [ensemble_step("accumulate", {"INPUT": "VALUE"}, {"OUTPUT": "TOTAL"})], {"max_batch_size": 4})
     server = start_server(root)
-    for name in ("batched", "burst", "accumulate"):
+    for name in ("batched", "burst", "accumulate", "accumulating"):
         assert server.load(name).status_code == 200, server.load(name).text
     return server
 
@@ -182,6 +184,21 @@ def test_interleaved_sequences_keep_their_own_state(server):
     assert [o["name"] for o in last.get_response()["outputs"]] == ["OUTPUT", "CONTROLS"]  # state stays inside
     with pytest.raises(InferenceServerException, match="for sequence 11 to model 'accumulate' must specify the START flag"):
         step(client, 11, 1)  # ended
+
+
+def test_an_ensemble_hands_its_sequence_to_a_sequence_model_step(server):
+    """As Triton's steps carry the ensemble request's correlation id and flags: the step keeps the
+    sequence's state, and ends it with the ensemble's last request."""
+    client = client_for(server)
+
+    def total(value: float, **flags) -> float:
+        tensor_in = http.InferInput("VALUE", [1, 1], "FP32")
+        tensor_in.set_data_from_numpy(np.array([[value]], np.float32))
+        return client.infer("accumulating", [tensor_in], sequence_id=31, **flags).as_numpy("TOTAL").item()
+
+    assert [total(1, sequence_start=True), total(2), total(4, sequence_end=True)] == [1, 3, 7]
+    with pytest.raises(InferenceServerException, match="for sequence 31 to model 'accumulate' must specify the START flag"):
+        total(1)  # ended by the ensemble's last request
 
 
 def test_the_server_makes_the_control_inputs(server):
