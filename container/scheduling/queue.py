@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gevent.event import Event
 
-from container.errors import InvalidModel, InvalidRequest, Unavailable
+from container.errors import InvalidModel, Unavailable
 from container.scheduling.job import Job, Stage
 
 REJECT, DELAY = 0, 1  # ModelQueuePolicy.TimeoutAction
@@ -57,10 +57,10 @@ class JobQueue:
         return timeout_us / 1e6 if timeout_us else None
 
     def level_of(self, job: Job) -> int:
+        """The job's priority level: none, or one past the model's levels, is the default level, as Triton
+        takes it (an ensemble's request hands its priority to steps whose models have fewer levels)."""
         priority = job.parameters.get("priority") or 0
-        if priority > self.levels:
-            raise InvalidRequest(f"priority {priority} is outside 1..{self.levels} (priority_levels)")
-        return priority or self.default_level
+        return priority if 0 < priority <= self.levels else self.default_level
 
     def expire(self, job: Job) -> bool:
         """The job's queue timeout passed while it waited: True if it must be rejected; with DELAY it

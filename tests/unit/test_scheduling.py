@@ -10,7 +10,7 @@ import pytest
 from gevent.socket import wait_read
 from google.protobuf import json_format
 
-from container.errors import Cancelled, DeviceOutOfMemory, InvalidRequest, QueueTimeout, Unavailable
+from container.errors import Cancelled, DeviceOutOfMemory, QueueTimeout, Unavailable
 from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
@@ -299,8 +299,17 @@ def test_higher_priority_runs_first(backend):
     backend.release.set()
     [g.get(timeout=30) for g in [first, *queued]]
     assert backend.batches == [[-1.0], [3.0], [4.0], [1.0], [2.0]]
-    with pytest.raises(InvalidRequest, match="priority 3 is outside 1..2"):
-        scheduler.infer(job(backend, 5, priority=3))
+    scheduler.close()
+
+
+def test_a_priority_past_the_levels_waits_at_the_default_level(backend):
+    """As Triton sets a request's priority: 0, or past the model's levels, is the default level."""
+    scheduler = scheduler_for("m", config(max_batch_size=1, dynamic_batching={"priority_levels": 2, "default_priority_level": 2}))
+    first = start_blocked(scheduler, backend)
+    queued = spawn(scheduler, job(backend, 1, priority=3), job(backend, 2, priority=1), job(backend, 3, priority=2))
+    backend.release.set()
+    [g.get(timeout=30) for g in [first, *queued]]
+    assert backend.batches == [[-1.0], [2.0], [1.0], [3.0]]  # priority 3 queued at level 2, before the later 2
     scheduler.close()
 
 
