@@ -13,11 +13,11 @@ import numpy as np
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-# What Triton's front-ends make a request's own properties, not parameters its model reads
-_PROPERTIES = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+# What Triton's front-ends make a request's own properties, not parameters its model reads
+_PROPERTIES = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
 
 # Triton's data types: config names and their numpy types; the enum values are model_config.proto's
 TRITON_STRING_TO_NUMPY = {
@@ -188,7 +188,7 @@ class InferenceRequest:
 def served_request(request_id: str, inputs: list, outputs, parameters: dict) -> InferenceRequest:
     """A request `execute` receives: the client's parameters but those Triton makes the request's own
     properties (a sequence's id and flags, its priority and timeout, the answer's encoding), which its
-    `correlation_id()`, `flags()` and `timeout` give."""
+    `correlation_id()`, `flags()` and `timeout()` give."""
     if not parameters or parameters.keys().isdisjoint(_PROPERTIES):  # most requests
         return InferenceRequest(request_id, inputs=inputs, requested_output_names=outputs, parameters=parameters)
     flags = ((TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0)
