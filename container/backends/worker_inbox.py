@@ -8,6 +8,7 @@ next message, and skips a request cancelled before its turn (`skips`); while use
 model's `is_cancelled()` reads those that have come, without waiting (from the thread that runs `execute`
 or from any the model started), and keeps any other message for the loop."""
 
+import select
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
@@ -19,6 +20,8 @@ class Inbox:
     def __init__(self, connection: Connection):
         self.connection = connection
         self._reading = threading.Lock()  # one reader of the socket at a time
+        self._readable = select.poll()  # made once: Connection.poll(0) builds a selector each time (3.6 against 0.4 µs)
+        self._readable.register(connection.fileno(), select.POLLIN)
         self._kept: deque = deque()  # messages `look` read for the loop
         self._cancelled: set[tuple[int, int]] = set()  # (message number, index)
         self._current = -1  # the number of the message being run
@@ -46,7 +49,7 @@ class Inbox:
     def skips(self, number: int, index: int) -> bool:
         """Whether the request at `index` of the running message `number` is not to be run at its turn, as
         it was cancelled: as far as has come, for a request behind others in its message (during whose runs,
-        however short, a cancellation may have come; a look costs 3 µs, a request run for nobody may cost
+        however short, a cancellation may have come; a look costs 0.4 µs, a request run for nobody may cost
         seconds), else as far as has been read."""
         if index:
             self._look()
@@ -57,7 +60,7 @@ class Inbox:
         if not self._reading.acquire(blocking=False):
             return
         try:
-            while self.connection.poll(0):
+            while self._readable.poll(0):
                 message = receive(self.connection)
                 if not self._cancels(message):
                     self._kept.append(message)
