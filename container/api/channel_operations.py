@@ -44,25 +44,25 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
                 core, shared_memory, name, version, _parsed(document, binary), heavy=_heavy(document, binary)):
             yield [answer, [large(chunk) for chunk in chunks], final, None if error is None else str(error)]
 
-    def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict) -> dict:
+    def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict, request_id: str) -> dict:
         """A python model's call to a model, as Triton's BLS makes it: version -1 is the latest. A
         SageMaker handler model takes one BYTES element, the request body (`content_type` and `accept`
         parameters as its headers), and answers outputs `body` and `content_type`, one element each."""
         with core.lease(name, version if version > 0 else None) as lease:
             if lease.takes_tensors:
-                return core.infer(lease, InferRequest(inputs, outputs, parameters)).outputs
-            response = core.transform(lease, _body_request(name, inputs, parameters))
+                return core.infer(lease, InferRequest(inputs, outputs, parameters, request_id=request_id)).outputs
+            response = core.transform(lease, _body_request(name, inputs, parameters, request_id))
             return {"body": np.array([response.body], np.object_),
                     "content_type": np.array([response.content_type.encode()], np.object_)}
 
-    def bls_stream(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict):
+    def bls_stream(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict, request_id: str):
         """`bls_infer` with `decoupled=True`: [outputs or None, final, error or None] for each response
         the model sends (one, final, from a model that is not decoupled)."""
         with core.lease(name, version if version > 0 else None) as lease:
             if not lease.takes_tensors:
                 raise InvalidRequest(f"model '{name}' is a SageMaker handler model: it sends one response; "
                                      f"call it with decoupled=False")
-            for outcome, final in core.responses(lease, InferRequest(inputs, outputs, parameters)):
+            for outcome, final in core.responses(lease, InferRequest(inputs, outputs, parameters, request_id=request_id)):
                 failed = isinstance(outcome, Exception)
                 yield [None if failed else outcome, final, [str(outcome), getattr(outcome, "status", 500)] if failed else None]
 
@@ -104,7 +104,7 @@ def _heavy(document: dict, binary) -> bool:
     return documents.heavy(len(binary)) or documents.names_shared_memory(document)
 
 
-def _body_request(name: str, inputs: dict, parameters: dict) -> TransformRequest:
+def _body_request(name: str, inputs: dict, parameters: dict, request_id: str) -> TransformRequest:
     body = next(iter(inputs.values()), None) if len(inputs) == 1 else None
     if body is None or body.dtype != np.object_ or body.size != 1 or not isinstance(body.flat[0], bytes):
         raise InvalidInput(f"model '{name}' is a SageMaker handler model: a BLS request to it carries one input, "
@@ -112,4 +112,5 @@ def _body_request(name: str, inputs: dict, parameters: dict) -> TransformRequest
     content_type, accept = parameters.get("content_type"), parameters.get("accept")
     if not isinstance(content_type, (str, type(None))) or not isinstance(accept, (str, type(None))):
         raise InvalidInput("the 'content_type' and 'accept' parameters are strings")
-    return TransformRequest(body.flat[0], content.media_type(content_type) if content_type else None, accept)
+    return TransformRequest(body.flat[0], content.media_type(content_type) if content_type else None, accept,
+                            request_id=request_id or None)

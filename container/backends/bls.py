@@ -26,16 +26,18 @@ class BlsClient:
         self._ids = itertools.count()
 
     def exec(self, model: str, version: int, inputs: dict, outputs: list[str] | None, parameters: dict,
-             timeout_us: int = 0) -> dict | pb_utils.TritonError:
+             request_id: str = "", timeout_us: int = 0) -> dict | pb_utils.TritonError:
         """The model's outputs, or the error it answered with (as Triton's BLS returns it)."""
-        *_, (_, answer) = self._call("bls_infer", model, [model, version, inputs, outputs, parameters], timeout_us)
+        *_, (_, answer) = self._call("bls_infer", model, [model, version, inputs, outputs, parameters, request_id],
+                                     timeout_us)
         return answer
 
     def stream(self, model: str, version: int, inputs: dict, outputs: list[str] | None, parameters: dict,
-               timeout_us: int = 0):
+               request_id: str = "", timeout_us: int = 0):
         """A decoupled call's responses as the model sends them: (outputs, or the error that response
         carries, or None for a final flag alone; final). A call that fails as a whole is one final error."""
-        for kind, value in self._call("bls_stream", model, [model, version, inputs, outputs, parameters], timeout_us):
+        for kind, value in self._call("bls_stream", model, [model, version, inputs, outputs, parameters, request_id],
+                                      timeout_us):
             if kind == wire.ITEM:
                 outputs, final, error = value
                 yield (_error(*error) if error else outputs), final

@@ -173,7 +173,7 @@ class InferenceRequest:
         if _bls is None:
             raise TritonModelException("BLS calls are made from initialize or execute of a served model")
         call = (self.model_name, self.model_version, {t.name(): wire_array(t.as_numpy()) for t in self._inputs},
-                self._outputs or None, _server_parameters(self), self._timeout)
+                self._outputs or None, _server_parameters(self), self._request_id, self._timeout)
         if decoupled:
             return (_response(outcome or {}) for outcome, _ in _bls.stream(*call))
         return _response(_bls.exec(*call))

@@ -343,7 +343,7 @@ class TritonPythonModel:
                 for r in requests]
 """
 
-# Calls `describes` (BLS) with its own request's sequence id and flags, and a parameter of its own
+# Calls `describes` (BLS) with its own request's id, sequence id and flags, and a parameter of its own
 RELAY_PY = """
 import triton_python_backend_utils as pb_utils
 
@@ -352,8 +352,9 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             call = pb_utils.InferenceRequest(model_name="describes", inputs=[pb_utils.get_input_tensor_by_name(request, "x")],
-                                             requested_output_names=["about"], correlation_id=request.correlation_id(),
-                                             flags=request.flags(), parameters={"via": "relay"})
+                                             requested_output_names=["about"], request_id=request.request_id(),
+                                             correlation_id=request.correlation_id(), flags=request.flags(),
+                                             parameters={"via": "relay"})
             answer = call.exec()
             responses.append(answer if answer.has_error() else pb_utils.InferenceResponse(answer.output_tensors()))
         return responses
@@ -512,13 +513,13 @@ def test_execute_sees_the_requests_id_its_parameters_and_its_properties_apart(se
     assert (correlation_id, flags, timeout) == ("42", "1", "5000000")  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 
 
-def test_a_bls_request_carries_its_sequence_id_and_flags_to_the_model_it_calls(server):
+def test_a_bls_request_carries_its_id_sequence_id_and_flags_to_the_model_it_calls(server):
     answer = server.request("POST", "/v2/models/relay/infer", json={
-        "parameters": {"sequence_id": 7, "sequence_end": True},
+        "id": "relayed-1", "parameters": {"sequence_id": 7, "sequence_end": True},
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]})
     assert answer.status_code == 200, answer.text
-    _, parameters, correlation_id, flags, _ = output(answer, "about").tolist()
-    assert (json.loads(parameters), correlation_id, flags) == ({"via": "relay"}, "7", "2")  # SEQUENCE_END
+    request_id, parameters, correlation_id, flags, _ = output(answer, "about").tolist()
+    assert (request_id, json.loads(parameters), correlation_id, flags) == ("relayed-1", {"via": "relay"}, "7", "2")  # SEQUENCE_END
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
