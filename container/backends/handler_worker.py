@@ -284,7 +284,7 @@ def serve(connection: Connection, name: str, directory: str, device: str, option
         number, requests = message  # requests that arrived together, each answered as it is done
         inbox.running(number)
         for index, request in enumerate(requests):
-            if inbox.skips(number, index):
+            if inbox.cancelled(number, index):
                 answered = send(connection, ("ok", _NOT_RUN))
             else:
                 answered = _answer(connection, model, request)

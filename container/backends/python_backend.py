@@ -275,7 +275,7 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             continue
         batches = [[i] for i in range(len(requests))] if kind == "each" else [list(range(len(requests)))]  # "each": an execute apiece
         for batch in batches:
-            if all(inbox.skips(number, i) for i in batch):
+            if all(inbox.cancelled(number, i) for i in batch):
                 replies = [(_NOT_RUN, _CANCELLED)] * len(batch)
             else:
                 replies = _execute(name, model, [wrapped[i] for i in batch], [wanted[i] for i in batch], loop)

@@ -39,14 +39,14 @@ def test_what_is_cancelled_reads_while_execute_runs_keeps_the_other_messages_in_
     assert inbox.next() == "finalize"
 
 
-def test_a_request_behind_others_in_its_message_is_skipped_for_a_cancellation_that_came_at_any_moment():
-    """However short the runs before it, a cancellation on the socket by its turn is heard; the first of a
-    message is judged by what has been read (its turn comes as the message is taken)."""
+def test_a_request_is_skipped_for_a_cancellation_that_came_at_any_moment_before_its_turn():
+    """However short the runs before it, a cancellation on the socket by a request's turn is heard: the
+    first of its message's too, cancelled after the message was sent."""
     send, inbox = pipe()
     send(("each", ["a", "b", "c"], False, 4))
     assert inbox.next()[3] == 4
     inbox.running(4)
-    send(("cancel", 4, 1))
     send(("cancel", 4, 0))
-    assert not inbox.skips(4, 0)  # nothing read yet
-    assert inbox.skips(4, 1) and not inbox.skips(4, 2)
+    assert inbox.cancelled(4, 0)
+    send(("cancel", 4, 2))
+    assert not inbox.cancelled(4, 1) and inbox.cancelled(4, 2)
