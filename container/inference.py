@@ -5,6 +5,11 @@ from typing import Callable
 
 import numpy as np
 
+# The parameters a request carries for its scheduling (the queue's priority and timeout, a sequence's id and
+# flags), not for its model, with the types they take: Triton's front-ends make them the request's own properties
+SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
+                         "priority": (int,), "timeout": (int,)}
+
 
 class Cancellable:
     """A request its client may cancel (Triton's request cancellation, or an HTTP client that hung up:

@@ -11,13 +11,15 @@ import struct
 
 import numpy as np
 
+from container.inference import SCHEDULING_PARAMETERS
+
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 # What Triton's front-ends make a request's own properties, not parameters its model reads
-_PROPERTIES = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"})
+_PROPERTIES = frozenset({*SCHEDULING_PARAMETERS, "binary_data_output"})
 
 # Triton's data types: config names and their numpy types; the enum values are model_config.proto's
 TRITON_STRING_TO_NUMPY = {

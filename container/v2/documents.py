@@ -4,15 +4,12 @@ model process does for every other request (api/v2_dataplane.py). Nothing here k
 nothing here chooses a thread: a caller runs a large request's work off its event loop (`heavy`)."""
 
 from container.errors import InvalidRequest
-from container.inference import InferRequest
+from container.inference import SCHEDULING_PARAMETERS, InferRequest
 from container.limits import Limits
 from container.models.signature import Signature
 from container.v2 import codec
 
 HEAVY_BYTES = 128 << 10  # codec work on this much data is felt by an event loop (a 6 MiB body: seconds)
-
-SCHEDULING_PARAMETERS = {"sequence_id": (int, str), "sequence_start": (bool,), "sequence_end": (bool,),
-                         "priority": (int,), "timeout": (int,)}
 
 
 def heavy(size: int) -> bool:
