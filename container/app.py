@@ -126,9 +126,9 @@ def load_startup_models(app: Flask, settings: Settings) -> None:
     """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
     core = app.extensions["core"]
     try:
-        core.load_all(startup_models(settings, core))
+        core.start(startup_models(settings, core))
     finally:
-        core.started.set()
+        core.started.set()  # also when the names could not be listed
 
 
 def startup_models(settings: Settings, core: Core) -> list[tuple[str, str]]:

@@ -157,6 +157,7 @@ class Core:
         self._downloads = registry.downloads
         self._dependents: dict[str, list[str]] = {}  # ensemble → the composing models its load loaded
         self.started = Event()  # set once the models named at start have loaded, or failed to
+        self._awaited: set[str] = set()  # names at start whose load has not ended yet
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class Core:
         batcher may wait for that client's next request."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
-            raise (not_found or _not_loaded)(name)
+            raise self._miss(name, not_found)
         if version is None:
             version = max(model.versions)
         elif version not in model.versions:
@@ -382,8 +383,16 @@ class Core:
         """The ready model `name`, to read; a miss raises `not_found(name)` (default: ModelNotFound)."""
         model = self._registry.models.get(name)
         if model is None or model.state is not State.READY:
-            raise (not_found or _not_loaded)(name)
+            raise self._miss(name, not_found)
         return model.view
+
+    def _miss(self, name: str, not_found: Callable[[str], Exception] | None) -> Exception:
+        """What a request for `name`, which does not serve, is told: to retry while it is named at start
+        and its load has not ended (Triton and TF Serving listen only after those loads; this server
+        listens at once, for SageMaker's `/ping`), else the front-end's `not_found(name)`."""
+        if name in self._awaited:
+            return Unavailable(f"model '{name}' is still loading at start")
+        return (not_found or _not_loaded)(name)
 
     def known(self, name: str) -> bool:
         """Whether `name` was ever asked for: loaded, loading, or failed to load."""
@@ -600,18 +609,25 @@ class Core:
         """Name → url of the ready models loaded as the model root holds them (no client's config or files)."""
         return {model.name: model.url for model in self._registry.ready() if not model.overridden}
 
-    def load_all(self, entries: list[tuple[str, str]]) -> None:
-        """Load (name, url) pairs one after another; a failure is logged and the rest still load. A model
-        an ensemble's load has loaded already is left as it is."""
-        for name, url in entries:
-            if self.state(name) is State.READY:
-                continue
-            try:
-                self.load(name, url)
-            except ServeError as exc:
-                log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
-            except Exception as exc:  # a server bug, or the system failing: the other models still load
-                log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
+    def start(self, entries: list[tuple[str, str]]) -> None:
+        """Load the models named at start, (name, url) pairs, one after another, then set `started`; a
+        failure is logged and the rest still load. Until its load ends, a request for one of them is told
+        to retry (`_miss`). A model an ensemble's load has loaded already is left as it is."""
+        self._awaited.update(name for name, _ in entries)
+        try:
+            for name, url in entries:
+                try:
+                    if self.state(name) is not State.READY:
+                        self.load(name, url)
+                except ServeError as exc:
+                    log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
+                except Exception as exc:  # a server bug, or the system failing: the other models still load
+                    log.exception("model did not load", extra={"fields": {"model": name, "error": repr(exc)}})
+                finally:
+                    self._awaited.discard(name)
+        finally:
+            self._awaited.clear()
+            self.started.set()
 
     def model_is_current(self, model: ModelView) -> bool:
         """Whether `model` still serves its name (not replaced, evicted or unloaded)."""

@@ -35,16 +35,21 @@ def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory
     gate.wait_entered()
     answer = server.request("GET", "/ping")
     assert answer.status_code == 503 and "not loaded yet" in answer.json()["error"]
+    answer = server.request("POST", "/invocations", json=[[1.0, 2.0]])
+    assert answer.status_code == 503 and answer.json()["error"] == "model 'model' is still loading at start"
     gate.release()
     wait_for(lambda: server.request("GET", "/ping").status_code == 200, message="model never became ready")
     answer = server.request("POST", "/invocations", json=[[1.0, 2.0]])
     assert answer.status_code == 200 and answer.json() == [[2.0, 4.0]]
 
 
-def test_while_the_models_named_at_start_load_every_v2_miss_is_a_503_to_retry(start_server, tmp_path_factory):
-    """Triton listens only once the models named at start have loaded. Here a client may come sooner (at
-    start, or while a restarted model process loads them again): the loading model, and one not reached yet,
-    answer 503 with Retry-After over HTTP and UNAVAILABLE over gRPC, never a 404 that says give up."""
+def test_while_the_models_named_at_start_load_every_protocol_says_retry(start_server, tmp_path_factory):
+    """Triton and TF Serving listen only once the models named at start have loaded. Here a client may come
+    sooner (this server listens at once, for SageMaker's `/ping`; or while a restarted model process loads
+    them again): the loading model, and one not reached yet, answer 503 with Retry-After over every protocol
+    and UNAVAILABLE over gRPC, never a 404 that says give up. V2 says so of any model then (Triton's server
+    is not ready yet); SageMaker's and TF Serving's routes of those named at start (another is not loaded,
+    as their contracts answer)."""
     gate = Gate(tmp_path_factory.mktemp("gate"), "load")
     root = tmp_path_factory.mktemp("models")
     handler_model(root, "slow", gated_load(gate), Scale())
@@ -58,6 +63,13 @@ def test_while_the_models_named_at_start_load_every_v2_miss_is_a_503_to_retry(st
                                                                      "data": [1, 2, 3, 4]}]})
             assert answer.status_code == 503 and answer.headers["Retry-After"], (path, answer.text)
             assert "still loading" in answer.json()["error"]
+    for name in ("slow", "later"):
+        for method, path in (("POST", f"/models/{name}/invoke"), ("GET", f"/models/{name}"),
+                             ("POST", f"/v1/models/{name}:predict"), ("GET", f"/v1/models/{name}"),
+                             ("GET", f"/v1/models/{name}/metadata")):
+            answer = server.request(method, path, json={"instances": [[1, 2, 3, 4]]})
+            assert answer.status_code == 503 and answer.headers["Retry-After"], (path, answer.text)
+            assert answer.json()["error"] == f"model '{name}' is still loading at start"
     with triton_grpc.InferenceServerClient(server.grpc_url) as client:
         wait_for(lambda: _grpc_live(client), message="the gRPC front-end did not start")
         with pytest.raises(InferenceServerException) as refused:
@@ -68,6 +80,10 @@ def test_while_the_models_named_at_start_load_every_v2_miss_is_a_503_to_retry(st
         assert client.infer("later", [_fp32_input([[1, 2, 3, 4]])]).as_numpy("y").tolist() == [[2, 4, 6, 8]]
     answer = server.request("POST", "/v2/models/nobody/infer", json={"inputs": []})
     assert answer.status_code == 404 and "unknown model" in answer.json()["error"]
+    answer = server.request("POST", "/models/later/invoke", json=[[1, 2, 3, 4]])
+    assert answer.status_code == 200 and answer.json() == [[2, 4, 6, 8]]
+    for path in ("/models/nobody/invoke", "/v1/models/nobody:predict"):
+        assert server.request("POST", path, json={"instances": [[1, 2, 3, 4]]}).status_code == 404
 
 
 def _grpc_live(client) -> bool:
