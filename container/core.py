@@ -31,6 +31,7 @@ from container.errors import (
 )
 from container.inference import Client, InferRequest, InferResponse, Ticket, TransformRequest
 from container.models.cache import total_by_device
+from container.models.config import instance_count
 from container.models.downloads import DownloadCounters
 from container.models.registry import Model, Registry, State
 from container.models.response_cache import ResponseCache
@@ -62,6 +63,7 @@ class ModelView:
     decoupled: bool  # it answers a request with any number of responses (its transaction policy)
     generation: int  # this load's number, never given to another: what a front-end's copy of the signature names
     caches: bool  # its config enables the response cache (`response_cache`)
+    instances: int  # requests it runs at once: its execution instances, or a handler model's most workers
 
     @classmethod
     def of(cls, model: Model) -> "ModelView":
@@ -70,7 +72,8 @@ class ModelView:
                    MappingProxyType(dict(model.version_labels)),
                    MappingProxyType({k: tuple(v) for k, v in model.output_labels.items()}), model.placement,
                    config is not None and config.model_transaction_policy.decoupled, next(_generations),
-                   config is not None and config.response_cache.enable)
+                   config is not None and config.response_cache.enable,
+                   _instances(model))
 
     @property
     def latest(self) -> int:
@@ -526,7 +529,7 @@ class Core:
             self._compose(model)
             model.scheduler = self._schedulers(model.name, model.config, model.signature,
                                                lambda device, requested: self._registry.recover(model, device, requested),
-                                               instances=None if model.config is not None else _workers(model))
+                                               instances=_instances(model))
         except BaseException as exc:  # a config the scheduler refuses (a queue policy, say)
             self._registry.abandon(model, exc)
             raise
@@ -634,8 +637,11 @@ class Core:
         return self._record(model) is not None
 
 
-def _workers(model: Model) -> int:
-    """Requests a model without a config (a handler model) serves at once: its worker processes."""
+def _instances(model: Model) -> int:
+    """Requests a model runs at once: its config's execution instances, or a handler model's (it has no
+    config) worker processes."""
+    if model.config is not None:
+        return instance_count(model.config)
     return max(getattr(backend, "instances", 1) for backend in model.versions.values())
 
 

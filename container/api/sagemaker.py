@@ -11,12 +11,13 @@ from container.api.pipeline import Request, Response
 from container.api.routing import Route
 from container.api.sagemaker_invoke import CUSTOM_ATTRIBUTES, SINGLE_MODEL_NAME, invoke_routes, log_attributes, tensors
 from container.core import Core, Lease
-from container.errors import InvalidRequest, Unavailable
+from container.errors import InvalidRequest, ModelNotFound, Unavailable
 from container.inference import InferRequest, TransformRequest
 from container.limits import check_name, whole_number
 from container.settings import Settings
 
 DEFAULT_PAGE_SIZE = 100
+BATCH_PAYLOAD_BOUND_MB = 100  # SageMaker Batch Transform's bound on MaxPayloadInMB × MaxConcurrentTransforms
 
 
 def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
@@ -51,12 +52,19 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         core.unload(name)
         return Response.json({"status": f"model '{name}' unloaded"})
 
+    def execution_parameters(request: Request) -> Response:
+        if settings.multi_model:
+            raise ModelNotFound("execution parameters describe a single-model endpoint's model, as SageMaker Batch "
+                                "Transform runs it; this is a multi-model endpoint")
+        return Response.json(batch_parameters(core.ready_model(SINGLE_MODEL_NAME).instances, settings.max_payload_mb))
+
     def run(request: Request, name: str, on_demand: bool) -> Response:
         return invoke(core, name, on_demand, request, settings.default_accept)
 
     invocations, invoke_route = invoke_routes(run, settings)
     return [
         Route("GET", "/ping", ping, "health", _PING),
+        Route("GET", "/execution-parameters", execution_parameters, "metadata", _EXECUTION_PARAMETERS),
         invocations,
         Route("GET", "/models", list_models, "metadata", _LIST),
         Route("POST", "/models", load_model, "model-repository", _LOAD),
@@ -64,6 +72,15 @@ def sagemaker_routes(core: Core, settings: Settings) -> list[Route]:
         Route("DELETE", "/models/{name}", unload_model, "model-repository", _UNLOAD),
         invoke_route,
     ]
+
+
+def batch_parameters(instances: int, max_payload_mb: float) -> dict:
+    """What SageMaker Batch Transform asks a container for where the job sets none (its defaults: one
+    request at a time, 6 MB): a request as large as the server takes (a whole MB, 100 at most), and as
+    many at once as the model runs (its `instances`), within SageMaker's bound on their product (100 MB)."""
+    payload = min(max(int(max_payload_mb), 1), BATCH_PAYLOAD_BOUND_MB)
+    return {"MaxConcurrentTransforms": max(min(instances, BATCH_PAYLOAD_BOUND_MB // payload), 1),
+            "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": payload}
 
 
 def invoke(core: Core, name: str, on_demand: bool, request: Request, default_accept: str) -> Response:
@@ -155,4 +172,8 @@ _LOAD = operation("load a model from a directory or archive under the model root
                   json_content(object_schema({"model_name": {"type": "string"}, "url": {"type": "string"}}, ["model_name", "url"])),
                   errors=(400, 404, 409, 413, 507))
 _GET = operation("describe a loaded model", SAGEMAKER, json_content(_MODEL))
+_EXECUTION_PARAMETERS = operation(
+    "SageMaker Batch Transform's execution parameters for the single model", SAGEMAKER, json_content(object_schema({
+        "MaxConcurrentTransforms": {"type": "integer", "minimum": 1}, "BatchStrategy": {"type": "string"},
+        "MaxPayloadInMB": {"type": "integer", "minimum": 1}})), errors=(404, 503))
 _UNLOAD = operation("unload a model once its requests in flight finish", SAGEMAKER, json_content(JSON_VALUE))

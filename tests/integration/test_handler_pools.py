@@ -85,12 +85,16 @@ def test_a_single_model_endpoint_has_a_worker_per_core_and_requests_spread_over_
     wait_for(server.ready, 60, "the model did not load")
     assert cpu_quota() >= 2  # the suite's machines have two cores or more
     pool = started(server, cpu_quota())  # a worker per core
-    with ThreadPoolExecutor(2) as clients:
-        held_answers = [clients.submit(server.request, "POST", "/invocations", json=[[0.0]]) for _ in range(2)]
-        wait_for(lambda: held.exists() and len(held.read_text().split()) == 2, 30, "two requests were not held at once")
+    # SageMaker Batch Transform sends as many requests at once as the container says it serves
+    answer = server.request("GET", "/execution-parameters")
+    assert answer.status_code == 200 and answer.json() == {
+        "MaxConcurrentTransforms": cpu_quota(), "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
+    with ThreadPoolExecutor(cpu_quota()) as clients:
+        held_answers = [clients.submit(server.request, "POST", "/invocations", json=[[0.0]]) for _ in pool]
+        holding(held, len(pool))
         release(fifo)
         pids = {answer.result(timeout=60).json()[0][0] for answer in held_answers}
-    assert len(pids) == 2 and pids <= set(pool)  # two workers served at once: one request each
+    assert pids == set(pool)  # every worker served at once: one request each
 
 
 def test_model_server_workers_sizes_every_pool_and_unloading_ends_them(start_server, tmp_path, gate):
@@ -113,6 +117,8 @@ def test_a_multi_model_endpoint_has_one_worker_a_model_by_default(start_server, 
     server = start_server(tmp_path / "models")
     assert server.load("model").status_code == 200
     assert len(workers(server)) == 1
+    answer = server.request("GET", "/execution-parameters")  # Batch Transform runs a single-model endpoint
+    assert answer.status_code == 404 and "single-model endpoint" in answer.json()["error"]
 
 
 def test_a_crash_fails_only_the_request_it_held_and_the_pool_replaces_the_worker(start_server, tmp_path, gate):
