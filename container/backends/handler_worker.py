@@ -125,29 +125,31 @@ class HandlerWorker:
         """How many workers beyond its least the memory budget has room for now (the registry's word)."""
         self._allowed = max(0, min(extra, self._most - self._least))
 
-    def transform_all(self, requests: list[tuple[Cancellable, tuple]], answer) -> None:
-        """On an instance thread: requests that arrived together, each (its Ticket, `HandlerModel.transform`'s
-        arguments), in one message to one worker, which runs them in turn; `answer(index, response or the
-        error)` as each is answered (`WorkerProcess.in_turn`), and `answer(index, Cancelled, False)` for one
-        the worker skipped, as it was cancelled before its turn."""
+    def transform_all(self, turns) -> None:
+        """On an instance thread: requests that arrived together, a few at a time as `turns.take()` hands
+        them, (position, (its Ticket, `HandlerModel.transform`'s arguments)) each, to one worker in one
+        message, which runs them in turn (`WorkerProcess.in_turn`; the other workers take from the same
+        group); `turns.answer(position, response or the error)` as each is answered, and
+        `turns.answer(position, Cancelled, False)` for one the worker skipped, as it was cancelled before its
+        turn."""
         worker = self._take()
 
         def start() -> None:
             self._device_bytes[worker] = worker.start(self._options.load_timeout, "model_fn")
 
-        def message(rest: list[tuple[Cancellable, tuple]]) -> tuple[int, list[tuple]]:
-            return worker.number([ticket for ticket, _ in rest]), [arguments for _, arguments in rest]
+        def message(requests: list[tuple[Cancellable, tuple]]) -> tuple[int, list[tuple]]:
+            return worker.number([ticket for ticket, _ in requests]), [arguments for _, arguments in requests]
 
-        def answered(index: int, reply) -> None:
+        def answered(position: int, reply) -> None:
             if reply is _NOT_RUN:
-                answer(index, Cancelled(), False)
+                turns.answer(position, Cancelled(), False)
                 return
             if not isinstance(reply, ServeError):
                 reply, self._device_bytes[worker] = reply
-            answer(index, reply)
+            turns.answer(position, reply)
 
         try:
-            worker.in_turn(requests, message, start, "a request", self._options.handler_timeout, answered)
+            worker.in_turn(turns, message, start, "a request", self._options.handler_timeout, answered)
         finally:
             self._last_used[worker] = time.monotonic()
             self._idle.put(worker)

@@ -117,30 +117,32 @@ class PythonBackend:
             raise self._outcome(replies[0])
         return [self._outcome(reply) for reply in replies]
 
-    def execute_each(self, jobs: list, answer) -> None:
-        """On an instance thread: requests that arrived together (as `execute_requests` takes them), each
-        through an `execute` of its own, as Triton's python backend runs requests without a batcher, all in
-        one message to a free instance; `answer(index, its outputs or the error)` as each is done
-        (`WorkerProcess.in_turn`). The instance skips a request cancelled before its turn."""
+    def execute_each(self, turns) -> None:
+        """On an instance thread: requests that arrived together (as `execute_requests` takes them), a few at
+        a time as `turns.take()` hands them, (position, its job) each, each through an `execute` of its own,
+        as Triton's python backend runs requests without a batcher, in one message to one instance
+        (`WorkerProcess.in_turn`; the other instances take from the same group); `turns.answer(position, its
+        outputs or the error)` as each is done. The instance skips a request cancelled before its turn."""
         if self._decoupled:  # its responses need a stream, which requests that come this way have not
-            for index in range(len(jobs)):
-                answer(index, self._needs_stream())
+            while taken := turns.take():
+                for position, _ in taken:
+                    turns.answer(position, self._needs_stream())
             return
         worker = self._free.get()
 
         def start() -> None:
             self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
 
-        def answered(index: int, reply) -> None:
+        def answered(position: int, reply) -> None:
             ran = True
             if not isinstance(reply, ServeError):
                 [reply], self._reported[worker] = reply
                 ran = reply[0] is not _NOT_RUN
                 reply = self._outcome(reply)
-            answer(index, reply, ran)
+            turns.answer(position, reply, ran)
 
         try:
-            worker.in_turn(jobs, lambda rest: self._message("each", rest, worker), start, "execute",
+            worker.in_turn(turns, lambda jobs: self._message("each", jobs, worker), start, "execute",
                            self._options.response_timeout, answered)
         finally:
             self._free.put(worker)

@@ -129,30 +129,30 @@ class WorkerProcess:
             except OSError:
                 pass
 
-    def in_turn(self, requests: list, message: Callable[[list], object], start: Callable[[], None], doing: str,
+    def in_turn(self, turns, message: Callable[[list], object], start: Callable[[], None], doing: str,
                 timeout: float | None, answer: Callable[[int, object], None]) -> None:
-        """`requests` in one message (`message(requests)`), which the worker runs in turn, replying to each:
-        `answer(index, its reply or the error)` as each comes, each within `timeout` of the one before. A
-        worker that dies or hangs fails the request it was running alone: it is started again (`start`,
-        as it is when it is not running) and sent the requests after it, which it had not begun."""
-        done = 0
-        while done < len(requests):
-            try:
-                if not self.running:
-                    start()
-                self.tell(message(requests[done:]))
-            except ServeError as exc:  # no worker to take them: each is told why
-                for index in range(done, len(requests)):
-                    answer(index, exc)
-                return
-            for index in range(done, len(requests)):
-                done = index + 1
+        """Requests a few at a time as `turns.take()` hands them, (position, request) each, until it hands
+        none (direct.py's `_Turns`; the model's other workers take from the same group): each few in one
+        message (`message(their requests)`), which the worker runs in turn, replying to each: `answer(position,
+        its reply or the error)` as each comes, each within `timeout` of the one before; the next few taken
+        once they are done. A worker that dies or hangs fails the request it was running alone, and gives
+        back those after it, which it had not begun, for any worker to take; it is started again (`start`,
+        as it is when it is not running) for the next. One that cannot be started raises."""
+        while taken := turns.take():
+            if not self.running:
+                start()
+            self.tell(message([request for _, request in taken]))
+            positions = [position for position, _ in taken]
+            for index, position in enumerate(positions):
                 try:
-                    answer(index, self.reply(doing, timeout))
+                    reply = self.reply(doing, timeout)
                 except ServeError as exc:
-                    answer(index, exc)
+                    answer(position, exc)
                     if not self.running:
+                        turns.give_back(positions[index + 1:])
                         break
+                    continue
+                answer(position, reply)
 
     def interrupt(self) -> None:
         """Kill the process now, whoever holds the lock: a start or a request under way ends with the

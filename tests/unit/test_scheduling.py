@@ -14,7 +14,7 @@ from container.errors import Cancelled, DeviceOutOfMemory, QueueTimeout, Unavail
 from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
-from container.scheduling import dynamic, scheduler_for
+from container.scheduling import direct, dynamic, scheduler_for
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
 from container.scheduling.sequence import Turn
@@ -890,3 +890,33 @@ def test_a_request_waiting_for_the_loop_goes_to_a_thread_when_the_model_turns_sl
     backend.release[-1.0].set()
     assert values(held) == [-2.0]
     scheduler.close()
+
+
+def test_a_worker_takes_about_chunk_ns_of_a_groups_requests_at_a_time_and_never_more_than_its_share():
+    """A model of worker processes (run_all): one request at a time while its requests have not been timed,
+    then as many as take about CHUNK_NS (a message carries that much of a worker's work), but never more than
+    an even share of those left, so the others' workers have theirs."""
+    taken = []
+
+    def take_all(turns) -> None:  # every take before any answer, so that no answer times the model meanwhile
+        calls = []
+        while chunk := turns.take():
+            taken.append(len(chunk))
+            calls += chunk
+        for position, call in calls:
+            turns.answer(position, call * 2)
+
+    def run(instances: int, turn_ns: int, count: int) -> list[int]:
+        scheduler, taken[:] = scheduler_for("m", None, instances=instances), []
+        scheduler.turn_ns = turn_ns
+        with gevent.Timeout(30):
+            answers = dict(scheduler.run_all(take_all, list(range(count)), Statistics()))
+        assert {position: result for position, (result, _) in answers.items()} == {p: 2 * p for p in range(count)}
+        scheduler.close()
+        return taken
+
+    assert run(1, 0, 3) == [1, 1, 1]  # not timed yet
+    assert run(1, direct.CHUNK_NS // 10, 25) == [10, 10, 5]
+    assert run(1, direct.CHUNK_NS * 2, 3) == [1, 1, 1]
+    chunks = run(2, direct.CHUNK_NS // 100, 10)  # two threads take turns at one group: at most half of those left each
+    assert sum(chunks) == 10 and max(chunks) <= 5
