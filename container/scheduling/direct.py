@@ -1,7 +1,8 @@
 """Direct execution: each request runs as it comes on one of the model's instance threads (real OS
 threads), waited on without blocking the gevent hub — or, for a model whose recent executions were
 shorter than a thread hand-off is worth, on the hub itself (inline.py). Requests that arrive together
-for a model of worker processes go to its workers one at a time, each to the first worker free (`run_all`)."""
+for a model of worker processes go to its workers a few at a time, each few to the first worker free
+(`run_all`)."""
 
 import functools
 import time
