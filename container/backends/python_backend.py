@@ -105,8 +105,7 @@ class PythonBackend:
             raise self._needs_stream()
         worker = self._free.get()
         try:
-            if not worker.running:
-                self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
+            worker.ensure_started(functools.partial(self._start, worker))
             worker.tell(self._message("execute", jobs, worker))
             if self._decoupled:
                 return self._stream(worker, jobs)
@@ -130,9 +129,6 @@ class PythonBackend:
             return
         worker = self._free.get()
 
-        def start() -> None:
-            self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
-
         def answered(position: int, reply) -> None:
             ran = True
             if not isinstance(reply, ServeError):
@@ -142,10 +138,13 @@ class PythonBackend:
             turns.answer(position, reply, ran)
 
         try:
-            worker.in_turn(turns, lambda jobs: self._message("each", jobs, worker), start, "execute",
+            worker.in_turn(turns, lambda jobs: self._message("each", jobs, worker), functools.partial(self._start, worker), "execute",
                            self._options.response_timeout, answered)
         finally:
             self._free.put(worker)
+
+    def _start(self, worker: WorkerProcess) -> None:
+        self._reported[worker] = worker.start(self._options.load_timeout, "initialize")
 
     def _message(self, kind: str, jobs: list, worker: WorkerProcess) -> tuple:
         """The message that hands `jobs` to `worker` ("execute": one batch; "each": an execute apiece),

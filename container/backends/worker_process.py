@@ -10,6 +10,7 @@ The parent waits on native threads (the model's instance threads), never on the 
 import functools
 import gc
 import itertools
+import logging
 import pickle
 import select
 import signal
@@ -28,6 +29,8 @@ from container.backends.forkserver import ForkServer
 from container.errors import DeviceFault, DeviceOutOfMemory, HandlerError, ModelError, ServeError, WorkerLost
 from container.inference import Cancellable
 from container.models.cache import total_by_device
+
+log = logging.getLogger(__name__)
 
 _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 # Messages are pickled by plain pickle, not multiprocessing's ForkingPickler (which makes a pickler with
@@ -62,7 +65,7 @@ class WorkerOptions:
 
 class WorkerProcess:
     """One worker: `start()` runs `target(connection, *args)` in a new process and returns its first
-    reply; `ask(message)` sends one message and returns the reply. Callers take turns (`lock`)."""
+    reply; `tell(message)` sends it a message and `reply()` reads its replies. Callers take turns (`lock`)."""
 
     def __init__(self, name: str, target, args: tuple, runtimes: tuple[str, ...] = ()):
         """`runtimes`: those its code will use, which the fork server prepares for every worker to share."""
@@ -81,6 +84,23 @@ class WorkerProcess:
     def running(self) -> bool:
         return self._process is not None
 
+    def ensure_started(self, start: Callable[[], None]) -> None:
+        """Before a message: `start()` when the process does not run, or ended while idle (a signal, the OOM
+        killer), which is reaped and logged here rather than met as a closed socket by the message. Nothing
+        comes from an idle worker but its end (a look: 0.4 µs); one that sent what it was not asked for (a
+        python model's thread answering after its `execute` failed) is ended too, as its message would be
+        read as the next request's answer."""
+        if self._process is not None and self._poller.poll(0):
+            process = self._process
+            process.kill()
+            exit_code = process.wait(_STOP_SECONDS)
+            self.stop()
+            log.warning("a worker process ended while idle, or sent what it was not asked for; it is started "
+                        "again for the next request",
+                        extra={"fields": {"model": self.name, "pid": process.pid, "end": _death(exit_code)}})
+        if self._process is None:
+            start()
+
     def start(self, timeout: float | None = None, doing: str = "loading"):
         parent, child = _socket_pair()
         try:
@@ -97,12 +117,6 @@ class WorkerProcess:
         except ServeError:
             self.stop()  # a worker that failed to load is of no further use
             raise
-
-    def ask(self, message, doing: str, timeout: float | None = None):
-        """The worker's reply to `message`, or the error it reports, or a WorkerLost when it died or
-        did not answer within `timeout` seconds (then it is killed: the next call starts it again)."""
-        self.tell(message)
-        return self.reply(doing, timeout)
 
     def tell(self, message) -> None:
         """Send `message`; its replies are read with `reply`."""
@@ -139,8 +153,7 @@ class WorkerProcess:
         back those after it, which it had not begun, for any worker to take; it is started again (`start`,
         as it is when it is not running) for the next. One that cannot be started raises."""
         while taken := turns.take():
-            if not self.running:
-                start()
+            self.ensure_started(start)
             self.tell(message([request for _, request in taken]))
             positions = [position for position, _ in taken]
             for index, position in enumerate(positions):

@@ -9,9 +9,11 @@ again for the next. Real worker processes, without a server; messages are counte
 
 import functools
 import os
+import signal
 
 import gevent
 import numpy as np
+import psutil
 import pytest
 
 from container.backends import WorkerOptions, load_backends, server_memory
@@ -209,12 +211,40 @@ def test_no_request_waits_behind_a_slow_one_while_another_worker_of_the_pool_is_
         core.unload("h")
 
 
-def python_core(tmp_path, instances: int, gate: Gate | None = None) -> Core:
-    """`gate`: a request whose x is 5 waits at it first."""
+def killed(pid: int) -> None:
+    """SIGKILL to a worker that waits for requests (as the OOM killer ends one), once it has ended."""
+    os.kill(pid, signal.SIGKILL)
+
+    def ended() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # its fork server has yet to reap it
+        except psutil.NoSuchProcess:
+            return True
+    poll(ended, 30, f"worker {pid} did not end")
+
+
+def test_a_handler_worker_that_died_while_idle_is_started_again_for_the_next_request(tmp_path):
+    """Killed while it waited (a signal, the OOM killer): the next request is served by the worker started
+    in its place (it once failed on the dead worker's closed socket, a BrokenPipeError, and so did every
+    request after it)."""
+    core, _ = handler_core(tmp_path)
+    try:
+        [first] = answers(core, [b"a"])
+        killed(pid(first))
+        second, third = answers(core, [b"b", b"c"])
+        assert [second.partition(b":")[0], third.partition(b":")[0]] == [b"b", b"c"] and pid(second) != pid(first)
+    finally:
+        core.unload("h")
+
+
+def python_core(tmp_path, instances: int, gate: Gate | None = None, batcher: dict | None = None) -> Core:
+    """`gate`: a request whose x is 5 waits at it first; `batcher`: its dynamic_batching (none: each
+    request an `execute` of its own, `execute_each`)."""
     source = EACH_PY if gate is None else EACH_PY.replace("        if x[0] == -3:", f"        if x[0] == 5:\n            {gate.code()}\n        if x[0] == -3:")
-    python_model(tmp_path, "p", source, {"input": [tensor("x", "TYPE_FP32", [1])],
-                                          "output": [tensor("y", "TYPE_FP32", [1]), tensor("pid", "TYPE_INT64", [1])],
-                                          "instance_group": [{"count": instances, "kind": "KIND_CPU"}]})
+    config = {"input": [tensor("x", "TYPE_FP32", [1])],
+              "output": [tensor("y", "TYPE_FP32", [1]), tensor("pid", "TYPE_INT64", [1])],
+              "instance_group": [{"count": instances, "kind": "KIND_CPU"}]}
+    python_model(tmp_path, "p", source, config if batcher is None else {**config, "dynamic_batching": batcher})
     core = make_core(tmp_path)
     core.load("p", "p")
     return core
@@ -282,5 +312,17 @@ def test_a_python_request_cancelled_while_the_one_before_it_runs_is_skipped_and_
         first, second = answering.get(timeout=30)
         assert first[0] == 5.0 and isinstance(second, Cancelled)
         assert sum(messages) == 1 and core._registry.models["p"].statistics[1].execution_count == 1
+    finally:
+        core.unload("p")
+
+
+@pytest.mark.parametrize("batcher", [None, {}], ids=["an execute apiece", "batched"])
+def test_a_python_instance_that_died_while_idle_is_started_again_for_the_next_request(tmp_path, batcher):
+    core = python_core(tmp_path, instances=1, batcher=batcher)
+    try:
+        [(_, first)] = infer_all(core, [1.0])
+        killed(int(first))
+        [(y, second)] = infer_all(core, [2.0])
+        assert y == 2.0 and second != first
     finally:
         core.unload("p")
