@@ -113,10 +113,15 @@ class ForkServer:
     def _ask(self, fds: list[int], runtimes: tuple[str, ...]) -> int:
         import _socket
 
+        request = [" ".join(("f", *runtimes)).encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
         try:
-            server = self._running()
-            descriptors = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
-            server.sendmsg([" ".join(("f", *runtimes)).encode()], [descriptors])
+            try:
+                server = self._running()
+                server.sendmsg(*request)
+            except OSError:  # it had ended (killed) before this start, which it never saw: a new one makes it
+                self._end()
+                server = self._running()
+                server.sendmsg(*request)
             if not _readable([server.fileno()], _ANSWER_SECONDS):
                 raise TimeoutError(f"no answer within {_ANSWER_SECONDS} s")
             answer = server.recv(32)

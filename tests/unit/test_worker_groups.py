@@ -212,15 +212,18 @@ def test_no_request_waits_behind_a_slow_one_while_another_worker_of_the_pool_is_
 
 
 def killed(pid: int) -> None:
-    """SIGKILL to a worker that waits for requests (as the OOM killer ends one), once it has ended."""
+    """SIGKILL to a process (as the OOM killer sends it), once it has ended."""
     os.kill(pid, signal.SIGKILL)
+    ended(pid)
 
-    def ended() -> bool:
+
+def ended(pid: int) -> None:
+    def gone() -> bool:
         try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # its fork server has yet to reap it
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # its parent has yet to reap it
         except psutil.NoSuchProcess:
             return True
-    poll(ended, 30, f"worker {pid} did not end")
+    poll(gone, 30, f"process {pid} did not end")
 
 
 def test_a_handler_worker_that_died_while_idle_is_started_again_for_the_next_request(tmp_path):
@@ -233,6 +236,22 @@ def test_a_handler_worker_that_died_while_idle_is_started_again_for_the_next_req
         killed(pid(first))
         second, third = answers(core, [b"b", b"c"])
         assert [second.partition(b":")[0], third.partition(b":")[0]] == [b"b", b"c"] and pid(second) != pid(first)
+    finally:
+        core.unload("h")
+
+
+def test_a_killed_fork_server_is_replaced_by_the_next_worker_start(tmp_path):
+    """The fork server the workers start from, killed (its workers end with it): the next request starts
+    a new one, and a worker from that (it once failed with a broken pipe, a 500, before the one after it
+    could)."""
+    core, _ = handler_core(tmp_path)
+    try:
+        [first] = answers(core, [b"a"])
+        fork_server = psutil.Process(pid(first)).ppid()
+        killed(fork_server)
+        ended(pid(first))
+        [second] = answers(core, [b"b"])
+        assert second.partition(b":")[0] == b"b" and psutil.Process(pid(second)).ppid() != fork_server
     finally:
         core.unload("h")
 
