@@ -305,13 +305,18 @@ _NOT_RUN = None  # a reply's `ok` for a request the instance skipped (cancelled 
 
 def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, connection: Connection, device: str) -> None:
     """A decoupled model's batch: each response is sent as the model sends it (from any thread, after
-    `execute` has returned as well), then word that `execute` returned, with its error if it raised."""
-    lock = threading.Lock()
+    `execute` has returned as well), then word that `execute` returned, with its error if it raised. The
+    model process then ends the requests still open with that error, so a response a thread of the model
+    sends after it raises in the model: sent, it would be read as a later request's."""
+    lock, failed = threading.Lock(), []
 
     def sender(index: int, request):
         def respond(response, flags: int) -> None:
             reply = None if response is None else _outcome(name, response, wanted[index])
             with lock:
+                if failed:
+                    raise pb_utils.TritonModelException("the response sender is closed: execute raised, and its "
+                                                        "requests were answered with its error")
                 send(connection, ("ok", ("response", index, reply, bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))))
         return pb_utils.InferenceResponseSender(respond, request.is_cancelled)
 
@@ -323,6 +328,8 @@ def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, con
     except Exception as exc:
         failure = _user_error(name, exc)
     with lock:
+        if failure is not None:
+            failed.append(failure)
         send(connection, ("ok", ("executed", _state(device), failure)))
 
 

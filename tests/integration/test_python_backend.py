@@ -260,6 +260,10 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "drip", DRIP_PY.replace("{gate}", drip_gate.code()), {
         "input": [tensor("text_input", "TYPE_STRING", [1])], "output": [tensor("text_output", "TYPE_STRING", [1])],
         "model_transaction_policy": {"decoupled": True}})
+    late_gate = Gate(gate_dir, "late")
+    python_model(root, "late", LATE_PY.replace("{gate}", late_gate.code()).replace("{outcome!r}", repr(str(gate_dir / "late.outcome"))), {
+        "input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4]), tensor("pid", "TYPE_INT64", [1])],
+        "model_transaction_policy": {"decoupled": True}})
     python_model(root, "maybe", MAYBE_PY, {"input": [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
                                            "output": [tensor("y", "TYPE_FP32", [4])]})
     ensemble(root, "maybe_chain", [tensor("x", "TYPE_FP32", [4]), {**tensor("scale", "TYPE_FP32", [1]), "optional": True}],
@@ -277,9 +281,9 @@ def server(start_server, tmp_path_factory, gate_dir):
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes,described,relay,pair,drip,maybe,maybe_chain", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
-    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate}
+    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
     server.finalized = gate_dir / "pair.finalized"
     wait_for(server.ready, 60, "the models did not load")
     return server
@@ -410,6 +414,37 @@ class TritonPythonModel:
                 {gate}
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([f"{text} {token}"], np.object_))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+# y = x and the instance's pid, then the final flag; x[0] < 0: execute raises while a thread of the model
+# still holds the request's sender, and tries to answer once the gate opens, writing how that went
+LATE_PY = """
+import os
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        [request] = requests
+        x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+        sender = request.get_response_sender()
+        if x[0] < 0:
+            threading.Thread(target=self.late, args=(sender, x)).start()
+            raise ValueError("x[0] is negative")
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x), pb_utils.Tensor("pid", np.array([os.getpid()], np.int64))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def late(self, sender, x):
+        {gate}
+        try:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            outcome = "sent"
+        except pb_utils.TritonModelException as exc:
+            outcome = str(exc)
+        with open({outcome!r} + ".part", "w") as file:
+            file.write(outcome)
+        os.rename({outcome!r} + ".part", {outcome!r})
 """
 
 # x·scale, or x when the request leaves the optional `scale` out
@@ -755,7 +790,7 @@ def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(serv
     assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in refused.value.message()
 
 
-def stream(server, values: list, **options) -> list:
+def stream(server, values: list, model: str = "decoupled", **options) -> list:
     """Each request of `values` on one gRPC stream; every response (result or error) until the stream ends."""
     answers = []
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -763,7 +798,7 @@ def stream(server, values: list, **options) -> list:
         for index, value in enumerate(values):
             x = grpcclient.InferInput("x", [4], "FP32")
             x.set_data_from_numpy(np.array(value, np.float32))
-            client.async_stream_infer("decoupled", [x], request_id=str(index), **options)
+            client.async_stream_infer(model, [x], request_id=str(index), **options)
         client.stop_stream()  # waits for the answers under way
     return answers
 
@@ -775,6 +810,22 @@ def test_a_decoupled_model_streams_its_responses_over_grpc(server):
         by_request.setdefault(answer.get_response().id, []).append(answer.as_numpy("count")[0])
     assert by_request == {"0": [0, 1, 2], "2": [0, 1]}  # a request may have no response at all
     assert stats(server, "decoupled")["success"]["count"] >= 3
+
+
+def test_a_response_sent_after_a_decoupled_execute_raised_reaches_nobody(server, gate_dir):
+    """execute raised while a thread of the model still held the request's sender: the request is answered
+    with the error, and the thread's later response raises in the model (its sender is closed) rather than
+    reach the model process, where it was read as the next request's answer (or, since idle instances are
+    looked at, ended the instance)."""
+    [before] = stream(server, [[1, 2, 3, 4]], model="late")
+    [failed] = stream(server, [[-1, 2, 3, 4]], model="late")
+    assert isinstance(failed, InferenceServerException) and "x[0] is negative" in failed.message()
+    server.gates["late"].release()
+    outcome = wait_for(lambda: (gate_dir / "late.outcome").exists() and (gate_dir / "late.outcome").read_text(), 30,
+                       "the model's thread did not try to answer")
+    assert outcome == "the response sender is closed: execute raised, and its requests were answered with its error"
+    [after] = stream(server, [[5, 6, 7, 8]], model="late")
+    assert after.as_numpy("y").tolist() == [5, 6, 7, 8] and after.as_numpy("pid")[0] == before.as_numpy("pid")[0]
 
 
 def test_a_decoupled_error_fails_one_response_and_the_final_flag_is_shown_when_asked(server):
