@@ -38,6 +38,8 @@ from container.models.response_cache import ResponseCache
 from container.scheduling import scheduler_for
 from container.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings, scratch: str | None = None) -> Flask:
     """`scratch`: where the model process extracts archives and writes load requests' files (default: the
@@ -126,9 +128,11 @@ def load_startup_models(app: Flask, settings: Settings) -> None:
     """Blocking: load the models the settings name. Run it in a greenlet so the server answers meanwhile."""
     core = app.extensions["core"]
     try:
-        core.start(startup_models(settings, core))
-    finally:
-        core.started.set()  # also when the names could not be listed
+        entries = startup_models(settings, core)
+    except Exception:  # the names could not be listed (a root or a name gone): the server serves without them
+        log.exception("the models named at start could not be listed")
+        entries = []
+    core.start(entries)
 
 
 def startup_models(settings: Settings, core: Core) -> list[tuple[str, str]]:

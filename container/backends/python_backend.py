@@ -89,7 +89,7 @@ class PythonBackend:
         self._free = NativeQueue()
         try:
             for worker in self._workers:
-                self._reported[worker] = worker.start(options.load_timeout, "initialize")
+                self._start(worker)
                 self._free.put(worker)
         except BaseException:
             self.close()
@@ -308,7 +308,7 @@ def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, con
     `execute` has returned as well), then word that `execute` returned, with its error if it raised. The
     model process then ends the requests still open with that error, so a response a thread of the model
     sends after it raises in the model: sent, it would be read as a later request's."""
-    lock, failed = threading.Lock(), []
+    lock, failed = threading.Lock(), False
 
     def sender(index: int, request):
         def respond(response, flags: int) -> None:
@@ -328,8 +328,7 @@ def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, con
     except Exception as exc:
         failure = _user_error(name, exc)
     with lock:
-        if failure is not None:
-            failed.append(failure)
+        failed = failure is not None
         send(connection, ("ok", ("executed", _state(device), failure)))
 
 

@@ -95,14 +95,14 @@ class DirectScheduler(Scheduler):
         answered, retried, left = Queue(), set(), _Left(self)
         for position, request in enumerate(cancellable or ()):
             request.when_cancelled(functools.partial(left.cancelled, position))
-        group = _Group(self, calls, range(len(calls)), answered, statistics, items or [1] * len(calls), cancellable)
+        group = _Group(self, calls, range(len(calls)), answered, statistics, items or [1] * len(calls), cancellable,
+                       takers=min(len(calls), self._instances))
         self._submitted += len(calls)  # each counts until it is answered (queue_depth)
         pending = len(calls)
         try:
             if len(calls) == 1:
                 self._take_turns(fn, group)  # nothing to answer before it is done: no greenlet
             else:
-                group.takers = min(len(calls), self._instances)
                 for _ in range(group.takers):
                     gevent.spawn_raw(self._take_turns, fn, group)
             while pending:
@@ -195,11 +195,11 @@ class _Group:
     it is taken, or when the one before it in its message is done."""
 
     def __init__(self, scheduler: DirectScheduler, calls: list, positions, answered: Queue, statistics: Statistics,
-                 items: list[int], cancellable: list[Cancellable] | None):
+                 items: list[int], cancellable: list[Cancellable] | None, takers: int = 1):
         self.calls, self._scheduler, self._answered, self._statistics = calls, scheduler, answered, statistics
         self._items, self._cancellable = items, cancellable
         self._waiting = deque(positions)
-        self.takers, self._ended = 1, 0  # threads taking from it, and those done with it
+        self.takers, self._ended = takers, 0  # threads taking from it, and those done with it
         self.submitted = time.perf_counter_ns()
         self.alone = len(self._waiting) == 1
         # the one call's request: withdrawn from the threads' queue when it is cancelled there
