@@ -41,14 +41,25 @@ def configure_logging(level: str, hub: bool = True) -> None:
 
 
 def _greenlet_failed(context, kind, value, traceback) -> None:
-    """A greenlet that died of an exception: gevent would print it as plain text. A client's mistake
-    raised on a thread-pool thread (a model that cannot load) reaches its caller, which answers it: no
-    ERROR and no traceback for it here."""
-    if isinstance(value, ServeError) and value.status < 500:
-        logging.getLogger("gevent").debug("a thread-pool task refused its input", extra={"fields": {"error": str(value)}})
+    """A greenlet that died of an exception: gevent would print it as plain text. A ServeError raised on
+    a thread-pool thread (gevent names the task as (thread, function)) reaches the caller of `apply`, which
+    answers it, and so does a client's mistake anywhere: no ERROR and no traceback for them here (a model
+    whose code failed to load says so where it failed: `user_code_failed`)."""
+    if isinstance(value, ServeError) and (value.status < 500 or isinstance(context, tuple)):
+        logging.getLogger("gevent").debug("a task's error reached its caller", extra={"fields": {"error": str(value)}})
         return
     logging.getLogger("gevent").error("a greenlet failed", exc_info=(kind, value, traceback),
                                       extra={"fields": {"greenlet": repr(context)[:300]}})
+
+
+def user_code_failed(model: str, doing: str, exc: BaseException) -> None:
+    """Code the operator deployed raised (a handler, a python model, a TorchScript or exported program's
+    forward), where it ran: its traceback, which the client never sees (its answer names the error), to
+    the log once, whatever the protocol and however many requests the call served."""
+    _user_code.error("model code raised", exc_info=exc, extra={"fields": {"model": model, "in": doing}})
+
+
+_user_code = logging.getLogger("container.user_code")
 
 
 class GunicornLogger(glogging.Logger):

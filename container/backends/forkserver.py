@@ -18,6 +18,7 @@ a new one.
 
 import atexit
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -253,10 +254,8 @@ def _child(connection_fd: int) -> int:
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
+    except BaseException:  # in the server's JSON lines once the worker has set them up, as it does first
+        logging.getLogger(__name__).exception("a worker process ended with an error")
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

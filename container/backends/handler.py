@@ -14,13 +14,14 @@ from sagemaker_inference.errors import BaseInferenceToolkitError
 from container import content
 from container.backends import handler_defaults
 from container.backends.handler_context import Context
-from container.backends.torch_runtime import device_error, last_line
+from container.backends.torch_runtime import device_error, forward_failed
 from container.errors import (
     HandlerError,
     InvalidModel,
     ModelError,
     ServeError,
 )
+from container.logs import user_code_failed
 
 # Each function's arguments without the optional trailing `context`.
 ARITY = {"pre_model_fn": 1, "model_fn": 1, "model_warmup_fn": 2, "input_fn": 2, "predict_fn": 2, "output_fn": 2,
@@ -39,7 +40,7 @@ class HandlerModel:
     def __init__(self, name: str, directory: Path, program: str, device: str, default_accept: str = content.JSON):
         self.name, self.device, self.default_accept = name, device, default_accept
         self.context = Context(name, str(directory), device)
-        self.functions = _import_handlers(directory / "code" / program)
+        self.functions = _import_handlers(name, directory / "code" / program)
         if "transform_fn" in self.functions and self.functions.keys() & {"input_fn", "predict_fn", "output_fn"}:
             raise InvalidModel(f"{program} defines transform_fn together with input_fn/predict_fn/output_fn; keep one style")
         if "pre_model_fn" in self.functions:
@@ -106,15 +107,19 @@ class HandlerModel:
         raise failure
 
     def _user_error(self, fn_name: str, fn, exc: Exception) -> ServeError:
+        """The answer to what user code raised; anything but the client error it chose to answer is logged."""
         status = getattr(exc, "status_code", None)
         if isinstance(exc, BaseInferenceToolkitError) and isinstance(status, int) and 400 <= status < 600:
+            if status >= 500:
+                user_code_failed(self.name, fn_name, exc)
             return HandlerError(str(getattr(exc, "message", exc)), status)
-        if fn is handler_defaults.predict:
-            return ModelError(f"model '{self.name}' failed: {last_line(exc)}")
+        if fn is handler_defaults.predict:  # the model's forward raised
+            return forward_failed(self.name, exc)
+        user_code_failed(self.name, fn_name, exc)
         return ModelError(f"{fn_name} of model '{self.name}' raised {type(exc).__name__}: {exc}")
 
 
-def _import_handlers(path: Path) -> dict:
+def _import_handlers(name: str, path: Path) -> dict:
     """The handler functions of the script, imported by its module name as the toolkit imports it
     (its `code/` directory is on sys.path); no script means every default."""
     if not path.is_file():
@@ -122,6 +127,7 @@ def _import_handlers(path: Path) -> dict:
     try:
         module = importlib.import_module(path.stem)
     except Exception as exc:
+        user_code_failed(name, f"importing code/{path.name}", exc)
         raise InvalidModel(f"code/{path.name} failed to import: {type(exc).__name__}: {exc}") from None
     if Path(getattr(module, "__file__", "") or "").resolve() != path.resolve():
         raise InvalidModel(f"code/{path.name} is shadowed by an installed module of the same name ({module.__name__}); rename it")

@@ -30,8 +30,8 @@ from torch.utils import _pytree as pytree
 
 from container.backends import footprint
 from container.backends.pytorch import reshaped, tensor_index, to_numpy, to_torch
-from container.backends.torch_runtime import device_error, device_scope, guarded, last_line
-from container.errors import InvalidModel, InvalidRequest, ModelError, ServeError
+from container.backends.torch_runtime import device_error, device_scope, forward_failed, guarded, last_line
+from container.errors import InvalidModel, InvalidRequest, ServeError
 from container.models.pt2_archive import AOTI_PLATFORM, archive_kind, is_program, members, read_member, where
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
@@ -125,7 +125,7 @@ class Pt2Model:
         except Exception as exc:
             if device_error(exc, self.device, "") is not None:
                 raise
-            raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
+            raise forward_failed(self.name, exc) from None
         inferred = time.perf_counter_ns()
         wanted = outputs or self._output_names
         produced = {spec.name: self._from_model(spec, results[i], batched) for i, spec in enumerate(self._outputs)

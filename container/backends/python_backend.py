@@ -43,7 +43,7 @@ from container.errors import (
     Unavailable,
     Unsupported,
 )
-from container.logs import configure_logging
+from container.logs import configure_logging, user_code_failed
 from container.models.cache import total_by_device
 from container.models.config import config_document
 from container.models.triton_schema import model_config_pb2 as pb
@@ -105,8 +105,7 @@ class PythonBackend:
             raise self._needs_stream()
         worker = self._free.get()
         try:
-            worker.ensure_started(functools.partial(self._start, worker))
-            worker.tell(self._message("execute", jobs, worker))
+            worker.deliver(self._message("execute", jobs, worker), functools.partial(self._start, worker))
             if self._decoupled:
                 return self._stream(worker, jobs)
             replies, self._reported[worker] = worker.reply("execute", self._options.response_timeout)
@@ -265,7 +264,10 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             return
         if not isinstance(message, tuple):
             if message == "finalize" and hasattr(model, "finalize"):
-                model.finalize()
+                try:
+                    model.finalize()
+                except Exception as exc:  # the instance ends all the same
+                    user_code_failed(name, "finalize", exc)
             return
         kind, requests, decoupled, number = message
         inbox.running(number)
@@ -366,6 +368,7 @@ def _outcome(name: str, response, wanted: list[str] | None) -> tuple:
 
 
 def _user_error(name: str, exc: Exception) -> tuple:
+    user_code_failed(name, "execute", exc)
     if isinstance(exc, pb_utils.TritonModelException):
         return "ModelError", exc.message(), 500, None
     return "ModelError", f"execute of model '{name}' raised {type(exc).__name__}: {exc}", 500, None
@@ -374,6 +377,7 @@ def _user_error(name: str, exc: Exception) -> tuple:
 def _load_error(name: str, doing: str, exc: Exception) -> ServeError:
     if isinstance(exc, ServeError):
         return exc
+    user_code_failed(name, doing, exc)
     return InvalidModel(f"{doing} of model '{name}' raised {type(exc).__name__}: {exc}")
 
 
@@ -388,6 +392,7 @@ def _import_model(name: str, path: Path):
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
+        user_code_failed(name, f"importing {path.name}", exc)
         raise InvalidModel(f"{path.name} of model '{name}' failed to import: {type(exc).__name__}: {exc}") from None
     model_class = getattr(module, "TritonPythonModel", None)
     if not isinstance(model_class, type):

@@ -15,8 +15,8 @@ from container.backends.torch_runtime import (
     ThreadLocal,
     device_error,
     device_scope,
+    forward_failed,
     guarded,
-    last_line,
     load_torchscript,
     module_bytes,
 )
@@ -118,7 +118,7 @@ class TorchScriptModel:
         except Exception as exc:
             if device_error(exc, self.device, "") is not None:
                 raise
-            raise ModelError(f"model '{self.name}' failed: {last_line(exc)}") from None
+            raise forward_failed(self.name, exc) from None
         inferred = time.perf_counter_ns()
         batch = len(inputs[self._rows]) if self._rows in inputs else None
         produced = self._name_outputs(result, batch)

@@ -14,7 +14,8 @@ from gevent.monkey import get_original
 
 from container import resources
 from container.backends import footprint
-from container.errors import DeviceFault, DeviceOutOfMemory, InvalidModel, ServeError
+from container.errors import DeviceFault, DeviceOutOfMemory, InvalidModel, ModelError, ServeError
+from container.logs import user_code_failed
 
 _OUT_OF_MEMORY = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory")
 _REQUESTED = re.compile(r"ried to allocate (\d+(?:\.\d+)?) ?(bytes|B|KiB|MiB|GiB|TiB)\b")
@@ -171,6 +172,13 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def forward_failed(model: str, exc: Exception) -> ModelError:
+    """The model's forward raised (not a device failure): the whole error, with the TorchScript traceback
+    it carries, to the log; its last line to the client."""
+    user_code_failed(model, "forward", exc)
+    return ModelError(f"model '{model}' failed: {last_line(exc)}")
 
 
 def last_line(exc: BaseException) -> str:

@@ -84,22 +84,32 @@ class WorkerProcess:
     def running(self) -> bool:
         return self._process is not None
 
-    def ensure_started(self, start: Callable[[], None]) -> None:
-        """Before a message: `start()` when the process does not run, or ended while idle (a signal, the OOM
-        killer), which is reaped and logged here rather than met as a closed socket by the message. Nothing
+    def deliver(self, message, start: Callable[[], None]) -> None:
+        """Send `message`, first calling `start()` when the process does not run or ended while idle (a
+        signal, the OOM killer), which is reaped and logged here rather than met as a closed socket. Nothing
         comes from an idle worker but its end (a look: 0.4 µs); one that sent what it was not asked for (a
         python model's thread answering after its `execute` failed) is ended too, as its message would be
-        read as the next request's answer."""
+        read as the next request's answer. One that ends between the look and the send had not read the
+        message whole, so had begun none of it: it is started again and sent the message once more."""
         if self._process is not None and self._poller.poll(0):
-            process = self._process
-            process.kill()
-            exit_code = process.wait(_STOP_SECONDS)
-            self.stop()
-            log.warning("a worker process ended while idle, or sent what it was not asked for; it is started "
-                        "again for the next request",
-                        extra={"fields": {"model": self.name, "pid": process.pid, "end": _death(exit_code)}})
+            self._end_idle()
         if self._process is None:
             start()
+        try:
+            self.tell(message)
+        except OSError:
+            self._end_idle()
+            start()
+            self.tell(message)
+
+    def _end_idle(self) -> None:
+        process = self._process
+        process.kill()
+        exit_code = process.wait(_STOP_SECONDS)
+        self.stop()
+        log.warning("a worker process ended while idle, or sent what it was not asked for; it is started "
+                    "again for the next request",
+                    extra={"fields": {"model": self.name, "pid": process.pid, "end": _death(exit_code)}})
 
     def start(self, timeout: float | None = None, doing: str = "loading"):
         parent, child = _socket_pair()
@@ -153,8 +163,7 @@ class WorkerProcess:
         back those after it, which it had not begun, for any worker to take; it is started again (`start`,
         as it is when it is not running) for the next. One that cannot be started raises."""
         while taken := turns.take():
-            self.ensure_started(start)
-            self.tell(message([request for _, request in taken]))
+            self.deliver(message([request for _, request in taken]), start)
             positions = [position for position, _ in taken]
             for index, position in enumerate(positions):
                 try:
@@ -204,7 +213,10 @@ class WorkerProcess:
         """The worker's next message (a worker may send several for one): as `ask` returns it."""
         ready = {fd for fd, _ in self._poller.poll(None if timeout is None else timeout * 1000)}
         if not ready:
+            pid = self.pid
             self._kill()
+            log.error("a worker process ran past its deadline and was killed",
+                      extra={"fields": {"model": self.name, "pid": pid, "in": doing, "seconds": timeout}})
             raise WorkerLost(f"model '{self.name}' did not finish {doing} within {timeout:g} s; its worker process "
                              f"was killed, and the next request starts it again")
         reply = None
@@ -214,8 +226,10 @@ class WorkerProcess:
             except (EOFError, OSError):
                 pass
         if reply is None:
-            exit_code = self._process.wait(None)
+            pid, exit_code = self.pid, self._process.wait(None)
             self.stop()
+            log.error("a worker process ended", extra={"fields": {"model": self.name, "pid": pid, "in": doing,
+                                                                  "end": _death(exit_code)}})
             raise WorkerLost(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
                              f"the next request starts it again")
         status, payload = reply

@@ -5,12 +5,15 @@ import json
 import re
 import socket
 
+import numpy as np
 import pytest
 import requests
 import torch
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from container.scheduling.inline import INLINE_WINDOW
-from tests.builders import Scale, fp32_model, handler_model, sized_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, python_model, sized_model, tensor, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +205,78 @@ def test_a_frozen_model_is_charged_its_weights(server):
     held = scrape(server)[("serve_model_memory_bytes", (("device", "cpu"), ("model", "frozen")))]
     weights = (4 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 4 + 4) * 4
     assert weights <= held < weights * 1.25
+
+
+class Refuses(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() < 0):
+            raise ValueError("negative sums are refused")
+        return x
+
+
+FAILING_PY = """
+import triton_python_backend_utils as pb_utils
+
+def lookup(request):
+    return {}["INPUT"]
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [lookup(request) for request in requests]
+"""
+
+
+def code_failures(server, model: str) -> list[dict]:
+    return [line for line in log_lines(server) if line["message"] == "model code raised" and line["model"] == model]
+
+
+def test_a_failure_of_model_code_is_logged_once_where_it_ran_with_its_traceback_whatever_the_protocol(start_server, tmp_path):
+    """A handler (its load, its request), a python model over gRPC and a TorchScript model's forward: the
+    client reads what went wrong and nothing of the code; the log has the code's own traceback, once per
+    failure, from the worker or the model process where the code ran (once only an error's last line was
+    logged, by HTTP alone, and a failed load also logged the server's own traceback as a failed greenlet).
+    A worker process that ends is logged with how it ended."""
+    handler_model(tmp_path, "handler", "def scale(data):\n    raise ArithmeticError('scale went wrong')\n\n"
+                                       "def predict_fn(data, model):\n    return scale(data)\n", Scale())
+    handler_model(tmp_path, "unloadable", "def model_fn(model_dir):\n    raise LookupError('no weights here')\n")
+    python_model(tmp_path, "python", FAILING_PY, {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [4])],
+                                                  "output": [tensor("y", "TYPE_FP32", [4])]})
+    fp32_model(tmp_path, "scripted", Refuses())
+    handler_model(tmp_path, "crashing", "import os\n\ndef predict_fn(data, model):\n    os._exit(3)\n", Scale())
+    server = start_server(tmp_path, SERVE_LOAD_MODELS="handler,python,scripted,crashing")
+    wait_for(server.ready, message="the models did not load")
+
+    answer = server.invoke("handler", [[1.0, 2.0]])
+    assert answer.status_code == 500 and answer.json() == {"error": "predict_fn of model 'handler' raised ArithmeticError: scale went wrong"}
+    [line] = wait_for(lambda: code_failures(server, "handler"), message="no log line for the handler's failure")
+    assert line["level"] == "ERROR" and line["in"] == "predict_fn"
+    assert 'code/inference.py", line 2, in scale' in line["traceback"] and line["traceback"].endswith("ArithmeticError: scale went wrong")
+
+    loading = server.load("unloadable")
+    assert loading.status_code == 500 and "LookupError: no weights here" in loading.json()["error"]
+    [line] = wait_for(lambda: code_failures(server, "unloadable"), message="no log line for model_fn's failure")
+    assert line["in"] == "model_fn" and 'code/inference.py", line 2, in model_fn' in line["traceback"]
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        x = grpcclient.InferInput("x", [4], "FP32")
+        x.set_data_from_numpy(np.ones(4, np.float32))
+        with pytest.raises(InferenceServerException) as failed:
+            client.infer("python", [x], client_timeout=60)
+    assert failed.value.status() == "StatusCode.INTERNAL" and failed.value.message() == "execute of model 'python' raised KeyError: 'INPUT'"
+    [line] = wait_for(lambda: code_failures(server, "python"), message="no log line for execute's failure")
+    assert line["in"] == "execute" and 'model.py", line 5, in lookup' in line["traceback"]
+
+    refused = server.request("POST", "/v2/models/scripted/infer", json={"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [-1.0, 0.0, 0.0, 0.0]}]})
+    assert refused.status_code == 500 and refused.json() == {"error": "model 'scripted' failed: builtins.ValueError: negative sums are refused"}
+    [line] = wait_for(lambda: code_failures(server, "scripted"), message="no log line for forward's failure")
+    assert line["in"] == "forward" and 'raise ValueError("negative sums are refused")' in line["traceback"]
+
+    assert server.invoke("crashing", [[1.0]]).status_code == 500  # a process that ends says how, where it is seen
+    [line] = wait_for(lambda: [line for line in log_lines(server) if line["message"] == "a worker process ended"])
+    assert (line["level"], line["model"], line["end"]) == ("ERROR", "crashing", "exited with code 3")
+
+    for answered in (answer, loading, refused):
+        assert "Traceback" not in answered.text and str(tmp_path) not in answered.text
+    assert [line for line in log_lines(server) if line["message"] == "a greenlet failed"] == []
+    assert len([line for line in log_lines(server) if line["message"] == "model code raised"]) == 4

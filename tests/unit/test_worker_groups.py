@@ -345,3 +345,44 @@ def test_a_python_instance_that_died_while_idle_is_started_again_for_the_next_re
         assert y == 2.0 and second != first
     finally:
         core.unload("p")
+
+
+@pytest.fixture
+def dies_before_the_message(monkeypatch) -> list[int]:
+    """Put a pid in it: that worker is killed, and has ended, just before the next message is sent to it,
+    after the look that would have seen it gone: as when the OOM killer strikes between the two."""
+    doomed = []
+    tell = WorkerProcess.tell
+
+    def killing_first(self, message):
+        if doomed and doomed[0] == self.pid:
+            killed(doomed.pop())
+        tell(self, message)
+    monkeypatch.setattr(WorkerProcess, "tell", killing_first)
+    return doomed
+
+
+def test_a_handler_worker_killed_just_before_its_message_is_started_again_and_sent_it(tmp_path, dies_before_the_message):
+    """It once failed the requests with a BrokenPipeError: an internal error, a 500."""
+    core, _ = handler_core(tmp_path)
+    try:
+        [first] = answers(core, [b"a"])
+        dies_before_the_message.append(pid(first))
+        second, third = answers(core, [b"b", b"c"])
+        assert [second.partition(b":")[0], third.partition(b":")[0]] == [b"b", b"c"] and pid(second) != pid(first)
+        assert not dies_before_the_message
+    finally:
+        core.unload("h")
+
+
+@pytest.mark.parametrize("batcher", [None, {}], ids=["an execute apiece", "batched"])
+def test_a_python_instance_killed_just_before_its_message_is_started_again_and_sent_it(tmp_path, batcher,
+                                                                                      dies_before_the_message):
+    core = python_core(tmp_path, instances=1, batcher=batcher)
+    try:
+        [(_, first)] = infer_all(core, [1.0])
+        dies_before_the_message.append(int(first))
+        [(y, second)] = infer_all(core, [2.0])
+        assert y == 2.0 and second != first and not dies_before_the_message
+    finally:
+        core.unload("p")
