@@ -38,7 +38,7 @@ from container.models.response_cache import ResponseCache
 from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
 from container.scheduling import new_job, scheduler_for
-from container.scheduling.base import as_done
+from container.scheduling.base import as_done, outcome
 from container.scheduling.job import Job
 
 __all__ = ["Core", "IndexEntry", "Lease", "ModelView", "State"]
@@ -309,14 +309,15 @@ class Core:
             sent.put((outcome, final))
 
         request.respond = respond
-        running = gevent.spawn(self.infer, lease, request)
+        running = gevent.spawn(outcome, self.infer, lease, request)  # its error is the caller's to raise, not the hub's to log
         running.link(lambda _: sent.put(None))  # after every response: infer returns once all were final
         try:
             while (item := sent.get()) is not None:
                 yield item
         finally:  # the caller went away (its client did): the request is cancelled
             running.kill(block=False)
-        running.get()
+        if isinstance(ended := running.get(), Exception):
+            raise ended
 
     def _infer_step(self, job: Job, step: Step, inputs: dict) -> dict:
         """One step of an ensemble's request (`job`): a request to its model, loaded again first if it was

@@ -41,12 +41,12 @@ def configure_logging(level: str, hub: bool = True) -> None:
 
 
 def _greenlet_failed(context, kind, value, traceback) -> None:
-    """A greenlet that died of an exception: gevent would print it as plain text. A ServeError raised on
-    a thread-pool thread (gevent names the task as (thread, function)) reaches the caller of `apply`, which
-    answers it, and so does a client's mistake anywhere: no ERROR and no traceback for them here (a model
-    whose code failed to load says so where it failed: `user_code_failed`)."""
-    if isinstance(value, ServeError) and (value.status < 500 or isinstance(context, tuple)):
-        logging.getLogger("gevent").debug("a task's error reached its caller", extra={"fields": {"error": str(value)}})
+    """A greenlet that died of an exception: gevent would print it as plain text. What a thread-pool task
+    raised (gevent names the task as (thread, function)) reaches the caller of `apply`, which answers or
+    logs it, and so does a client's mistake anywhere: no ERROR and no traceback for them here (model code
+    that failed says so where it ran: `user_code_failed`)."""
+    if isinstance(context, tuple) or (isinstance(value, ServeError) and value.status < 500):
+        logging.getLogger("gevent").debug("a task's error reached its caller", extra={"fields": {"error": repr(value)}})
         return
     logging.getLogger("gevent").error("a greenlet failed", exc_info=(kind, value, traceback),
                                       extra={"fields": {"greenlet": repr(context)[:300]}})

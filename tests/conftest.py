@@ -1,5 +1,6 @@
 """A real server for integration tests: `./serve` (gunicorn, one gevent worker) on a free port."""
 
+import json
 import os
 import signal
 import subprocess
@@ -154,9 +155,27 @@ def _read(path: Path) -> str:
         return ""
 
 
+# What a server logs only for a bug of its own: an error nobody answered, or answered as "internal".
+BUG_MESSAGES = ("a greenlet failed", "unexpected error", "channel call failed", "channel answer could not be packed",
+                "gRPC call failed", "gRPC stream request failed", "a worker process ended with an error")
+
+
+def bugs_logged(server: Server) -> list[str]:
+    found = []
+    for line in _read(server.log).splitlines():
+        try:
+            message = json.loads(line).get("message")
+        except (ValueError, AttributeError):
+            continue
+        if message in BUG_MESSAGES:
+            found.append(line[:3000])
+    return found
+
+
 def servers_started():
     """A fixture's body: it gives `start(root, port=None, **env)`, and stops every server it started at
-    the end of the fixture's scope."""
+    the end of the fixture's scope, which fails if any logged a bug of its own (`BUG_MESSAGES`): a test
+    passes only if its server had nothing to hide."""
     servers = []
 
     def start(model_root: Path, port: int | None = None, **env) -> Server:
@@ -166,6 +185,8 @@ def servers_started():
     yield start
     for server in servers:
         server.stop()
+    if bugs := [line for server in servers for line in bugs_logged(server)]:
+        pytest.fail("the server logged bugs of its own:\n" + "\n".join(bugs), pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -429,6 +429,8 @@ class TritonPythonModel:
         [request] = requests
         x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
         sender = request.get_response_sender()
+        if x[0] == -3:
+            os._exit(3)
         if x[0] < 0:
             threading.Thread(target=self.late, args=(sender, x)).start()
             raise ValueError("x[0] is negative")
@@ -826,6 +828,15 @@ def test_a_response_sent_after_a_decoupled_execute_raised_reaches_nobody(server,
     assert outcome == "the response sender is closed: execute raised, and its requests were answered with its error"
     [after] = stream(server, [[5, 6, 7, 8]], model="late")
     assert after.as_numpy("y").tolist() == [5, 6, 7, 8] and after.as_numpy("pid")[0] == before.as_numpy("pid")[0]
+
+
+def test_a_decoupled_model_whose_process_dies_fails_its_stream_alone(server):
+    """The stream's answer is the error, and the instance is started again for the next request (the error
+    also once went to the log as a greenlet that failed, which the server's teardown now refuses)."""
+    [died] = stream(server, [[-3, 0, 0, 0]], model="late")
+    assert isinstance(died, InferenceServerException) and "exited with code 3 in execute" in died.message()
+    [after] = stream(server, [[5, 6, 7, 8]], model="late")
+    assert after.as_numpy("y").tolist() == [5, 6, 7, 8]
 
 
 def test_a_decoupled_error_fails_one_response_and_the_final_flag_is_shown_when_asked(server):
