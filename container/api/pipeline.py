@@ -8,17 +8,19 @@ import time
 from typing import Iterator
 from urllib.parse import parse_qs, unquote_to_bytes, urlsplit
 
+import gevent
 import orjson
 
 from container import content
 from container.api.errors import error_answer, status_line
-from container.api.request_log import ACCESS_LOG
 from container.api.routing import Routes
 from container.errors import PayloadTooLarge, ServeError
 from container.inference import Client
+from container.request_log import AccessLog
 from container.settings import Restriction
 
 REQUEST_ID = "X-Request-Id"
+ACCESS_LOG = AccessLog(gevent.spawn_later)  # the process's: an HTTP front-end's, or the model process's
 LIMIT_SETTING = "SAGEMAKER_MAX_PAYLOAD_IN_MB"
 _WSGI_CHUNK = 256 << 10
 
@@ -91,7 +93,7 @@ class Dispatcher:
         except Exception as exc:
             response = self._error(request, exc)
         response.headers[REQUEST_ID] = request.request_id
-        ACCESS_LOG.record(request, response.status, started)
+        _logged(request, response.status, started)
         return response
 
     def refuse(self, request: Request, exc: ServeError) -> Response:
@@ -101,7 +103,7 @@ class Dispatcher:
         request.request_id = request.headers.get("x-request-id") or next(self._request_ids)
         response = self._error(request, exc)
         response.headers[REQUEST_ID] = request.request_id
-        ACCESS_LOG.record(request, response.status, started)
+        _logged(request, response.status, started)
         return response
 
     def _error(self, request: Request, exc: Exception) -> Response:
@@ -176,3 +178,8 @@ def request_path(raw: bytes) -> tuple[str, str]:
     if b"%" in path:
         path = unquote_to_bytes(path)
     return path.decode("utf-8", "replace"), query.decode("latin-1")
+
+
+def _logged(request: Request, status: int, started: float) -> None:
+    ACCESS_LOG.record(request.method, request.path, request.model, status, started, request.request_id,
+                      request.headers.get("x-amzn-sagemaker-target-model"))

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import logging
 import os
+import time
 from functools import partial
 
 from tritonclient.grpc import model_config_pb2
@@ -19,7 +20,7 @@ from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavaila
 from container.grpc_api import messages
 from container.grpc_api.clients import Clients
 from container.grpc_api.services import Malformed
-from container.grpc_api.status import answered, check_restricted, code_of
+from container.grpc_api.status import answered, check_restricted, code_of, logged
 from container.settings import Settings
 from container.v2 import documents, views
 from container.v2.views import TensorView
@@ -30,6 +31,8 @@ _FINAL = "triton_enable_empty_final_response"  # a stream's request asks its ans
 
 
 class InferenceService:
+    SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
     def __init__(self, channel: ChannelClient, settings: Settings, clients: Clients):
         self.channel, self.restrictions, self.clients, self.limits = channel, settings.restricted_api, clients, settings.limits
         self._documents = AsyncGroups(channel, "infer")
@@ -82,6 +85,7 @@ class InferenceService:
         try:
             check_restricted(self.restrictions, "inference", context)
         except ServeError as exc:
+            logged(f"/{self.SERVICE}/ModelStreamInfer", None, exc.status, time.perf_counter(), context)
             await context.abort(code_of(exc), str(exc))
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
@@ -108,6 +112,9 @@ class InferenceService:
             answers.put_nowait(None)
 
     async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+        """One request of a stream, logged as its last answer goes (an error a decoupled model sent in one of
+        its responses leaves the request itself answered)."""
+        started, status = time.perf_counter(), 200
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest(request.why)
@@ -125,12 +132,18 @@ class InferenceService:
                 answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks,
                                                            final if marked else None, stream=True))
         except ServeError as exc:
+            status = exc.status
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
+        except asyncio.CancelledError:  # the stream ended first
+            status = 499
+            raise
         except Exception:
+            status = 500
             log.exception("gRPC stream request failed")
             answers.put_nowait(pb.ModelStreamInferResponse(error_message="internal error; see the server's log"))
         finally:
             slots.release()
+            logged(f"/{self.SERVICE}/ModelStreamInfer", request, status, started)
 
     async def _infer(self, request, peer: str) -> bytes:
         """The requests for one model that arrive together cross the channel as one group

@@ -71,6 +71,8 @@ messages = {name: GetMessageClass(DESCRIPTOR.message_types_by_name[name]) for na
 
 
 class ModelRuntimeService:
+    SERVICE = SERVICE.full_name
+
     def __init__(self, channel, settings):
         self.channel, self.restrictions = channel, settings.restricted_api
 

@@ -1,13 +1,16 @@
 """The one translation of the error tree (errors.py) to gRPC status codes, as Triton maps its own, and
 the restricted API groups (SERVE_RESTRICTED_API) checked against a call's metadata."""
 
+import asyncio
 import functools
 import logging
+import time
 
 import grpc
 
 from container.errors import InvalidRequest, ServeError
 from container.grpc_api.services import Malformed
+from container.request_log import AccessLog
 from container.settings import Restriction
 
 log = logging.getLogger(__name__)
@@ -26,26 +29,47 @@ def code_of(exc: ServeError) -> grpc.StatusCode:
 
 
 def answered(group: str):
-    """A unary RPC of API `group`: refused without the restricted group's metadata, or when its request
-    did not parse; its ServeError becomes the call's status and message (never a traceback); anything
-    else is a bug, logged."""
+    """A unary RPC of API `group` of the servicer's `SERVICE`: refused without the restricted group's
+    metadata, or when its request did not parse; its ServeError becomes the call's status and message
+    (never a traceback); anything else is a bug, logged. Each call has its line in the access log, its
+    status as HTTP would have answered (the status table maps it to gRPC's codes)."""
     def decorate(method):
         @functools.wraps(method)
         async def serve(self, request, context):
+            started, status = time.perf_counter(), 200
             try:
                 check_restricted(self.restrictions, group, context)
                 if isinstance(request, Malformed):
                     raise InvalidRequest(request.why)
                 return await method(self, request, context)
             except ServeError as exc:
+                status = exc.status
                 await context.abort(code_of(exc), str(exc))
             except grpc.aio.AbortError:
                 raise
+            except asyncio.CancelledError:  # the client went away, or its deadline passed
+                status = 499
+                raise
             except Exception:
+                status = 500
                 log.exception("gRPC call failed", extra={"fields": {"method": method.__name__}})
                 await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server's log")
+            finally:
+                logged(f"/{self.SERVICE}/{method.__name__}", request, status, started, context)
         return serve
     return decorate
+
+
+def logged(path: str, request, status: int, started: float, context=None) -> None:
+    """The access log's line for a gRPC request: the model its message names, and its id: the client's
+    `x-request-id` metadata, else the request's own `id`."""
+    model = next((value for field in _MODEL_FIELDS if (value := getattr(request, field, ""))), None)
+    request_id = dict(context.invocation_metadata() or ()).get("x-request-id") if context is not None else None
+    ACCESS_LOG.record("gRPC", path, model, status, started, request_id or getattr(request, "id", None) or None)
+
+
+_MODEL_FIELDS = ("model_name", "name", "modelId")  # where V2's, the repository's and ModelMesh's messages name it
+ACCESS_LOG = AccessLog(lambda seconds, function: asyncio.get_running_loop().call_later(seconds, function))
 
 
 def check_restricted(restrictions: tuple[Restriction, ...], group: str, context) -> None:

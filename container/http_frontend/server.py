@@ -28,8 +28,7 @@ from gevent.server import StreamServer
 from werkzeug.exceptions import HTTPException
 
 from container.api import tfserving_infer
-from container.api.pipeline import Dispatcher, Request, Response
-from container.api.request_log import ACCESS_LOG
+from container.api.pipeline import ACCESS_LOG, Dispatcher, Request, Response
 from container.api.routing import Route, Routes
 from container.api.sagemaker_invoke import invoke_routes
 from container.api.tfserving_json import MOUNT

@@ -129,6 +129,32 @@ def test_one_json_log_line_per_request(server):
     assert wait_for(lambda: request_lines(server, "t-404"))[0]["status"] == 404
 
 
+def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
+    """Unary calls and a stream's requests, answered or refused, by the gRPC front-end that took them: the
+    RPC's path, the model, the status as HTTP would have answered, and the id (the client's `x-request-id`
+    metadata, else the request's own id). gRPC once logged nothing of its requests."""
+    server.load("double")
+    x = grpcclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.infer("double", [x], headers={"x-request-id": "grpc-ok"}, client_timeout=60)
+        with pytest.raises(InferenceServerException):
+            client.infer("nobody", [x], request_id="grpc-404", client_timeout=60)
+        client.get_model_metadata("double", headers={"x-request-id": "grpc-metadata"}, client_timeout=60)
+        answers = []
+        client.start_stream(lambda result, error: answers.append(result or error), stream_timeout=60)
+        client.async_stream_infer("double", [x], request_id="grpc-stream")
+        client.stop_stream()  # waits for the answer under way
+    assert len(answers) == 1
+    service = "/inference.GRPCInferenceService/"
+    expected = {"grpc-ok": ("ModelInfer", "double", 200), "grpc-404": ("ModelInfer", "nobody", 404),
+                "grpc-metadata": ("ModelMetadata", "double", 200), "grpc-stream": ("ModelStreamInfer", "double", 200)}
+    for request_id, (rpc, model, status) in expected.items():
+        [line] = wait_for(lambda: request_lines(server, request_id), message=f"no log line for {request_id}")  # noqa: B023 (waited for here)
+        assert (line["method"], line["path"], line["model"], line["status"]) == ("gRPC", service + rpc, model, status)
+        assert line["duration_ms"] > 0 and line["level"] == "INFO"
+
+
 def test_an_invokes_custom_attributes_are_logged_once_with_its_request_id(server):
     """Whether its body is decoded by a front-end (a loaded tensor model), by the model process (a model
     loaded on first use through /invocations), or refused there."""
