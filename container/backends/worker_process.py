@@ -75,6 +75,7 @@ class WorkerProcess:
         self._sending = get_original("threading", "Lock")()  # one message on the socket at a time
         self._process = self._connection = self._poller = None
         self._numbers = itertools.count()  # of the messages that hand it requests
+        self._loaded = False  # once it has: a worker lost from then on is started again for the next request
 
     @property
     def pid(self) -> int | None:
@@ -123,7 +124,9 @@ class WorkerProcess:
         self._poller.register(process.sentinel, select.POLLIN)
         try:
             send(parent, (self._target, self._args))  # what it runs (one that died first says how in its reply)
-            return self.reply(doing, timeout)
+            loaded = self.reply(doing, timeout)
+            self._loaded = True
+            return loaded
         except ServeError:
             self.stop()  # a worker that failed to load is of no further use
             raise
@@ -218,7 +221,7 @@ class WorkerProcess:
             log.error("a worker process ran past its deadline and was killed",
                       extra={"fields": {"model": self.name, "pid": pid, "in": doing, "seconds": timeout}})
             raise WorkerLost(f"model '{self.name}' did not finish {doing} within {timeout:g} s; its worker process "
-                             f"was killed, and the next request starts it again")
+                             f"was killed, and {self._then()}")
         reply = None
         if self._connection.fileno() in ready:
             try:
@@ -230,14 +233,17 @@ class WorkerProcess:
             self.stop()
             log.error("a worker process ended", extra={"fields": {"model": self.name, "pid": pid, "in": doing,
                                                                   "end": _death(exit_code)}})
-            raise WorkerLost(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; "
-                             f"the next request starts it again")
+            raise WorkerLost(f"the worker process of model '{self.name}' {_death(exit_code)} in {doing}; {self._then()}")
         status, payload = reply
         if status == "ok":
             return payload
         if status == "last":  # an error the worker ends after (its CUDA context is broken): it is not asked again
             self.stop()
         raise rebuild(payload)
+
+    def _then(self) -> str:
+        """What a client told of a lost worker should expect: a load's first start that failed loaded nothing."""
+        return "the next request starts it again" if self._loaded else "the model did not load"
 
     def _kill(self) -> None:
         self._process.kill()

@@ -918,8 +918,12 @@ def test_a_hang_in_execute_is_bounded_and_the_instance_restarts(bounded):
 
 
 def test_a_hang_in_initialize_fails_the_load_within_the_load_timeout(bounded):
+    """The answer says the model did not load (it once promised that the next request would start it)."""
     answer = bounded.load("hangs_initialize")
-    assert answer.status_code == 500 and "did not finish initialize within 2 s" in answer.json()["error"]
+    assert answer.status_code == 500
+    assert answer.json() == {"error": "model 'hangs_initialize' did not finish initialize within 2 s; its worker process "
+                                      "was killed, and the model did not load"}
+    assert bounded.request("GET", "/v2/models/hangs_initialize/ready").status_code != 200
     assert bounded.request("GET", "/ping").status_code == 200
 
 
