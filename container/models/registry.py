@@ -49,7 +49,10 @@ class State(enum.Enum):
     UNLOADING = "UNLOADING"
 
 
-_CONFLICT = {State.LOADING: "still loading", State.READY: "already loaded", State.UNLOADING: "being unloaded"}
+# Why a load of a name that is taken is refused, and what the caller can do about it
+_CONFLICT = {State.LOADING: "still loading; its load answers once it is done",
+             State.READY: "already loaded; DELETE /models/{name} first to replace it",
+             State.UNLOADING: "being unloaded; load it again once its unload is done"}
 
 
 @dataclass(eq=False)
@@ -156,8 +159,8 @@ class Registry:
         path = directory or (None if remote else resolve_url(self.model_root, url))
         current = self.current(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
-            state = "still loading" if name in self._reloading else _CONFLICT[current.state]
-            raise ModelConflict(f"model '{name}' is {state}; DELETE /models/{name} first to replace it")
+            state = State.LOADING if name in self._reloading else current.state
+            raise ModelConflict(f"model '{name}' is " + _CONFLICT[state].format(name=name))
         model = Model(name, url, uploaded=uploaded, overridden=directory is not None, replaces=current)
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
