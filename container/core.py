@@ -548,12 +548,11 @@ class Core:
             for name in dict.fromkeys(step.model for step in steps):
                 if name == model.name:
                     raise InvalidModel(f"ensemble '{name}' names itself as a step")
-                if self.state(name) is not State.READY:
-                    try:
-                        self.load(name, self.locate(name))
-                    except ServeError as exc:
-                        raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' did not load: {exc}") from None
-                    loaded.append(name)
+                try:
+                    if self._load_or_join(name, self.locate(name)):
+                        loaded.append(name)
+                except ServeError as exc:
+                    raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' did not load: {exc}") from None
             for step in steps:
                 _check_step(model.name, step, self._registry.models[step.model])
         except BaseException:
@@ -561,6 +560,19 @@ class Core:
                 self.unload(name)
             raise
         self._dependents[model.name] = loaded
+
+    def _load_or_join(self, name: str, url: str) -> bool:
+        """`name` loaded from `url`, unless it is loaded or loading already (a client's load, an ensemble's,
+        the start's): then that load is waited for and its outcome shared, where a second load of the name
+        would be refused. True when this call loaded it."""
+        present = self._registry.current(name)
+        if present is None:
+            self._load(name, url)
+            return True
+        if present.state is State.LOADING:
+            log.info("waiting for the load under way", extra={"fields": {"model": name}})
+        present.loaded.get()
+        return False
 
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
@@ -616,13 +628,13 @@ class Core:
     def start(self, entries: list[tuple[str, str]]) -> None:
         """Load the models named at start, (name, url) pairs, one after another, then set `started`; a
         failure is logged and the rest still load. Until its load ends, a request for one of them is told
-        to retry (`_miss`). A model an ensemble's load has loaded already is left as it is."""
+        to retry (`_miss`). A model loaded already (by an ensemble's load, say) is left as it is, and one
+        loading (a client's load) is waited for."""
         self._awaited.update(name for name, _ in entries)
         try:
             for name, url in entries:
                 try:
-                    if self.state(name) is not State.READY:
-                        self.load(name, url)
+                    self._load_or_join(name, url)
                 except ServeError as exc:
                     log.error("model did not load", extra={"fields": {"model": name, "error": str(exc)}})
                 except Exception as exc:  # a server bug, or the system failing: the other models still load

@@ -26,6 +26,7 @@ from tests.builders import (
     wait_for,
 )
 from tests.conftest import PROJECT, Server
+from tests.integration.test_observability import log_lines
 
 
 def test_single_model_mode_pings_503_until_loaded(start_server, tmp_path_factory):
@@ -84,6 +85,29 @@ def test_while_the_models_named_at_start_load_every_protocol_says_retry(start_se
     assert answer.status_code == 200 and answer.json() == [[2, 4, 6, 8]]
     for path in ("/models/nobody/invoke", "/v1/models/nobody:predict"):
         assert server.request("POST", path, json={"instances": [[1, 2, 3, 4]]}).status_code == 404
+
+
+def test_a_model_named_at_start_that_a_client_is_loading_is_waited_for_not_refused(start_server, tmp_path_factory):
+    """A client loads the second model named at start while the first holds the start: when the start
+    reaches it, it waits for the client's load and shares it (it was refused as "still loading" and logged
+    as a model that did not load)."""
+    gates = {name: Gate(tmp_path_factory.mktemp("gates"), name) for name in ("first", "second")}
+    root = tmp_path_factory.mktemp("models")
+    for name, gate in gates.items():
+        handler_model(root, name, gated_load(gate), Scale())
+    server = start_server(root, SERVE_LOAD_MODELS="first,second", SERVE_LOG_LEVEL="info")
+    gates["first"].wait_entered()
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(server.load, "second")
+        gates["second"].wait_entered()
+        gates["first"].release()
+        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"
+                          and line["model"] == "second"], message="the start did not wait for the client's load")
+        gates["second"].release()
+        assert second.result().status_code == 200
+    wait_for(server.ready, message="the models named at start did not load")
+    assert [line for line in log_lines(server) if line["message"] == "model did not load"] == []
+    assert server.invoke("second", [[1.0]]).json() == [[2.0]]
 
 
 def _grpc_live(client) -> bool:

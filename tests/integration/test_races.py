@@ -12,16 +12,21 @@ from tests.builders import (
     Gate,
     Scale,
     archive,
+    ensemble,
+    ensemble_step,
     fp32_model,
     gated_load,
     handler_model,
+    python_model,
     sized_model,
+    tensor,
     wait_for,
 )
 from tests.builders import (
     gates as make_gates,
 )
 from tests.conftest import Server
+from tests.integration.test_observability import log_lines
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +161,43 @@ def _queued(server) -> int:
         if line.startswith('serve_queue_depth{model="queued"}'):
             return int(float(line.split()[1]))
     return -1
+
+
+# y = 2x, once `initialize` is through its gate
+GATED_STEP_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {gate}
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
+                for r in requests]
+"""
+
+
+def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, tmp_path):
+    """A client loads a step and its ensemble at once: the ensemble's load waits for the step's and serves
+    with it (it once failed, 400, as the step was "still loading"), and the step, which the ensemble did not
+    load, stays when the ensemble is unloaded with its dependents."""
+    gate = Gate(tmp_path, "step")
+    root = tmp_path / "models"
+    x = tensor("x", "TYPE_FP32", [4])
+    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
+                 {"max_batch_size": 0, "input": [x], "output": [tensor("y", "TYPE_FP32", [4])]})
+    ensemble(root, "pipeline", [x], [tensor("y", "TYPE_FP32", [4])], [ensemble_step("step", {"x": "x"}, {"y": "y"})])
+    server = start_server(root, SERVE_LOG_LEVEL="info")
+    with ThreadPoolExecutor(2) as pool:
+        step = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        gate.wait_entered()
+        pipeline = pool.submit(server.request, "POST", "/v2/repository/models/pipeline/load")
+        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
+                 message="the ensemble's load did not wait for its step's")
+        assert not pipeline.done()
+        gate.release()
+        assert step.result().status_code == 200 and pipeline.result().status_code == 200
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
+    assert server.request("POST", "/v2/models/pipeline/infer", json=body).json()["outputs"][0]["data"] == [2, 4, 6, 8]
+    unload = server.request("POST", "/v2/repository/models/pipeline/unload", json={"parameters": {"unload_dependents": True}})
+    assert unload.status_code == 200 and server.request("GET", "/v2/models/step/ready").status_code == 200
