@@ -569,14 +569,17 @@ class Core:
         if present is None:
             self._load(name, url)
             return True
-        if present.state is State.LOADING:
-            log.info("waiting for the load under way", extra={"fields": {"model": name}})
-        present.loaded.get()
+        _joined(present)
         return False
 
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
-        directory with that config and `files` (path → content; all of its files when given any)."""
+        directory with that config and `files` (path → content; all of its files when given any). A plain
+        load of a name whose first load is under way shares that load, as Triton answers concurrent loads
+        of a model with one outcome, where a second load of it would be refused."""
+        present = self._registry.current(name)
+        if config is None and not files and present is not None and present.state is State.LOADING:
+            return _joined(present).view
         if files:
             self._check_upload(name)
         directory = None
@@ -606,7 +609,7 @@ class Core:
             self.counters.misses += 1
             return self._load(name, url)
         self.counters.hits += 1
-        return model.loaded.get()
+        return model.loaded.get()  # not logged, as a load's wait is: a burst of requests may wait so
 
     def unload(self, name: str, dependents: bool = False) -> None:
         """Unload `name`; with `dependents`, the models an ensemble's load loaded along with it too."""
@@ -656,6 +659,13 @@ def _instances(model: Model) -> int:
     if model.config is not None:
         return instance_count(model.config)
     return max(getattr(backend, "instances", 1) for backend in model.versions.values())
+
+
+def _joined(model: Model) -> Model:
+    """`model` once its load is done (now, when it is), or that load's error, for a load that shares it."""
+    if model.state is State.LOADING:
+        log.info("waiting for the load under way", extra={"fields": {"model": model.name}})
+    return model.loaded.get()
 
 
 def _close_when_gone(model: Model, scheduler) -> None:

@@ -201,3 +201,23 @@ def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, t
     assert server.request("POST", "/v2/models/pipeline/infer", json=body).json()["outputs"][0]["data"] == [2, 4, 6, 8]
     unload = server.request("POST", "/v2/repository/models/pipeline/unload", json={"parameters": {"unload_dependents": True}})
     assert unload.status_code == 200 and server.request("GET", "/v2/models/step/ready").status_code == 200
+
+
+def test_two_v2_loads_of_a_model_at_once_share_one_load(start_server, tmp_path):
+    """As Triton answers them: both succeed, with the one load (the second was refused, 409, while the
+    first was under way). SageMaker's load of a name that is loading stays its contract's 409."""
+    gate = Gate(tmp_path, "step")
+    root = tmp_path / "models"
+    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
+                 {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
+    server = start_server(root, SERVE_LOG_LEVEL="info")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        gate.wait_entered()
+        second = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
+                 message="the second load did not wait for the first")
+        assert server.load("step").status_code == 409
+        gate.release()
+        assert first.result().status_code == 200 and second.result().status_code == 200
+    assert len([line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "step"]) == 1
