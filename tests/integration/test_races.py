@@ -1,10 +1,12 @@
 """Lifecycle races as the SageMaker platform produces them — reloads under memory pressure, requests
 racing an unload, shutdown during a load. Model code waits on gates, so the order is certain."""
 
+import contextlib
 import os
 import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -177,26 +179,44 @@ class TritonPythonModel:
 """
 
 
+def gated_step(tmp_path) -> tuple[Path, Gate]:
+    """A model root holding `step` (x → y = 2x, FP32 [4]), whose load waits at the gate it comes with."""
+    gate = Gate(tmp_path, "step")
+    root = tmp_path / "models"
+    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
+                 {"max_batch_size": 0, "input": [X], "output": [Y]})
+    return root, gate
+
+
+@contextlib.contextmanager
+def joining(server, gate: Gate, first: str, then: str):
+    """A V2 load of `first`, held at `gate`, and then one of `then`, once it has joined the load under way
+    (it logs so as it starts to wait): the two answers to come, while the block runs, then the gate opens."""
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.request, "POST", f"/v2/repository/models/{first}/load")
+        gate.wait_entered()
+        joins = pool.submit(server.request, "POST", f"/v2/repository/models/{then}/load")
+        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
+                 message=f"the load of {then} did not wait for the load under way")
+        try:
+            yield held, joins
+        finally:
+            gate.release()
+
+
+X, Y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+
+
 def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, tmp_path):
     """A client loads a step and its ensemble at once: the ensemble's load waits for the step's and serves
     with it (it once failed, 400, as the step was "still loading"), and the step, which the ensemble did not
     load, stays when the ensemble is unloaded with its dependents."""
-    gate = Gate(tmp_path, "step")
-    root = tmp_path / "models"
-    x = tensor("x", "TYPE_FP32", [4])
-    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
-                 {"max_batch_size": 0, "input": [x], "output": [tensor("y", "TYPE_FP32", [4])]})
-    ensemble(root, "pipeline", [x], [tensor("y", "TYPE_FP32", [4])], [ensemble_step("step", {"x": "x"}, {"y": "y"})])
+    root, gate = gated_step(tmp_path)
+    ensemble(root, "pipeline", [X], [Y], [ensemble_step("step", {"x": "x"}, {"y": "y"})])
     server = start_server(root, SERVE_LOG_LEVEL="info")
-    with ThreadPoolExecutor(2) as pool:
-        step = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
-        gate.wait_entered()
-        pipeline = pool.submit(server.request, "POST", "/v2/repository/models/pipeline/load")
-        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
-                 message="the ensemble's load did not wait for its step's")
+    with joining(server, gate, "step", "pipeline") as (step, pipeline):
         assert not pipeline.done()
-        gate.release()
-        assert step.result().status_code == 200 and pipeline.result().status_code == 200
+    assert step.result().status_code == 200 and pipeline.result().status_code == 200
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
     assert server.request("POST", "/v2/models/pipeline/infer", json=body).json()["outputs"][0]["data"] == [2, 4, 6, 8]
     unload = server.request("POST", "/v2/repository/models/pipeline/unload", json={"parameters": {"unload_dependents": True}})
@@ -206,18 +226,9 @@ def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, t
 def test_two_v2_loads_of_a_model_at_once_share_one_load(start_server, tmp_path):
     """As Triton answers them: both succeed, with the one load (the second was refused, 409, while the
     first was under way). SageMaker's load of a name that is loading stays its contract's 409."""
-    gate = Gate(tmp_path, "step")
-    root = tmp_path / "models"
-    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
-                 {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
+    root, gate = gated_step(tmp_path)
     server = start_server(root, SERVE_LOG_LEVEL="info")
-    with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
-        gate.wait_entered()
-        second = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
-        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
-                 message="the second load did not wait for the first")
+    with joining(server, gate, "step", "step") as (first, second):
         assert server.load("step").status_code == 409
-        gate.release()
-        assert first.result().status_code == 200 and second.result().status_code == 200
+    assert first.result().status_code == 200 and second.result().status_code == 200
     assert len([line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "step"]) == 1
