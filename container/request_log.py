@@ -26,10 +26,14 @@ class AccessLog:
         self._flushing = False  # a flush is due
         atexit.register(self.flush)
 
+    @staticmethod
+    def enabled() -> bool:
+        return log.isEnabledFor(logging.INFO)
+
     def record(self, method: str, path: str, model: str | None, status: int, started: float, request_id: str | None,
                target_model: str | None = None) -> None:
         """A request answered with `status`; `started`: its perf_counter at arrival."""
-        if not log.isEnabledFor(logging.INFO):
+        if not self.enabled():
             return
         self._pending.append((time.time(), method, path, model, status, time.perf_counter() - started, request_id,
                               target_model))

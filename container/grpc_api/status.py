@@ -63,6 +63,8 @@ def answered(group: str):
 def logged(path: str, request, status: int, started: float, context=None) -> None:
     """The access log's line for a gRPC request: the model its message names, and its id: the client's
     `x-request-id` metadata, else the request's own `id`."""
+    if not ACCESS_LOG.enabled():
+        return
     model = next((value for field in _MODEL_FIELDS if (value := getattr(request, field, ""))), None)
     request_id = dict(context.invocation_metadata() or ()).get("x-request-id") if context is not None else None
     ACCESS_LOG.record("gRPC", path, model, status, started, request_id or getattr(request, "id", None) or None)
