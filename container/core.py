@@ -548,6 +548,11 @@ class Core:
             for name in dict.fromkeys(step.model for step in steps):
                 if name == model.name:
                     raise InvalidModel(f"ensemble '{name}' names itself as a step")
+                present = self._registry.current(name)
+                if present is not None and present.state is State.LOADING and _composes(present):
+                    raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' is an ensemble whose own load "
+                                       f"is under way, which may be waiting for this one (ensembles that name each other "
+                                       f"never load); load it again once that load is done")
                 try:
                     if self._load_or_join(name, self.locate(name)):
                         loaded.append(name)
@@ -659,6 +664,11 @@ def _instances(model: Model) -> int:
     if model.config is not None:
         return instance_count(model.config)
     return max(getattr(backend, "instances", 1) for backend in model.versions.values())
+
+
+def _composes(model: Model) -> bool:
+    """Whether `model` is an ensemble: its load waits for its steps' loads, so a step's load must not wait for it."""
+    return any(isinstance(backend, Ensemble) for backend in model.versions.values())
 
 
 def _joined(model: Model) -> Model:

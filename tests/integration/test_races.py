@@ -232,3 +232,15 @@ def test_two_v2_loads_of_a_model_at_once_share_one_load(start_server, tmp_path):
         assert server.load("step").status_code == 409
     assert first.result().status_code == 200 and second.result().status_code == 200
     assert len([line for line in log_lines(server) if line["message"] == "loaded model" and line["model"] == "step"]) == 1
+
+
+def test_ensembles_that_name_each_other_fail_their_loads_and_never_hang_them(start_server, tmp_path):
+    """Each one's load would wait for the other's: refused with the reason, so the names stay free and the
+    load path never stops (a load joining the one under way once hung here for ever)."""
+    ensemble(tmp_path, "ex", [X], [Y], [ensemble_step("ey", {"x": "x"}, {"y": "y"})])
+    ensemble(tmp_path, "ey", [X], [Y], [ensemble_step("ex", {"x": "x"}, {"y": "y"})])
+    server = start_server(tmp_path)
+    for name in ("ex", "ey"):
+        answer = server.request("POST", f"/v2/repository/models/{name}/load", timeout=30)
+        assert answer.status_code == 400 and "ensembles that name each other never load" in answer.json()["error"]
+    assert server.loaded() == [] and server.load("ex").status_code == 400
