@@ -213,7 +213,8 @@ class WorkerProcess:
         process.close()
 
     def reply(self, doing: str, timeout: float | None = None):
-        """The worker's next message (a worker may send several for one): as `ask` returns it."""
+        """The worker's next message (a worker may send several for one): its payload, or the error it reports,
+        or WorkerLost when it ended or did not answer within `timeout` seconds (then it is killed)."""
         ready = {fd for fd, _ in self._poller.poll(None if timeout is None else timeout * 1000)}
         if not ready:
             pid = self.pid
