@@ -541,9 +541,10 @@ class Core:
 
     def _compose(self, model: Model) -> None:
         """An ensemble's composing models, loaded with it when they are not (and remembered, for
-        `unload_dependents`); each step's tensors checked against its model's."""
+        `unload_dependents`); each step's tensors checked against the model its load loaded or joined, which
+        a client may have unloaded since (a step's request loads it again)."""
         steps = [step for backend in model.versions.values() if isinstance(backend, Ensemble) for step in backend.steps]
-        loaded = []
+        composing, loaded = {}, []
         try:
             for name in dict.fromkeys(step.model for step in steps):
                 if name == model.name:
@@ -554,28 +555,26 @@ class Core:
                                        f"is under way, which may be waiting for this one (ensembles that name each other "
                                        f"never load); load it again once that load is done")
                 try:
-                    if self._load_or_join(name, self.locate(name)):
-                        loaded.append(name)
+                    composing[name] = self._load_or_join(name, self.locate(name))
                 except ServeError as exc:
                     raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' did not load: {exc}") from None
+                if present is None:  # this load loaded it
+                    loaded.append(composing[name])
             for step in steps:
-                _check_step(model.name, step, self._registry.models[step.model])
+                _check_step(model.name, step, composing[step.model])
         except BaseException:
-            for name in loaded:
-                self.unload(name)
+            for record in loaded:  # the ones this load loaded and nobody has unloaded or replaced since
+                if self._registry.models.get(record.name) is record and record.state is State.READY:
+                    self.unload(record.name)
             raise
-        self._dependents[model.name] = loaded
+        self._dependents[model.name] = [record.name for record in loaded]
 
-    def _load_or_join(self, name: str, url: str) -> bool:
+    def _load_or_join(self, name: str, url: str) -> Model:
         """`name` loaded from `url`, unless it is loaded or loading already (a client's load, an ensemble's,
         the start's): then that load is waited for and its outcome shared, where a second load of the name
-        would be refused. True when this call loaded it."""
+        would be refused."""
         present = self._registry.current(name)
-        if present is None:
-            self._load(name, url)
-            return True
-        _joined(present)
-        return False
+        return self._load(name, url) if present is None else _joined(present)
 
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its

@@ -223,6 +223,28 @@ def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, t
     assert unload.status_code == 200 and server.request("GET", "/v2/models/step/ready").status_code == 200
 
 
+def test_a_step_unloaded_while_its_ensemble_loads_is_loaded_again_by_the_ensembles_requests(start_server, tmp_path):
+    """The ensemble's load has loaded its first step and waits for its second when a client unloads the
+    first: the load still succeeds, checked against the step it loaded, and a request loads the step again
+    (the check read the registry: a KeyError, answered as a 404 for the model the cleanup could not unload)."""
+    root, gate = gated_step(tmp_path)
+    python_model(root, "triple", GATED_STEP_PY.replace("{gate}", "pass").replace("* 2", "* 3"),
+                 {"max_batch_size": 0, "input": [X], "output": [Y]})
+    ensemble(root, "pipeline", [X], [Y], [ensemble_step("triple", {"x": "x"}, {"y": "tripled"}),
+                                          ensemble_step("step", {"x": "tripled"}, {"y": "y"})])
+    server = start_server(root)
+    with ThreadPoolExecutor(1) as pool:
+        pipeline = pool.submit(server.request, "POST", "/v2/repository/models/pipeline/load")
+        try:
+            gate.wait_entered()
+            assert server.request("POST", "/v2/repository/models/triple/unload").status_code == 200
+        finally:
+            gate.release()
+        assert pipeline.result().status_code == 200, pipeline.result().text
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}
+    assert server.request("POST", "/v2/models/pipeline/infer", json=body).json()["outputs"][0]["data"] == [6, 12, 18, 24]
+
+
 def test_two_v2_loads_of_a_model_at_once_share_one_load(start_server, tmp_path):
     """As Triton answers them: both succeed, with the one load (the second was refused, 409, while the
     first was under way). SageMaker's load of a name that is loading stays its contract's 409."""
