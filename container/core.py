@@ -530,7 +530,7 @@ class Core:
             self._compose(model)
             model.scheduler = self._schedulers(model.name, model.config, model.signature,
                                                lambda device, requested: self._registry.recover(model, device, requested),
-                                               instances=_instances(model))
+                                               instances=_instances(model), holding=functools.partial(_holding, model))
         except BaseException as exc:  # a config the scheduler refuses (a queue policy, say)
             self._registry.abandon(model, exc)
             raise
@@ -663,6 +663,11 @@ def _instances(model: Model) -> int:
     if model.config is not None:
         return instance_count(model.config)
     return max(getattr(backend, "instances", 1) for backend in model.versions.values())
+
+
+def _holding(model: Model, sequences: int) -> None:
+    """What `model`'s sequence batcher says it holds: the cache does not evict a model holding a sequence's state."""
+    model.sequences = sequences
 
 
 def _composes(model: Model) -> bool:

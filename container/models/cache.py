@@ -99,7 +99,7 @@ class MemoryCache:
                     del short[device]
             if not short:
                 return victims
-        raise InsufficientMemory(self._no_room(name, short, "the other models are busy"))
+        raise InsufficientMemory(self._no_room(name, short, "the other models are busy (serving requests, or holding a sequence's state)"))
 
     def _no_room(self, name: Hashable, short: dict[str, int], why: str) -> str:
         lacking = ", ".join(f"{_mib(n)} on {d}" for d, n in short.items())

@@ -71,6 +71,7 @@ class Model:
     scheduler: object = None  # the core's: made once the model loads, closed once it is gone
     view: object = None  # the core's read-only description of it (core.ModelView), made as it starts to serve
     in_flight: int = 0
+    sequences: int = 0  # sequences holding state in its scheduler: their clients' state, lost if it were evicted
     idle: Event = field(default_factory=Event)
     loaded: AsyncResult = field(default_factory=AsyncResult)
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
@@ -430,8 +431,10 @@ class Registry:
             model.gone.set()
 
     def _evictable(self, model: Model) -> bool:
-        """Idle, and not the serving copy of a model being reloaded: a reload never evicts what it replaces."""
-        return model.state is State.READY and not model.in_flight and model.name not in self._reloading
+        """Idle, holding no sequence's state, and not the serving copy of a model being reloaded: a reload never
+        evicts what it replaces. A live sequence ends within its model's max_sequence_idle_microseconds."""
+        return (model.state is State.READY and not model.in_flight and not model.sequences
+                and model.name not in self._reloading)
 
 def place(config, cache: MemoryCache) -> tuple[str, str]:
     """The device to load a model on — the GPU with the most room among those its instance groups

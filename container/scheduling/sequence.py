@@ -15,6 +15,7 @@ import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gevent
 import numpy as np
@@ -114,12 +115,14 @@ class Sequence:
 
 class SequenceBatcher(Scheduler):
     def __init__(self, model_name: str, config, signature: Signature, instances: int = 1, recover: Recover | None = None,
-                 wait_limit: float = 60.0):
-        """`wait_limit`: seconds a request may wait for its sequence to get a slot (SAGEMAKER_MODEL_SERVER_TIMEOUT)."""
+                 wait_limit: float = 60.0, holding: Callable[[int], None] = lambda count: None):
+        """`wait_limit`: seconds a request may wait for its sequence to get a slot (SAGEMAKER_MODEL_SERVER_TIMEOUT);
+        `holding`: told how many sequences hold state each time that changes (a model holding any is not idle)."""
         batching = config.sequence_batching
         oldest = batching.oldest if batching.HasField("oldest") else None
         super().__init__((oldest or batching.direct).max_queue_delay_microseconds / 1e6)
         self.wait_limit = wait_limit
+        self._holding = holding
         self.model_name = model_name
         self._recover = recover
         self.signature = signature
@@ -144,6 +147,7 @@ class SequenceBatcher(Scheduler):
         sequence = self.sequences.get(sequence_id)
         if sequence is None and start:  # a restart keeps the sequence (its slot, its order) and resets its state
             sequence = self.sequences[sequence_id] = Sequence(self._initial_state())
+            self._holding(len(self.sequences))
         elif sequence is None:
             raise self._not_running(sequence_id)
         self._behind += 1  # its sequence's previous request has not run: it cannot join the next batch
@@ -293,7 +297,8 @@ class SequenceBatcher(Scheduler):
     def _not_running(self, sequence_id) -> InvalidRequest:
         return InvalidRequest(f"inference request for sequence {sequence_id} to model '{self.model_name}' must specify "
                               f"the START flag on the first request of the sequence (sequence_start; an idle "
-                              f"sequence is released after {self.idle_limit:g} s)")  # Triton's words, then ours
+                              f"sequence is released after {self.idle_limit:g} s, and an unload ends every "
+                              f"sequence)")  # Triton's words, then ours
 
     def _flags(self, job: Job) -> tuple[object, bool, bool]:
         parameters = job.parameters
@@ -341,4 +346,5 @@ class SequenceBatcher(Scheduler):
 
     def _release(self, sequence_id) -> None:
         del self.sequences[sequence_id]
+        self._holding(len(self.sequences))
         self._arrived.set()  # a sequence in the backlog may become a candidate

@@ -26,7 +26,7 @@ from container.inference import Client, InferRequest, Ticket
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
-from tests.builders import Faults, Scale, fp32_model, handler_model, poll, sized_model, take_turns
+from tests.builders import Faults, Scale, Sized, fp32_model, handler_model, poll, sized_model, take_turns
 
 MIB = 1 << 20
 
@@ -221,6 +221,27 @@ def test_a_load_evicts_the_idle_model_it_needs_room_from_and_never_a_leased_one(
     assert core.state("first") is None and not core.model_is_current(first)
     assert closings.made[0] in closings.closed
     assert [m.name for m in core.ready()] == ["second"]
+
+
+def test_a_model_holding_a_sequences_state_is_not_idle_to_the_cache(tmp_path):
+    """Evicting it would lose its clients' state, and their next request would be refused as a sequence never
+    started (a chaos run saw those 400s); once the sequence ends, it is idle again."""
+    fp32_model(tmp_path, "counter", Sized(24), sequence_batching={"max_sequence_idle_microseconds": 3_600_000_000})
+    sized_model(tmp_path, "other", 24)
+    core = make_core(tmp_path, budget=40 * MIB)
+    core.load("counter", "counter")
+
+    def step(**flags):
+        with core.lease("counter") as lease:
+            request = InferRequest({"x": np.ones((1, 4), np.float32)}, parameters={"sequence_id": 7, **flags})
+            return core.infer(lease, request).outputs["y"].tolist()
+
+    assert step(sequence_start=True) == [[2.0] * 4]
+    with pytest.raises(InsufficientMemory, match="busy"):
+        core.load("other", "other")
+    assert step() == [[2.0] * 4] and step(sequence_end=True) == [[2.0] * 4]
+    core.load("other", "other")
+    assert [m.name for m in core.ready()] == ["other"]
 
 
 def test_a_sticky_device_error_turns_health_red_and_asks_for_a_fresh_process(tmp_path):
