@@ -12,6 +12,7 @@ reports the bytes it holds per device (`memory()`), and frees them on `close()`.
 - `ensemble.Ensemble`: the steps of an ensemble, which the core runs through the models they name.
 """
 
+import functools
 import logging
 
 import torch
@@ -52,13 +53,19 @@ def server_memory() -> dict[str, dict[str, int]]:
     return {"runtimes": {"cpu": footprint.runtime_bytes()}, "fork_server": {"cpu": worker_process.fork_server_bytes()}}
 
 
-def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
-    """A TorchScript model's versions, each copied onto every GPU its instance groups name."""
-    layout = source.layout
+@functools.cache
+def _torchscript_deprecated(name: str) -> None:
+    """Said once a model name in the process's life: a model evicted and loaded again, or reloaded, is not news."""
     log.warning("TorchScript is deprecated by PyTorch (torch.jit.load warns so since 2.11): export the model "
                 "with torch.export and serve it as model.pt2 (platform torch_export, or torch_aoti once compiled "
                 "with torch._inductor.aoti_compile_and_package); docs/models.md shows how",
                 extra={"fields": {"model": name, "torch": torch.__version__}})
+
+
+def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
+    """A TorchScript model's versions, each copied onto every GPU its instance groups name."""
+    layout = source.layout
+    _torchscript_deprecated(name)
     placed = instance_gpus(layout.config)
     named = list(dict.fromkeys(placed))
     devices = named if device.startswith("cuda") and len(named) > 1 else [device]

@@ -233,6 +233,15 @@ def test_a_frozen_model_is_charged_its_weights(server):
     assert weights <= held < weights * 1.25
 
 
+def test_torchscripts_deprecation_is_said_once_a_model_however_often_it_loads(server):
+    """A model evicted and loaded again under churn said it at every load: a line per load, the same news."""
+    for _ in range(2):
+        assert server.request("POST", "/v2/repository/models/double/load").status_code == 200
+        assert server.request("POST", "/v2/repository/models/double/unload").status_code == 200
+    said = [line for line in log_lines(server) if line["message"].startswith("TorchScript is deprecated")]
+    assert [line["model"] for line in said].count("double") == 1
+
+
 class Refuses(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if bool(x.sum() < 0):
