@@ -14,6 +14,11 @@ from gunicorn import glogging
 
 from container.errors import ServeError
 
+# The messages only a fault of the server's own logs (an error nobody answered, or one answered as
+# "internal"), whatever the model code did: worth an alert; the tests and the chaos bench fail on them.
+SERVER_FAULTS = ("a greenlet failed", "unexpected error", "channel call failed", "channel answer could not be packed",
+                 "gRPC call failed", "gRPC stream request failed", "a worker process ended with an error")
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:

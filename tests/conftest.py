@@ -13,6 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import free_port
+from container.logs import SERVER_FAULTS
 from tests.builders import descriptors, wait_for
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -155,11 +156,6 @@ def _read(path: Path) -> str:
         return ""
 
 
-# What a server logs only for a bug of its own: an error nobody answered, or answered as "internal".
-BUG_MESSAGES = ("a greenlet failed", "unexpected error", "channel call failed", "channel answer could not be packed",
-                "gRPC call failed", "gRPC stream request failed", "a worker process ended with an error")
-
-
 def bugs_logged(server: Server) -> list[str]:
     found = []
     for line in _read(server.log).splitlines():
@@ -167,14 +163,14 @@ def bugs_logged(server: Server) -> list[str]:
             message = json.loads(line).get("message")
         except (ValueError, AttributeError):
             continue
-        if message in BUG_MESSAGES:
+        if message in SERVER_FAULTS:
             found.append(line[:3000])
     return found
 
 
 def servers_started():
     """A fixture's body: it gives `start(root, port=None, **env)`, and stops every server it started at
-    the end of the fixture's scope, which fails if any logged a bug of its own (`BUG_MESSAGES`): a test
+    the end of the fixture's scope, which fails if any logged a bug of its own (`SERVER_FAULTS`): a test
     passes only if its server had nothing to hide."""
     servers = []
 
