@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end in their smoke mode, so they cannot rot. No timing is asserted;
-the soak's correctness counts are: no wrong answer, no unexpected status, no lost request."""
+the soak's and the chaos run's correctness counts are: no wrong answer, no unexpected status, no lost
+request, every model serving after, and no fault of the server's own in its log."""
 
 import re
 import subprocess
@@ -27,3 +28,7 @@ def test_every_scenario_runs_and_reports_a_table():
     soak = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \|.*\| (yes|no.*) \|$", stdout, re.MULTILINE)
     requests, wrong, unexpected, lost, healthy = soak.groups()
     assert int(requests.replace(",", "")) > 0 and (wrong, unexpected, lost, healthy) == ("0", "0", "0", "yes"), soak[0]
+    chaos = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| [\d /]+ \| \d+ \| (yes|no) \| (\d+) \|$", stdout, re.MULTILINE)
+    calls, unexpected, unanswered, stuck, cut, healthy, faults = chaos.groups()
+    assert int(calls.replace(",", "")) > 0 and (unexpected, unanswered, stuck, cut, healthy, faults) == ("0", "0", "0", "0", "yes", "0"), \
+        stdout[chaos.start():chaos.start() + 3000]

@@ -1,0 +1,439 @@
+"""Chaos: clients on every protocol at once (V2 over HTTP and gRPC, a decoupled stream, sequences that
+cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, reads of every kind), loads
+and unloads through both control APIs, clients that hang up mid-body, and SIGKILL to worker processes (and,
+beyond the smoke run, to front-ends), under a memory budget that evicts. Every call has a deadline and a
+set of answers it may give while models come and go and processes die; anything else is counted and
+shown. Then every model is loaded and asked once more, and the server's log is read for the lines only a
+fault of its own writes. It found a load that hung for ever, an ensemble's load failing with a KeyError,
+and evictions that lost sequences."""
+
+import json
+import os
+import random
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+import tritonclient.grpc as grpcclient
+
+from bench.harness import Server, mib, save_model, tree
+from bench.python_backend import python_model
+from container.logs import SERVER_FAULTS
+
+TITLE = "Chaos: every protocol, loads, unloads, hang-ups and killed processes at once"
+DEADLINE = 60  # seconds any call may take; one that takes longer is counted as without an answer
+X = [1.0, 2.0, 3.0, 4.0]
+
+
+def _tensor(name: str, data_type: str = "TYPE_FP32", dims=(4,)) -> dict:
+    return {"name": name, "data_type": data_type, "dims": list(dims)}
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class Counting(torch.nn.Module):
+    """A sequence's running total of its inputs, kept as implicit state."""
+
+    def forward(self, INPUT: torch.Tensor, STATE_IN: torch.Tensor):
+        total = STATE_IN + INPUT
+        return total, total
+
+
+ADDER_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SUM", pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
+                                                            + pb_utils.get_input_tensor_by_name(r, "B").as_numpy())])
+                for r in requests]
+'''
+
+# A BLS call to `adder`; its error becomes this request's, in words that name the model it called.
+RELAY_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, name) for name in ("A", "B")]
+            answer = pb_utils.InferenceRequest(model_name="adder", requested_output_names=["SUM"], inputs=inputs).exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("adder: " + answer.error().message())))
+            else:
+                responses.append(pb_utils.InferenceResponse(answer.output_tensors()))
+        return responses
+'''
+
+# Decoupled: N in, then N responses (N-1 … 0) and the final flag on its own.
+COUNTDOWN_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            for left in range(n - 1, -1, -1):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("LEFT", np.array([left], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+TENSOR_MODELS = ("scaled", "adder", "relay", "pipeline")
+MODELS = (*TENSOR_MODELS, "countdown", "counter", "handler")
+
+
+def build(root: Path) -> None:
+    save_model(root, "scaled", Scaled(), {"backend": "pytorch", "max_batch_size": 8, "dynamic_batching": {},
+                                          "input": [_tensor("x")], "output": [_tensor("y")]})
+    ab = {"max_batch_size": 0, "input": [_tensor("A"), _tensor("B")], "output": [_tensor("SUM")]}
+    python_model(root, "adder", ab, ADDER_PY)
+    python_model(root, "relay", ab, RELAY_PY)
+    python_model(root, "countdown", {"max_batch_size": 0, "model_transaction_policy": {"decoupled": True},
+                                     "input": [_tensor("N", "TYPE_INT32", (1,))], "output": [_tensor("LEFT", "TYPE_INT32", (1,))]},
+                 COUNTDOWN_PY)
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.json").write_text(json.dumps({
+        "name": "pipeline", "platform": "ensemble", "input": [_tensor("A"), _tensor("B")], "output": [_tensor("y")],
+        "ensemble_scheduling": {"step": [
+            {"model_name": "adder", "model_version": -1, "input_map": {"A": "A", "B": "B"}, "output_map": {"SUM": "sum"}},
+            {"model_name": "adder", "model_version": -1, "input_map": {"A": "sum", "B": "sum"}, "output_map": {"SUM": "y"}}]}}))
+    save_model(root, "counter", Counting(), {
+        "backend": "pytorch", "max_batch_size": 4, "input": [_tensor("INPUT", dims=(1,))], "output": [_tensor("OUTPUT", dims=(1,))],
+        "sequence_batching": {"max_sequence_idle_microseconds": 5_000_000, "state": [
+            {"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_FP32", "dims": [1],
+             "initial_state": [{"data_type": "TYPE_FP32", "dims": [1], "zero_data": True, "name": "zeros"}]}]}})
+    (root / "handler").mkdir()
+    torch.jit.script(Scaled()).save(str(root / "handler" / "model.pt"))  # the toolkit's default handlers serve it
+
+
+def _v2_inputs(name: str) -> list[dict]:
+    if name == "scaled":
+        return [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X}]
+    return [{"name": "A", "shape": [4], "datatype": "FP32", "data": X}, {"name": "B", "shape": [4], "datatype": "FP32", "data": X}]
+
+
+def _expected(name: str) -> list[float]:
+    return [v * 2 for v in X] if name in ("scaled", "adder", "relay") else [v * 4 for v in X]
+
+
+# What a call may answer while models come and go and processes die: its model unloaded (404), loading
+# or its worker restarting (503), no room (507); a 500 only where a killed worker process is named
+# (or, for the relay, where its call to the adder failed so). Any other answer is unexpected.
+MAY = {200, 404, 503, 507}
+KILLED = ("worker process", "fork server", "did not load", "adder: ")
+GRPC_MAY = ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
+# what tritonclient says of a call or stream whose gRPC front-end was killed (or not yet started again)
+CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state")
+# a stream's error carries its message alone, not its code: these are the words of 404, 503 and 507
+STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room")
+
+
+def allowed(status: int, text: str, extra=()) -> bool:
+    return status in MAY or status in extra or (status == 500 and any(k in text for k in KILLED))
+
+
+def grpc_allowed(exc: Exception) -> bool:
+    text = str(exc)
+    if "StatusCode." not in text:  # a stream's error: its words alone
+        return any(words in text for words in STREAM_MAY + KILLED)
+    return any(code in text for code in GRPC_MAY) or ("INTERNAL" in text and any(k in text for k in KILLED))
+
+
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.calls: Counter = Counter()
+        self.unexpected: Counter = Counter()
+        self.unanswered = 0  # no answer within the deadline
+        self.cut = 0  # a connection a killed front-end dropped
+        self.sequences = Counter()
+
+    def add(self, call: str, ok: bool, what: str = "") -> None:
+        with self.lock:
+            self.calls[call] += 1
+            if not ok:
+                self.unexpected[(call, what[:160])] += 1
+
+
+class Client:
+    def __init__(self, server: Server, tally: Tally, seed: int, front_ends_killed: bool):
+        """`front_ends_killed`: a connection may drop with its front-end (else that is unexpected too)."""
+        self.server, self.tally, self.rng = server, tally, random.Random(seed)
+        self.front_ends_killed = front_ends_killed
+        self.http = requests.Session()
+        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        self.url = server.url
+
+    def act(self) -> None:
+        calls = {self.v2: 25, self.grpc_infer: 15, self.stream: 6, self.sequence: 8, self.invocations: 8, self.tf: 4,
+                 self.load: 6, self.unload: 4, self.read: 12, self.hang_up: 3}
+        call = self.rng.choices(list(calls), list(calls.values()))[0]
+        try:
+            call(self.rng.choice(MODELS))
+        except requests.Timeout:
+            self.tally.unanswered += 1
+            self.tally.add(call.__name__, False, "no answer within the deadline")
+        except requests.ConnectionError as exc:  # its front-end was killed under it
+            self.tally.cut += 1
+            self.tally.add(call.__name__, self.front_ends_killed, repr(exc))
+
+    def v2(self, name: str) -> None:
+        name = name if name in TENSOR_MODELS else "scaled"
+        answer = self.http.post(f"{self.url}/v2/models/{name}/infer", json={"inputs": _v2_inputs(name)}, timeout=DEADLINE)
+        right = answer.status_code != 200 or answer.json()["outputs"][0]["data"] == _expected(name)
+        self.tally.add("v2", allowed(answer.status_code, answer.text) and right, f"{answer.status_code} {answer.text}")
+
+    def grpc_infer(self, name: str) -> None:
+        name = name if name in TENSOR_MODELS else "scaled"
+        inputs = []
+        for spec in _v2_inputs(name):
+            tensor = grpcclient.InferInput(spec["name"], spec["shape"], "FP32")
+            tensor.set_data_from_numpy(np.array(spec["data"], np.float32).reshape(spec["shape"]))
+            inputs.append(tensor)
+        try:
+            result = self.grpc.infer(name, inputs, client_timeout=DEADLINE)
+        except Exception as exc:  # noqa: BLE001 — tritonclient raises one type for every status
+            self._grpc_failed("grpc", exc)
+            return
+        output = result.as_numpy("y" if name in ("scaled", "pipeline") else "SUM").reshape(-1).tolist()
+        self.tally.add("grpc", output == _expected(name), f"answered {output}")
+
+    def _grpc_failed(self, call: str, exc: Exception) -> None:
+        if "DEADLINE_EXCEEDED" in str(exc):
+            self.tally.unanswered += 1
+        elif any(words in str(exc) for words in CUT):
+            self.tally.cut += 1
+            self.tally.add(call, self.front_ends_killed, str(exc))
+            return
+        self.tally.add(call, grpc_allowed(exc), str(exc))
+
+    def stream(self, _: str) -> None:
+        """Four responses and the final flag from the decoupled model, over one gRPC stream."""
+        got, done = [], threading.Event()
+
+        def callback(result, error):
+            got.append(error or result)
+            final = result is not None and result.get_response().parameters.get("triton_final_response")
+            if error is not None or (final is not None and final.bool_param):
+                done.set()
+
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
+        try:
+            client.start_stream(callback, stream_timeout=DEADLINE)
+            n = grpcclient.InferInput("N", [1], "INT32")
+            n.set_data_from_numpy(np.array([4], np.int32))
+            client.async_stream_infer("countdown", [n], enable_empty_final_response=True)
+            answered = done.wait(DEADLINE)
+        except Exception as exc:  # noqa: BLE001
+            self._grpc_failed("stream", exc)
+            return
+        finally:
+            client.stop_stream()
+            client.close()
+        errors = [e for e in got if isinstance(e, Exception)]
+        if not answered:
+            self.tally.unanswered += 1
+        values = [int(r.as_numpy("LEFT")[0]) for r in got if not isinstance(r, Exception) and r.as_numpy("LEFT") is not None]
+        whole = not errors and values == [3, 2, 1, 0]
+        self.tally.add("stream", answered and (whole or all(grpc_allowed(e) for e in errors)), f"{values} {[str(e) for e in errors]}")
+
+    def sequence(self, _: str) -> None:
+        """Five requests of one sequence, each over HTTP or gRPC at random, each checked against the total."""
+        sequence_id = self.rng.randrange(1, 1 << 40)
+        for step in range(5):
+            flags = {"sequence_id": sequence_id, "sequence_start": step == 0, "sequence_end": step == 4}
+            status, text, total = self._sequence_step(flags)
+            if status != 200:
+                # a 400 here: the sequence ended with an unload or a reload of its model (never an eviction)
+                ended = status == 400 and "START flag" in text
+                self.tally.sequences["ended by an unload" if ended else "refused"] += 1
+                self.tally.add("sequence", ended or allowed(status, text) or status == 0, f"{status} {text}")
+                return
+            if total != step + 1:
+                self.tally.add("sequence", False, f"step {step + 1} answered a total of {total}")
+                return
+        self.tally.sequences["whole"] += 1
+        self.tally.add("sequence", True)
+
+    def _sequence_step(self, flags: dict) -> tuple[int, str, float | None]:
+        """(status, error text, the running total) of one request, over HTTP or gRPC; status 0: a gRPC status
+        a model that is gone or busy may answer."""
+        if self.rng.random() < 0.5:
+            body = {"parameters": flags, "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+            answer = self.http.post(f"{self.url}/v2/models/counter/infer", json=body, timeout=DEADLINE)
+            return answer.status_code, answer.text, answer.json()["outputs"][0]["data"][0] if answer.status_code == 200 else None
+        one = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+        one.set_data_from_numpy(np.ones((1, 1), np.float32))
+        try:
+            result = self.grpc.infer("counter", [one], sequence_id=flags["sequence_id"], sequence_start=flags["sequence_start"],
+                                     sequence_end=flags["sequence_end"], client_timeout=DEADLINE)
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc)
+            if "INVALID_ARGUMENT" in text:
+                return 400, text, None
+            return (0 if grpc_allowed(exc) else 500), text, None
+        return 200, "", float(result.as_numpy("OUTPUT").reshape(-1)[0])
+
+    def invocations(self, name: str) -> None:
+        """SageMaker's multi-model invoke, which loads its target on demand."""
+        target = "handler" if name not in ("scaled",) else name
+        body = [X] if target == "scaled" else X
+        answer = self.http.post(f"{self.url}/invocations", json=body, headers={"X-Amzn-SageMaker-Target-Model": target},
+                                timeout=DEADLINE)
+        self.tally.add("invocations", allowed(answer.status_code, answer.text) and answer.status_code != 404,
+                       f"{answer.status_code} {answer.text}")
+
+    def tf(self, _: str) -> None:
+        answer = self.http.post(f"{self.url}/v1/models/scaled:predict", json={"instances": [X]}, timeout=DEADLINE)
+        self.tally.add("tf", allowed(answer.status_code, answer.text), f"{answer.status_code} {answer.text}")
+
+    def load(self, name: str) -> None:
+        if self.rng.random() < 0.5:
+            answer = self.http.post(f"{self.url}/v2/repository/models/{name}/load", timeout=DEADLINE)
+        else:
+            answer = self.http.post(f"{self.url}/models", json={"model_name": name, "url": name}, timeout=DEADLINE)
+        # never a 404: a load that answered "not loaded" was a fault this scenario found
+        ok = answer.status_code in (200, 409, 503, 507) or (answer.status_code in (400, 500) and any(k in answer.text for k in KILLED))
+        self.tally.add("load", ok, f"{answer.status_code} {answer.text}")
+
+    def unload(self, name: str) -> None:
+        if self.rng.random() < 0.5:
+            answer = self.http.post(f"{self.url}/v2/repository/models/{name}/unload", timeout=DEADLINE)
+        else:
+            answer = self.http.delete(f"{self.url}/models/{name}", timeout=DEADLINE)
+        self.tally.add("unload", answer.status_code in (200, 404), f"{answer.status_code} {answer.text}")
+
+    def read(self, name: str) -> None:
+        method, path = self.rng.choice([
+            ("POST", "/v2/repository/index"), ("GET", f"/v2/models/{name}/stats"), ("GET", "/metrics"),
+            ("GET", f"/v2/models/{name}/ready"), ("GET", f"/v2/models/{name}/config"), ("GET", f"/v2/models/{name}"),
+            ("GET", "/models"), ("GET", f"/models/{name}"), ("GET", f"/v1/models/{name}"), ("GET", "/ping")])
+        answer = self.http.request(method, self.url + path, timeout=DEADLINE)
+        self.tally.add("read", answer.status_code in (200, 400, 404, 503), f"{method} {path}: {answer.status_code} {answer.text}")
+
+    def hang_up(self, _: str) -> None:
+        """A request whose client leaves before its body is whole."""
+        body = json.dumps({"inputs": _v2_inputs("relay")}).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=DEADLINE) as sock:
+            sock.sendall(b"POST /v2/models/relay/infer HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body) + 1}\r\n\r\n".encode() + body[: self.rng.randrange(len(body))])
+        self.tally.add("hang_up", True)
+
+
+def kill(server: Server, rng: random.Random, front_ends: bool, kills: Counter) -> None:
+    """SIGKILL to a worker process (a python model's instance, a handler's worker), or to a front-end."""
+    try:
+        worker = server.worker_pid()
+        candidates = {"worker process": [pid for pid in tree(worker) if pid != worker]}
+        if front_ends:
+            candidates["front-end"] = server.http_front_end_pids() + server.grpc_front_end_pids()
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # a process ended while it was read
+        return
+    kind = rng.choice([k for k, pids in candidates.items() if pids] or [None])
+    if kind is not None:
+        try:
+            os.kill(rng.choice(candidates[kind]), signal.SIGKILL)
+            kills[kind] += 1
+        except ProcessLookupError:
+            pass
+
+
+def healthy_after(server: Server) -> list[str]:
+    """Each model loaded and asked once more: the ones that did not answer, and why."""
+    failures = []
+    for name in MODELS:
+        load = requests.post(f"{server.url}/v2/repository/models/{name}/load", timeout=DEADLINE)
+        if name in TENSOR_MODELS:
+            answer = requests.post(f"{server.url}/v2/models/{name}/infer", json={"inputs": _v2_inputs(name)}, timeout=DEADLINE)
+        elif name == "handler":
+            answer = requests.post(f"{server.url}/models/handler/invoke", json=X, timeout=DEADLINE)
+        else:
+            answer = load
+        if answer.status_code != 200:
+            failures.append(f"{name}: {load.status_code}, then {answer.status_code} {answer.text[:200]}")
+    return failures
+
+
+def faults_logged(log: Path) -> list[str]:
+    found = []
+    for line in log.read_text().splitlines():
+        try:
+            if json.loads(line).get("message") in SERVER_FAULTS:
+                found.append(line[:300])
+        except (ValueError, AttributeError):
+            continue
+    return found
+
+
+def run(seconds: float, smoke: bool) -> list[str]:
+    clients, seconds = (4, max(seconds, 4)) if smoke else (12, max(seconds, 30))
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        build(root)
+        budget = 40 << 20  # room for about four python models' workers: loads evict
+        server = Server(root, cores=list(os.sched_getaffinity(0)), SERVE_HTTP_WORKERS="2", SERVE_MEMORY_LIMIT=str(budget),
+                        SERVE_LOG_LEVEL="info", SERVE_LOAD_MODELS="*")
+        tally, kills, stop = Tally(), Counter(), threading.Event()
+        try:
+            def client(seed: int) -> None:
+                driver = Client(server, tally, seed, front_ends_killed=not smoke)
+                while not stop.is_set():
+                    driver.act()
+
+            def killer() -> None:
+                rng = random.Random(-1)
+                while not stop.wait(rng.uniform(0.5, 1.5) if smoke else rng.uniform(1.5, 4)):
+                    kill(server, rng, not smoke, kills)  # the smoke run's kills drop no connection
+
+            threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients)]
+            threads.append(threading.Thread(target=killer))
+            for thread in threads:
+                thread.start()
+            time.sleep(seconds)
+            stop.set()
+            for thread in threads:
+                thread.join(DEADLINE * 6)
+            stuck = sum(thread.is_alive() for thread in threads)
+            failures = healthy_after(server)
+            faults = faults_logged(Path(server.log.name))
+        finally:
+            server.stop()
+    unexpected = sum(tally.unexpected.values())
+    lines = [
+        f"{clients} clients for {seconds:.0f} s over {len(MODELS)} models, a budget of {mib(budget)}, two HTTP front-ends "
+        f"and the gRPC one; SIGKILL to {'worker processes' if smoke else 'worker processes and front-ends'} every "
+        f"{'0.5–1.5' if smoke else '1.5–4'} s. Every call has a {DEADLINE} s deadline.",
+        "",
+        "| calls | unexpected answers | without an answer | clients stuck | cut by a killed front-end | sequences: whole / ended by an unload / refused "
+        "| processes killed | healthy after | server faults logged |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {sum(tally.calls.values()):,} | {unexpected} | {tally.unanswered} | {stuck} | {tally.cut} | "
+        f"{tally.sequences['whole']} / {tally.sequences['ended by an unload']} / {tally.sequences['refused']} | "
+        f"{sum(kills.values())} | {'yes' if not failures else 'no'} | {len(faults)} |",
+        "",
+        "| call | times |",
+        "| --- | --- |",
+        *(f"| {call} | {n:,} |" for call, n in sorted(tally.calls.items())),
+    ]
+    for (call, what), n in tally.unexpected.most_common(8):
+        lines.append(f"\nUnexpected: {call} ×{n}: {what}")
+    lines += [f"\nNot healthy after: {failure}" for failure in failures]
+    lines += [f"\nServer fault: {fault}" for fault in faults[:5]]
+    return lines
