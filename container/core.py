@@ -543,7 +543,8 @@ class Core:
         """An ensemble's composing models, loaded with it when they are not (and remembered, for
         `unload_dependents`); each step's tensors checked against the model its load loaded or joined, which
         a client may have unloaded since (a step's request loads it again)."""
-        steps = [step for backend in model.versions.values() if isinstance(backend, Ensemble) for step in backend.steps]
+        graphs = [backend for backend in model.versions.values() if isinstance(backend, Ensemble)]
+        steps = [step for graph in graphs for step in graph.steps]
         composing, loaded = {}, []
         try:
             for name in dict.fromkeys(step.model for step in steps):
@@ -562,6 +563,8 @@ class Core:
                     loaded.append(composing[name])
             for step in steps:
                 _check_step(model.name, step, composing[step.model])
+            for graph in graphs:
+                graph.check_tensors(model.signature, {name: record.signature for name, record in composing.items()})
         except BaseException:
             for record in loaded:  # the ones this load loaded and nobody has unloaded or replaced since
                 if self._registry.models.get(record.name) is record and record.state is State.READY:

@@ -6,6 +6,7 @@ waits on itself. The core runs it (container/ensembles.py); the ensemble itself 
 from dataclasses import dataclass
 
 from container.errors import InvalidModel
+from container.models.signature import Signature, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,30 @@ class Ensemble:
             raise InvalidModel(f"ensemble '{self.name}': output(s) {missing} are made by no step")
         self._check_acyclic()
 
+    def check_tensors(self, own: Signature, steps: dict[str, Signature]) -> None:
+        """Each ensemble tensor has one datatype and one shape (a -1 matches any size, the batch's included)
+        wherever it is made or read: the ensemble's own inputs and outputs and its steps' models' (`steps`:
+        model name → its signature). Triton refuses the ensemble at load otherwise; loaded, every request
+        would fail at the step where they part."""
+        seen: dict[str, tuple[TensorSpec, str]] = {}
+
+        def meet(tensor: str, spec: TensorSpec, where: str) -> None:
+            first, there = seen.setdefault(tensor, (spec, where))
+            if first.datatype != spec.datatype or not _same_shape(first.shape, spec.shape):
+                raise InvalidModel(f"ensemble '{self.name}': tensor '{tensor}' is {first.datatype}{list(first.shape)} as "
+                                   f"{there} but {spec.datatype}{list(spec.shape)} as {where}")
+
+        for spec in own.inputs:
+            meet(spec.name, spec, "the ensemble's input")
+        for step in self.steps:
+            signature = steps[step.model]
+            for kind, mapping, specs in (("input", step.inputs, signature.inputs), ("output", step.outputs, signature.outputs)):
+                named = {spec.name: spec for spec in specs}
+                for name, tensor in mapping.items():
+                    meet(tensor, named[name], f"{kind} '{name}' of step '{step.model}'")
+        for spec in own.outputs:
+            meet(spec.name, spec, "the ensemble's output")
+
     def _check_acyclic(self) -> None:
         available, pending = set(self.inputs), list(self.steps)
         while pending:
@@ -74,3 +99,7 @@ class Ensemble:
             for step in ready:
                 available |= set(step.outputs.values())
                 pending.remove(step)
+
+
+def _same_shape(one: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    return len(one) == len(other) and all(a == b or -1 in (a, b) for a, b in zip(one, other, strict=True))

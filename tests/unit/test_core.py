@@ -26,7 +26,19 @@ from container.inference import Client, InferRequest, Ticket
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
-from tests.builders import Faults, Scale, Sized, fp32_model, handler_model, poll, sized_model, take_turns
+from tests.builders import (
+    Faults,
+    Scale,
+    Sized,
+    ensemble,
+    ensemble_step,
+    fp32_model,
+    handler_model,
+    poll,
+    sized_model,
+    take_turns,
+    tensor,
+)
 
 MIB = 1 << 20
 
@@ -242,6 +254,19 @@ def test_a_model_holding_a_sequences_state_is_not_idle_to_the_cache(tmp_path):
     assert step() == [[2.0] * 4] and step(sequence_end=True) == [[2.0] * 4]
     core.load("other", "other")
     assert [m.name for m in core.ready()] == ["other"]
+
+
+def test_an_ensemble_whose_steps_disagree_on_a_tensors_shape_is_refused_at_load(tmp_path):
+    """A model without batching feeding one with it: the ensemble loaded, and then failed every request."""
+    fp32_model(tmp_path, "plain", max_batch_size=0)
+    fp32_model(tmp_path, "batched")
+    x, y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+    ensemble(tmp_path, "pipeline", [x], [y], [ensemble_step("plain", {"x": "x"}, {"y": "mid"}),
+                                              ensemble_step("batched", {"x": "mid"}, {"y": "y"})])
+    core = make_core(tmp_path)
+    with pytest.raises(InvalidModel, match=r"tensor 'mid' is FP32\[4\] as output 'y' of step 'plain' but FP32\[-1, 4\]"):
+        core.load("pipeline", "pipeline")
+    assert [m.name for m in core.ready()] == []  # the steps its load loaded leave with it
 
 
 def test_a_sticky_device_error_turns_health_red_and_asks_for_a_fresh_process(tmp_path):

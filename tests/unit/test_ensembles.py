@@ -10,6 +10,7 @@ from google.protobuf import json_format
 from container import ensembles
 from container.backends.ensemble import Ensemble
 from container.errors import InvalidModel, InvalidRequest
+from container.models.signature import Signature, TensorSpec
 from container.models.triton_schema import model_config_pb2 as pb
 from tests.builders import poll, take_turns
 
@@ -37,6 +38,41 @@ DIAMOND = [("a", {"x": "RAW"}, {"y": "A"}), ("b", {"x": "RAW"}, {"y": "B"}),
 def test_a_graph_that_cannot_run_is_refused_at_load(steps, message):
     with pytest.raises(InvalidModel, match=message):
         plan(steps)
+
+
+def signature(inputs: dict, outputs: dict, batched: bool = False) -> Signature:
+    """name → (datatype, dims) each way; `batched`: a leading -1, as a model with max_batch_size has."""
+    lead = (-1,) if batched else ()
+    return Signature(tuple(TensorSpec(n, t, lead + d) for n, (t, d) in inputs.items()),
+                     tuple(TensorSpec(n, t, lead + d) for n, (t, d) in outputs.items()), 8 if batched else 0)
+
+
+CHAIN = [("a", {"x": "RAW"}, {"y": "MID"}), ("b", {"x": "MID"}, {"y": "OUT"})]
+ONE = {"x": ("FP32", (1,))}, {"y": ("FP32", (1,))}
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (signature(*ONE), signature(*ONE), None),
+    (signature(*ONE), signature({"x": ("FP32", (-1,))}, {"y": ("FP32", (1,))}), None),  # -1 takes any size
+    (signature(*ONE), signature(*ONE, batched=True),  # a model without batching feeds one with it
+     r"tensor 'MID' is FP32\[1\] as output 'y' of step 'a' but FP32\[-1, 1\] as input 'x' of step 'b'"),
+    (signature(*ONE), signature({"x": ("INT32", (1,))}, {"y": ("FP32", (1,))}),
+     r"tensor 'MID' is FP32\[1\] as output 'y' of step 'a' but INT32\[1\] as input 'x' of step 'b'"),
+    (signature({"x": ("FP32", (2,))}, {"y": ("FP32", (1,))}), signature(*ONE),
+     r"tensor 'RAW' is FP32\[1\] as the ensemble's input but FP32\[2\] as input 'x' of step 'a'"),
+    (signature(*ONE), signature({"x": ("FP32", (1,))}, {"y": ("FP32", (3,))}),
+     r"tensor 'OUT' is FP32\[3\] as output 'y' of step 'b' but FP32\[1\] as the ensemble's output"),
+])
+def test_a_tensor_is_one_datatype_and_shape_wherever_a_step_makes_or_reads_it(a, b, message):
+    """Else every request would fail where they part (an ensemble of a model without batching feeding one with it
+    loaded, and refused each request with a 400 of the second step's shape)."""
+    graph = plan(CHAIN)
+    own = signature({"RAW": ("FP32", (1,))}, {"OUT": ("FP32", (1,))})
+    if message is None:
+        graph.check_tensors(own, {"a": a, "b": b})
+    else:
+        with pytest.raises(InvalidModel, match=message):
+            graph.check_tensors(own, {"a": a, "b": b})
 
 
 def test_independent_steps_run_at_once_and_a_join_waits_for_both():
