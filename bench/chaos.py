@@ -14,7 +14,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import requests
 import torch
 import tritonclient.grpc as grpcclient
 
-from bench.harness import Server, mib, save_model, tree
+from bench.harness import Server, mib, run_together, save_model, tree
 from bench.python_backend import python_model
 from container.logs import SERVER_FAULTS
 
@@ -403,14 +402,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
                     kill(server, rng, not smoke, kills)  # the smoke run's kills drop no connection
 
             threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients)]
-            threads.append(threading.Thread(target=killer))
-            for thread in threads:
-                thread.start()
-            time.sleep(seconds)
-            stop.set()
-            for thread in threads:
-                thread.join(DEADLINE * 6)
-            stuck = sum(thread.is_alive() for thread in threads)
+            stuck = run_together([*threads, threading.Thread(target=killer)], seconds, stop, DEADLINE * 6)
             failures = healthy_after(server)
             faults = faults_logged(Path(server.log.name))
         finally:

@@ -119,6 +119,18 @@ class Server:
         os.unlink(self.log.name)
 
 
+def run_together(threads: list, seconds: float, stop, join_timeout: float | None = None) -> int:
+    """Starts `threads`, lets them run for `seconds`, sets `stop` (an Event they watch) and waits for each
+    for up to `join_timeout` seconds (None: until it ends); returns how many are still running."""
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(join_timeout)
+    return sum(thread.is_alive() for thread in threads)
+
+
 def end_group(process: subprocess.Popen) -> None:
     """SIGTERM to the process group a peer server started in, then SIGKILL to what is left after a
     minute; returns once every process of the group has gone (TorchServe's Java outlives its launcher by

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import Server, mib, save_model
+from bench.harness import Server, mib, run_together, save_model
 
 TITLE = "Soak: 64 clients of load, unload, invoke and eviction through all three APIs"
 CLIENTS, MODELS, RESIDENT = 64, 12, 3
@@ -153,13 +153,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
                     time.sleep(0.1)
 
             threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CLIENTS)]
-            threads.append(threading.Thread(target=watch))
-            for thread in threads:
-                thread.start()
-            time.sleep(seconds)
-            stop.set()
-            for thread in threads:
-                thread.join()
+            run_together([*threads, threading.Thread(target=watch)], seconds, stop)
             health = Client(server.port, names, -2).request("POST", "/invocations", json.dumps(X),
                                                             {"Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": "m0"})
             counters = server.metrics()
