@@ -68,8 +68,15 @@ class Ensemble:
     def check_tensors(self, own: Signature, steps: dict[str, Signature]) -> None:
         """Each ensemble tensor has one datatype and one shape (a -1 matches any size, the batch's included)
         wherever it is made or read: the ensemble's own inputs and outputs and its steps' models' (`steps`:
-        model name → its signature). Triton refuses the ensemble at load otherwise; loaded, every request
-        would fail at the step where they part."""
+        model name → its signature); and no step that batches takes smaller batches than the ensemble.
+        Loaded otherwise, every request would fail at the step where they part. Triton checks the same at
+        load, though it lets pass a tensor whose sizes agree once the batch dimension is left out (a model
+        without batching feeding one with it), which no request can then run."""
+        for step in self.steps:
+            batch = steps[step.model].max_batch_size
+            if 0 < batch < own.max_batch_size:
+                raise InvalidModel(f"ensemble '{self.name}' allows batches of {own.max_batch_size}, but its step model "
+                                   f"'{step.model}' only of {batch}")
         seen: dict[str, tuple[TensorSpec, str]] = {}
 
         def meet(tensor: str, spec: TensorSpec, where: str) -> None:

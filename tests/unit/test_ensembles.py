@@ -40,11 +40,11 @@ def test_a_graph_that_cannot_run_is_refused_at_load(steps, message):
         plan(steps)
 
 
-def signature(inputs: dict, outputs: dict, batched: bool = False) -> Signature:
-    """name → (datatype, dims) each way; `batched`: a leading -1, as a model with max_batch_size has."""
+def signature(inputs: dict, outputs: dict, batched: int = 0) -> Signature:
+    """name → (datatype, dims) each way; `batched`: its max_batch_size (a leading -1 then, as such a model has)."""
     lead = (-1,) if batched else ()
     return Signature(tuple(TensorSpec(n, t, lead + d) for n, (t, d) in inputs.items()),
-                     tuple(TensorSpec(n, t, lead + d) for n, (t, d) in outputs.items()), 8 if batched else 0)
+                     tuple(TensorSpec(n, t, lead + d) for n, (t, d) in outputs.items()), batched)
 
 
 CHAIN = [("a", {"x": "RAW"}, {"y": "MID"}), ("b", {"x": "MID"}, {"y": "OUT"})]
@@ -54,7 +54,7 @@ ONE = {"x": ("FP32", (1,))}, {"y": ("FP32", (1,))}
 @pytest.mark.parametrize("a, b, message", [
     (signature(*ONE), signature(*ONE), None),
     (signature(*ONE), signature({"x": ("FP32", (-1,))}, {"y": ("FP32", (1,))}), None),  # -1 takes any size
-    (signature(*ONE), signature(*ONE, batched=True),  # a model without batching feeds one with it
+    (signature(*ONE), signature(*ONE, batched=8),  # a model without batching feeds one with it
      r"tensor 'MID' is FP32\[1\] as output 'y' of step 'a' but FP32\[-1, 1\] as input 'x' of step 'b'"),
     (signature(*ONE), signature({"x": ("INT32", (1,))}, {"y": ("FP32", (1,))}),
      r"tensor 'MID' is FP32\[1\] as output 'y' of step 'a' but INT32\[1\] as input 'x' of step 'b'"),
@@ -73,6 +73,14 @@ def test_a_tensor_is_one_datatype_and_shape_wherever_a_step_makes_or_reads_it(a,
     else:
         with pytest.raises(InvalidModel, match=message):
             graph.check_tensors(own, {"a": a, "b": b})
+
+
+def test_no_step_that_batches_takes_smaller_batches_than_its_ensemble():
+    graph = plan(CHAIN)
+    own = signature({"RAW": ("FP32", (1,))}, {"OUT": ("FP32", (1,))}, batched=8)
+    graph.check_tensors(own, {"a": signature(*ONE, batched=8), "b": signature(*ONE, batched=16)})
+    with pytest.raises(InvalidModel, match="ensemble 'e' allows batches of 8, but its step model 'b' only of 4"):
+        graph.check_tensors(own, {"a": signature(*ONE, batched=8), "b": signature(*ONE, batched=4)})
 
 
 def test_independent_steps_run_at_once_and_a_join_waits_for_both():
