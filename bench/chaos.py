@@ -160,13 +160,15 @@ class Tally:
         self.lock = threading.Lock()
         self.calls: Counter = Counter()
         self.unexpected: Counter = Counter()
-        self.unanswered = 0  # no answer within the deadline
-        self.cut = 0  # a connection a killed front-end dropped
+        # "unanswered": no answer within the deadline; "cut": a connection a killed front-end dropped
+        self.missed = Counter()
         self.sequences = Counter()
 
-    def add(self, call: str, ok: bool, what: str = "") -> None:
+    def add(self, call: str, ok: bool, what: str = "", missed: str | None = None) -> None:
         with self.lock:
             self.calls[call] += 1
+            if missed is not None:
+                self.missed[missed] += 1
             if not ok:
                 self.unexpected[(call, what[:160])] += 1
 
@@ -187,11 +189,9 @@ class Client:
         try:
             call(self.rng.choice(MODELS))
         except requests.Timeout:
-            self.tally.unanswered += 1
-            self.tally.add(call.__name__, False, "no answer within the deadline")
-        except requests.ConnectionError as exc:  # its front-end was killed under it
-            self.tally.cut += 1
-            self.tally.add(call.__name__, self.front_ends_killed, repr(exc))
+            self.tally.add(call.__name__, False, "no answer within the deadline", missed="unanswered")
+        except OSError as exc:  # its front-end was killed under it (requests' ConnectionError is one too)
+            self.tally.add(call.__name__, self.front_ends_killed, repr(exc), missed="cut")
 
     def v2(self, name: str) -> None:
         name = name if name in TENSOR_MODELS else "scaled"
@@ -216,12 +216,11 @@ class Client:
 
     def _grpc_failed(self, call: str, exc: Exception) -> None:
         if "DEADLINE_EXCEEDED" in str(exc):
-            self.tally.unanswered += 1
+            self.tally.add(call, False, str(exc), missed="unanswered")
         elif any(words in str(exc) for words in CUT):
-            self.tally.cut += 1
-            self.tally.add(call, self.front_ends_killed, str(exc))
-            return
-        self.tally.add(call, grpc_allowed(exc), str(exc))
+            self.tally.add(call, self.front_ends_killed, str(exc), missed="cut")
+        else:
+            self.tally.add(call, grpc_allowed(exc), str(exc))
 
     def stream(self, _: str) -> None:
         """Four responses and the final flag from the decoupled model, over one gRPC stream."""
@@ -247,11 +246,10 @@ class Client:
             client.stop_stream()
             client.close()
         errors = [e for e in got if isinstance(e, Exception)]
-        if not answered:
-            self.tally.unanswered += 1
         values = [int(r.as_numpy("LEFT")[0]) for r in got if not isinstance(r, Exception) and r.as_numpy("LEFT") is not None]
         whole = not errors and values == [3, 2, 1, 0]
-        self.tally.add("stream", answered and (whole or all(grpc_allowed(e) for e in errors)), f"{values} {[str(e) for e in errors]}")
+        self.tally.add("stream", answered and (whole or all(grpc_allowed(e) for e in errors)), f"{values} {[str(e) for e in errors]}",
+                       missed=None if answered else "unanswered")
 
     def sequence(self, _: str) -> None:
         """Five requests of one sequence, each over HTTP or gRPC at random, each checked against the total."""
@@ -416,7 +414,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
         "| calls | unexpected answers | without an answer | clients stuck | cut by a killed front-end | sequences: whole / ended by an unload / refused "
         "| processes killed | healthy after | server faults logged |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        f"| {sum(tally.calls.values()):,} | {unexpected} | {tally.unanswered} | {stuck} | {tally.cut} | "
+        f"| {sum(tally.calls.values()):,} | {unexpected} | {tally.missed['unanswered']} | {stuck} | {tally.missed['cut']} | "
         f"{tally.sequences['whole']} / {tally.sequences['ended by an unload']} / {tally.sequences['refused']} | "
         f"{sum(kills.values())} | {'yes' if not failures else 'no'} | {len(faults)} |",
         "",
