@@ -12,10 +12,13 @@ refuses every registration, as Triton does without `--allow-client-shm`."""
 
 import base64
 import binascii
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from gevent.monkey import get_original
 
 from container import content
 from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
@@ -27,7 +30,7 @@ from container.errors import InvalidRequest, RegionNotFound
 SHM_ROOT = Path("/dev/shm")
 
 
-@dataclass
+@dataclass(eq=False)  # one registration is one region: compared and hashed by identity
 class SystemRegion:
     name: str
     key: str
@@ -64,7 +67,7 @@ class SystemRegion:
                               f"below the registered {self.offset + self.byte_size} bytes; register it again")
 
 
-@dataclass
+@dataclass(eq=False)
 class CudaRegion:
     name: str
     device_id: int
@@ -94,6 +97,12 @@ class SharedMemory:
         self._root, self._allowed, self._gpus, self._max_regions = root, allowed, gpus, max_regions
         self._regions: dict[str, SystemRegion | CudaRegion] = {}
         self._cuda: CudaRuntime | None = None
+        # Reads and writes run on native threads while the loop unregisters: a region in use is closed only
+        # once its last use ends (its descriptor, closed under a read, failed it, or was reused by another
+        # file meanwhile). Taken by both, so a native lock, held for no yield.
+        self._lock = get_original("threading", "Lock")()
+        self._uses: dict[SystemRegion | CudaRegion, int] = {}
+        self._unregistered: set[SystemRegion | CudaRegion] = set()
 
     def register_system(self, name: str, key, offset, byte_size) -> None:
         self._check_new(name)
@@ -146,9 +155,15 @@ class SharedMemory:
         """Unregister one region of the kind (or all, without a name); unknown names are not an error, as in Triton."""
         self._check_allowed()
         for region_name in [name] if name is not None else list(self._regions):
-            region = self._regions.get(region_name)
-            if isinstance(region, _KINDS[kind]):
+            with self._lock:
+                region = self._regions.get(region_name)
+                if not isinstance(region, _KINDS[kind]):
+                    continue
                 del self._regions[region_name]
+                in_use = region in self._uses
+                if in_use:
+                    self._unregistered.add(region)
+            if not in_use:
                 region.close()
 
     def status(self, kind: str, name: str | None = None) -> list[dict]:
@@ -164,12 +179,35 @@ class SharedMemory:
         return [region.status()]
 
     def read(self, name: str, offset: int, byte_size: int) -> bytes:
-        return self._region(name, offset, byte_size).read(offset, byte_size)
+        with self.held(name, offset, byte_size) as region:
+            return region.read(offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview) -> None:
         if len(data) > byte_size:
             raise InvalidRequest(f"the output needs {len(data)} bytes; shared memory region '{name}' offers {byte_size}")
-        self._region(name, offset, byte_size).write(offset, data)
+        with self.held(name, offset, byte_size) as region:
+            region.write(offset, data)
+
+    @contextlib.contextmanager
+    def held(self, name: str, offset: int, byte_size: int):
+        """The region, held open while the block uses it (a read or a write, on its thread), whatever unregisters
+        it meanwhile."""
+        with self._lock:
+            region = self._region(name, offset, byte_size)
+            self._uses[region] = self._uses.get(region, 0) + 1
+        try:
+            yield region
+        finally:
+            with self._lock:
+                self._uses[region] -= 1
+                last = not self._uses[region]
+                if last:
+                    del self._uses[region]
+                close = last and region in self._unregistered
+                if close:
+                    self._unregistered.remove(region)
+            if close:
+                region.close()
 
     def _region(self, name: str, offset: int, byte_size: int):
         """The region, once its registered size holds `byte_size` bytes at `offset`."""
