@@ -1,11 +1,12 @@
 """Chaos: clients on every protocol at once (V2 over HTTP and gRPC, a decoupled stream, sequences that
-cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, reads of every kind), loads
+cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, reads of every kind, shared
+memory regions registered, unregistered and read by clients at once), loads
 and unloads through both control APIs, clients that hang up mid-body, and SIGKILL to worker processes (and,
 beyond the smoke run, to front-ends), under a memory budget that evicts. Every call has a deadline and a
 set of answers it may give while models come and go and processes die; anything else is counted and
 shown. Then every model is loaded and asked once more, and the server's log is read for the lines only a
 fault of its own writes. It found a load that hung for ever, an ensemble's load failing with a KeyError,
-and evictions that lost sequences."""
+and evictions that lost sequences; a hunt like it, a region closed under the request reading it."""
 
 import json
 import os
@@ -21,6 +22,8 @@ import numpy as np
 import requests
 import torch
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 
 from bench.harness import Server, mib, run_together, save_model, tree
 from bench.python_backend import python_model
@@ -94,6 +97,7 @@ class TritonPythonModel:
         return None
 '''
 
+REGIONS, REGION_BYTES = 4, 16  # system shared memory regions the clients share, each one [1, 4] FP32 tensor
 TENSOR_MODELS = ("scaled", "adder", "relay", "pipeline")
 MODELS = (*TENSOR_MODELS, "countdown", "counter", "handler")
 
@@ -139,9 +143,11 @@ MAY = {200, 404, 503, 507}
 KILLED = ("worker process", "fork server", "did not load", "adder: ")
 GRPC_MAY = ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
 # what tritonclient says of a call or stream whose gRPC front-end was killed (or not yet started again)
-CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state")
+CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state", "connection closed")
 # a stream's error carries its message alone, not its code: these are the words of 404, 503 and 507
 STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room")
+# a region another client unregistered, or registered first, under the same name
+SHM_MAY = ("Unable to find shared memory region", "already in manager")
 
 
 def allowed(status: int, text: str, extra=()) -> bool:
@@ -174,17 +180,19 @@ class Tally:
 
 
 class Client:
-    def __init__(self, server: Server, tally: Tally, seed: int, front_ends_killed: bool):
-        """`front_ends_killed`: a connection may drop with its front-end (else that is unexpected too)."""
+    def __init__(self, server: Server, tally: Tally, seed: int, front_ends_killed: bool, regions: list[str]):
+        """`front_ends_killed`: a connection may drop with its front-end (else that is unexpected too);
+        `regions`: the keys of the shared memory objects, region `chaos<i>` for key i."""
         self.server, self.tally, self.rng = server, tally, random.Random(seed)
-        self.front_ends_killed = front_ends_killed
+        self.front_ends_killed, self.regions = front_ends_killed, regions
         self.http = requests.Session()
+        self.tritonclient = httpclient.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=DEADLINE)
         self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
         self.url = server.url
 
     def act(self) -> None:
         calls = {self.v2: 25, self.grpc_infer: 15, self.stream: 6, self.sequence: 8, self.invocations: 8, self.tf: 4,
-                 self.load: 6, self.unload: 4, self.read: 12, self.hang_up: 3}
+                 self.load: 6, self.unload: 4, self.read: 12, self.hang_up: 3, self.shared_memory: 6}
         call = self.rng.choices(list(calls), list(calls.values()))[0]
         try:
             call(self.rng.choice(MODELS))
@@ -325,6 +333,33 @@ class Client:
         answer = self.http.request(method, self.url + path, timeout=DEADLINE)
         self.tally.add("read", answer.status_code in (200, 400, 404, 503), f"{method} {path}: {answer.status_code} {answer.text}")
 
+    def shared_memory(self, _: str) -> None:
+        """Register, unregister, or infer through regions the other clients register and unregister too, with
+        tritonclient over HTTP or gRPC."""
+        index, out = self.rng.randrange(len(self.regions)), self.rng.randrange(len(self.regions))
+        over_http = self.rng.random() < 0.5
+        client, kind = (self.tritonclient, httpclient) if over_http else (self.grpc, grpcclient)
+        what = self.rng.choice(("register", "unregister", "infer", "infer"))
+        try:
+            if what == "register":
+                client.register_system_shared_memory(f"chaos{index}", self.regions[index], REGION_BYTES)
+            elif what == "unregister":
+                client.unregister_system_shared_memory(f"chaos{index}")
+            else:
+                tensor = kind.InferInput("x", [1, 4], "FP32")
+                tensor.set_shared_memory(f"chaos{index}", REGION_BYTES)
+                output = kind.InferRequestedOutput("y", binary_data=True) if over_http else kind.InferRequestedOutput("y")
+                output.set_shared_memory(f"chaos{out}", REGION_BYTES)
+                client.infer("scaled", [tensor], outputs=[output], **({} if over_http else {"client_timeout": DEADLINE}))
+        except Exception as exc:  # noqa: BLE001 — tritonclient raises one type for every status, and its transport's own
+            text = str(exc)
+            if any(words in text for words in CUT) or isinstance(exc, OSError):
+                self.tally.add("shared_memory", self.front_ends_killed, text, missed="cut")
+            else:
+                self.tally.add("shared_memory", any(words in text for words in SHM_MAY + STREAM_MAY + GRPC_MAY + KILLED), text)
+            return
+        self.tally.add("shared_memory", True)
+
     def hang_up(self, _: str) -> None:
         """A request whose client leaves before its body is whole."""
         body = json.dumps({"inputs": _v2_inputs("relay")}).encode()
@@ -386,11 +421,16 @@ def run(seconds: float, smoke: bool) -> list[str]:
         build(root)
         budget = 40 << 20  # room for about four python models' workers: loads evict
         server = Server(root, cores=list(os.sched_getaffinity(0)), SERVE_HTTP_WORKERS="2", SERVE_MEMORY_LIMIT=str(budget),
-                        SERVE_LOG_LEVEL="info", SERVE_LOAD_MODELS="*")
+                        SERVE_LOG_LEVEL="info", SERVE_LOAD_MODELS="*", SERVE_ALLOW_CLIENT_SHM="true")
         tally, kills, stop = Tally(), Counter(), threading.Event()
+        keys = [f"/chaos_{index}_{server.port}" for index in range(REGIONS)]
+        regions = [shm.create_shared_memory_region(f"chaos{index}", key, REGION_BYTES) for index, key in enumerate(keys)]
         try:
+            for region in regions:
+                shm.set_shared_memory_region(region, [np.array([X], np.float32)])
+
             def client(seed: int) -> None:
-                driver = Client(server, tally, seed, front_ends_killed=not smoke)
+                driver = Client(server, tally, seed, front_ends_killed=not smoke, regions=keys)
                 while not stop.is_set():
                     driver.act()
 
@@ -405,6 +445,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
             faults = faults_logged(Path(server.log.name))
         finally:
             server.stop()
+            for region in regions:
+                shm.destroy_shared_memory_region(region)
     unexpected = sum(tally.unexpected.values())
     lines = [
         f"{clients} clients for {seconds:.0f} s over {len(MODELS)} models, a budget of {mib(budget)}, two HTTP front-ends "
