@@ -150,8 +150,8 @@ STREAM_MAY = ("unknown model", "no available versions", "still loading", "not lo
 SHM_MAY = ("Unable to find shared memory region", "already in manager")
 
 
-def allowed(status: int, text: str, extra=()) -> bool:
-    return status in MAY or status in extra or (status == 500 and any(k in text for k in KILLED))
+def allowed(status: int, text: str) -> bool:
+    return status in MAY or (status == 500 and any(k in text for k in KILLED))
 
 
 def grpc_allowed(exc: Exception) -> bool:
@@ -298,7 +298,7 @@ class Client:
 
     def invocations(self, name: str) -> None:
         """SageMaker's multi-model invoke, which loads its target on demand."""
-        target = "handler" if name not in ("scaled",) else name
+        target = "scaled" if name == "scaled" else "handler"
         body = [X] if target == "scaled" else X
         answer = self.http.post(f"{self.url}/invocations", json=body, headers={"X-Amzn-SageMaker-Target-Model": target},
                                 timeout=DEADLINE)
