@@ -245,6 +245,22 @@ def test_a_step_unloaded_while_its_ensemble_loads_is_loaded_again_by_the_ensembl
     assert server.request("POST", "/v2/models/pipeline/infer", json=body).json()["outputs"][0]["data"] == [6, 12, 18, 24]
 
 
+def test_an_ensemble_whose_steps_disagree_on_a_tensor_is_a_400_at_load_and_the_server_serves_on(start_server, tmp_path):
+    """A model without batching feeding one with it: the load once succeeded, and every request then failed."""
+    python_model(tmp_path, "plain", GATED_STEP_PY.replace("{gate}", "pass"), {"max_batch_size": 0, "input": [X], "output": [Y]})
+    python_model(tmp_path, "batched", GATED_STEP_PY.replace("{gate}", "pass"), {"max_batch_size": 4, "input": [X], "output": [Y]})
+    ensemble(tmp_path, "pipeline", [X], [Y], [ensemble_step("plain", {"x": "x"}, {"y": "mid"}),
+                                              ensemble_step("batched", {"x": "mid"}, {"y": "y"})])
+    server = start_server(tmp_path)
+    answer = server.request("POST", "/v2/repository/models/pipeline/load")
+    assert answer.status_code == 400
+    assert answer.json()["error"].endswith("tensor 'mid' is FP32[4] as output 'y' of step 'plain' but FP32[-1, 4] as "
+                                           "input 'x' of step 'batched'")
+    assert server.load("batched").status_code == 200
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    assert server.request("POST", "/v2/models/batched/infer", json=body).json()["outputs"][0]["data"] == [2, 4, 6, 8]
+
+
 def test_two_v2_loads_of_a_model_at_once_share_one_load(start_server, tmp_path):
     """As Triton answers them: both succeed, with the one load (the second was refused, 409, while the
     first was under way). SageMaker's load of a name that is loading stays its contract's 409."""
