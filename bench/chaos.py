@@ -1,12 +1,14 @@
 """Chaos: clients on every protocol at once (V2 over HTTP and gRPC, a decoupled stream, sequences that
-cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, reads of every kind, shared
-memory regions registered, unregistered and read by clients at once), loads
-and unloads through both control APIs, clients that hang up mid-body, and SIGKILL to worker processes (and,
-beyond the smoke run, to front-ends), under a memory budget that evicts. Every call has a deadline and a
-set of answers it may give while models come and go and processes die; anything else is counted and
-shown. Then every model is loaded and asked once more, and the server's log is read for the lines only a
-fault of its own writes. It found a load that hung for ever, an ensemble's load failing with a KeyError,
-and evictions that lost sequences; a hunt like it, a region closed under the request reading it."""
+cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, an ExportedProgram, tensors
+of up to 8 MiB beside the small ones, past the payload limit too, reads of every kind, shared memory regions
+registered, unregistered and read by clients at once), loads and unloads through all three control APIs
+(V2 over HTTP and gRPC, SageMaker's), clients that hang up mid-body, a handler model's pool that may grow,
+and SIGKILL to worker processes (and, beyond the smoke run, to front-ends), under a memory budget that
+evicts. Every call has a deadline and a set of answers it may give while models come and go and processes
+die; anything else is counted and shown. Then every model is loaded and asked once more, and the server's
+log is read for the lines only a fault of its own writes. It found a load that hung for ever, an
+ensemble's load failing with a KeyError, and evictions that lost sequences; a hunt like it, a region
+closed under the request reading it."""
 
 import json
 import os
@@ -98,13 +100,24 @@ class TritonPythonModel:
 '''
 
 REGIONS, REGION_BYTES = 4, 16  # system shared memory regions the clients share, each one [1, 4] FP32 tensor
-TENSOR_MODELS = ("scaled", "adder", "relay", "pipeline")
+TENSOR_MODELS = ("scaled", "exported", "doubled", "adder", "relay", "pipeline")
 MODELS = (*TENSOR_MODELS, "countdown", "counter", "handler")
+PAYLOAD_MB = 6  # SAGEMAKER_MAX_PAYLOAD_IN_MB: the big calls' tensors reach past it
+BIG = (1 << 19, 1 << 20, 11 << 17, 2 << 20)  # FP32 values: 2, 4 and 5.5 MiB, which fit, and 8 MiB, which does not
 
 
 def build(root: Path) -> None:
     save_model(root, "scaled", Scaled(), {"backend": "pytorch", "max_batch_size": 8, "dynamic_batching": {},
                                           "input": [_tensor("x")], "output": [_tensor("y")]})
+    save_model(root, "doubled", Scaled(), {"backend": "pytorch", "max_batch_size": 0,
+                                           "input": [_tensor("x", dims=(-1,))], "output": [_tensor("y", dims=(-1,))]})
+    (root / "exported" / "1").mkdir(parents=True)
+    rows = torch.export.Dim("rows", min=1, max=8)
+    torch.export.save(torch.export.export(Scaled(), (torch.ones(2, 4),), dynamic_shapes=({0: rows},)),
+                      root / "exported" / "1" / "model.pt2")
+    (root / "exported" / "config.json").write_text(json.dumps({
+        "platform": "torch_export", "max_batch_size": 8, "dynamic_batching": {},
+        "input": [_tensor("INPUT__0")], "output": [_tensor("OUTPUT__0")]}))
     ab = {"max_batch_size": 0, "input": [_tensor("A"), _tensor("B")], "output": [_tensor("SUM")]}
     python_model(root, "adder", ab, ADDER_PY)
     python_model(root, "relay", ab, RELAY_PY)
@@ -127,13 +140,18 @@ def build(root: Path) -> None:
 
 
 def _v2_inputs(name: str) -> list[dict]:
-    if name == "scaled":
-        return [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X}]
+    if name in ("scaled", "exported", "doubled"):
+        shape = [4] if name == "doubled" else [1, 4]
+        return [{"name": "INPUT__0" if name == "exported" else "x", "shape": shape, "datatype": "FP32", "data": X}]
     return [{"name": "A", "shape": [4], "datatype": "FP32", "data": X}, {"name": "B", "shape": [4], "datatype": "FP32", "data": X}]
 
 
+def _output(name: str) -> str:
+    return {"scaled": "y", "doubled": "y", "pipeline": "y", "exported": "OUTPUT__0"}.get(name, "SUM")
+
+
 def _expected(name: str) -> list[float]:
-    return [v * 2 for v in X] if name in ("scaled", "adder", "relay") else [v * 4 for v in X]
+    return [v * 4 for v in X] if name == "pipeline" else [v * 2 for v in X]
 
 
 # What a call may answer while models come and go and processes die: its model unloaded (404), loading
@@ -192,7 +210,7 @@ class Client:
 
     def act(self) -> None:
         calls = {self.v2: 25, self.grpc_infer: 15, self.stream: 6, self.sequence: 8, self.invocations: 8, self.tf: 4,
-                 self.load: 6, self.unload: 4, self.read: 12, self.hang_up: 3, self.shared_memory: 6}
+                 self.load: 6, self.unload: 4, self.read: 12, self.hang_up: 3, self.shared_memory: 6, self.big: 3}
         call = self.rng.choices(list(calls), list(calls.values()))[0]
         try:
             call(self.rng.choice(MODELS))
@@ -219,7 +237,7 @@ class Client:
         except Exception as exc:  # noqa: BLE001 — tritonclient raises one type for every status
             self._grpc_failed("grpc", exc)
             return
-        output = result.as_numpy("y" if name in ("scaled", "pipeline") else "SUM").reshape(-1).tolist()
+        output = result.as_numpy(_output(name)).reshape(-1).tolist()
         self.tally.add("grpc", output == _expected(name), f"answered {output}")
 
     def _grpc_failed(self, call: str, exc: Exception) -> None:
@@ -310,20 +328,44 @@ class Client:
         self.tally.add("tf", allowed(answer.status_code, answer.text), f"{answer.status_code} {answer.text}")
 
     def load(self, name: str) -> None:
-        if self.rng.random() < 0.5:
+        """Through V2 over HTTP or gRPC, or SageMaker's /models; never a 404: a load that answered "not loaded"
+        was a fault this scenario found."""
+        way = self.rng.choice(("v2", "grpc", "sagemaker"))
+        if way == "grpc":
+            self._grpc_control("load", lambda: self.grpc.load_model(name, client_timeout=DEADLINE),
+                               ("ALREADY_EXISTS", "UNAVAILABLE", "RESOURCE_EXHAUSTED"))
+            return
+        if way == "v2":
             answer = self.http.post(f"{self.url}/v2/repository/models/{name}/load", timeout=DEADLINE)
         else:
             answer = self.http.post(f"{self.url}/models", json={"model_name": name, "url": name}, timeout=DEADLINE)
-        # never a 404: a load that answered "not loaded" was a fault this scenario found
         ok = answer.status_code in (200, 409, 503, 507) or (answer.status_code in (400, 500) and any(k in answer.text for k in KILLED))
         self.tally.add("load", ok, f"{answer.status_code} {answer.text}")
 
     def unload(self, name: str) -> None:
-        if self.rng.random() < 0.5:
+        way = self.rng.choice(("v2", "grpc", "sagemaker"))
+        if way == "grpc":
+            self._grpc_control("unload", lambda: self.grpc.unload_model(name, client_timeout=DEADLINE), ("NOT_FOUND",))
+            return
+        if way == "v2":
             answer = self.http.post(f"{self.url}/v2/repository/models/{name}/unload", timeout=DEADLINE)
         else:
             answer = self.http.delete(f"{self.url}/models/{name}", timeout=DEADLINE)
         self.tally.add("unload", answer.status_code in (200, 404), f"{answer.status_code} {answer.text}")
+
+    def _grpc_control(self, call: str, act, may: tuple[str, ...]) -> None:
+        """A load or unload over gRPC, which may answer the codes `may` names, or fail as a killed worker's load does."""
+        try:
+            act()
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc)
+            if "DEADLINE_EXCEEDED" in text or any(words in text for words in CUT):
+                self._grpc_failed(call, exc)
+            else:
+                killed = ("INTERNAL" in text or "INVALID_ARGUMENT" in text) and any(k in text for k in KILLED)
+                self.tally.add(call, killed or any(code in text for code in may), text)
+            return
+        self.tally.add(call, True)
 
     def read(self, name: str) -> None:
         method, path = self.rng.choice([
@@ -360,11 +402,43 @@ class Client:
             return
         self.tally.add("shared_memory", True)
 
+    def big(self, _: str) -> None:
+        """One tensor of 2 to 8 MiB through `doubled`, binary over HTTP or gRPC: answered whole and right beside
+        everyone else's small calls, or, past the payload limit, refused alone (413, RESOURCE_EXHAUSTED)."""
+        data = np.arange(self.rng.choice(BIG), dtype=np.float32) + self.rng.randrange(1 << 10)
+        too_big = data.nbytes >= PAYLOAD_MB << 20
+        over_http = self.rng.random() < 0.5
+        kind, client = (httpclient, self.tritonclient) if over_http else (grpcclient, self.grpc)
+        tensor = kind.InferInput("x", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        try:
+            result = client.infer("doubled", [tensor], **({} if over_http else {"client_timeout": DEADLINE}))
+        except Exception as exc:  # noqa: BLE001 — tritonclient raises one type for every status, and its transport's own
+            text = str(exc)
+            if not over_http and ("DEADLINE_EXCEEDED" in text or any(words in text for words in CUT)):
+                self._grpc_failed("big", exc)
+            elif isinstance(exc, OSError) or any(words in text for words in CUT):
+                self.tally.add("big", self.front_ends_killed, text, missed="cut")
+            elif too_big:
+                self.tally.add("big", ("[413]" if over_http else "RESOURCE_EXHAUSTED") in text, text)
+            else:
+                self.tally.add("big", any(words in text for words in ("[404]", "[503]", "[507]", *GRPC_MAY)), text)
+            return
+        self.tally.add("big", not too_big and np.array_equal(result.as_numpy("y"), data * 2),
+                       f"{data.nbytes} bytes answered 200" if too_big else "answered other values")
+
     def hang_up(self, _: str) -> None:
-        """A request whose client leaves before its body is whole."""
-        body = json.dumps({"inputs": _v2_inputs("relay")}).encode()
+        """A request whose client leaves before its body is whole: a small JSON body, or a big binary one."""
+        if self.rng.random() < 0.5:
+            path, kind, body = "relay", "application/json", json.dumps({"inputs": _v2_inputs("relay")}).encode()
+        else:
+            values = self.rng.choice(BIG[:-1])
+            head = json.dumps({"inputs": [{"name": "x", "shape": [values], "datatype": "FP32",
+                                           "parameters": {"binary_data_size": values * 4}}]}).encode()
+            path, body = "doubled", head + bytes(values * 4)
+            kind = f"application/octet-stream\r\nInference-Header-Content-Length: {len(head)}"
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=DEADLINE) as sock:
-            sock.sendall(b"POST /v2/models/relay/infer HTTP/1.1\r\nHost: chaos\r\nContent-Type: application/json\r\n"
+            sock.sendall(f"POST /v2/models/{path}/infer HTTP/1.1\r\nHost: chaos\r\nContent-Type: {kind}\r\n".encode()
                          + f"Content-Length: {len(body) + 1}\r\n\r\n".encode() + body[: self.rng.randrange(len(body))])
         self.tally.add("hang_up", True)
 
@@ -421,7 +495,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
         build(root)
         budget = 40 << 20  # room for about four python models' workers: loads evict
         server = Server(root, cores=list(os.sched_getaffinity(0)), SERVE_HTTP_WORKERS="2", SERVE_MEMORY_LIMIT=str(budget),
-                        SERVE_LOG_LEVEL="info", SERVE_LOAD_MODELS="*", SERVE_ALLOW_CLIENT_SHM="true")
+                        SERVE_LOG_LEVEL="info", SERVE_LOAD_MODELS="*", SERVE_ALLOW_CLIENT_SHM="true",
+                        SAGEMAKER_MAX_PAYLOAD_IN_MB=str(PAYLOAD_MB), SAGEMAKER_TS_MAX_WORKERS="3")
         tally, kills, stop = Tally(), Counter(), threading.Event()
         keys = [f"/chaos_{index}_{server.port}" for index in range(REGIONS)]
         regions = [shm.create_shared_memory_region(f"chaos{index}", key, REGION_BYTES) for index, key in enumerate(keys)]
