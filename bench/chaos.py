@@ -3,8 +3,8 @@ cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, 
 of up to 8 MiB beside the small ones, past the payload limit too, reads of every kind, shared memory regions
 registered, unregistered and read by clients at once), loads and unloads through all three control APIs
 (V2 over HTTP and gRPC, SageMaker's), clients that hang up mid-body, a handler model's pool that may grow,
-and SIGKILL to worker processes (and, beyond the smoke run, to front-ends), under a memory budget that
-evicts. Every call has a deadline and a set of answers it may give while models come and go and processes
+and SIGKILL to worker processes (and, beyond the smoke run, to front-ends and now and then to the model
+process itself), under a memory budget that evicts. Every call has a deadline and a set of answers it may give while models come and go and processes
 die; anything else is counted and shown. Then every model is loaded and asked once more, and the server's
 log is read for the lines only a fault of its own writes. It found a load that hung for ever, an
 ensemble's load failing with a KeyError, and evictions that lost sequences; a hunt like it, a region
@@ -154,8 +154,8 @@ def _expected(name: str) -> list[float]:
     return [v * 4 for v in X] if name == "pipeline" else [v * 2 for v in X]
 
 
-# What a call may answer while models come and go and processes die: its model unloaded (404), loading
-# or its worker restarting (503), no room (507); a 500 only where a killed worker process is named
+# What a call may answer while models come and go and processes die: its model unloaded (404), loading,
+# its worker or the model process restarting (503), no room (507); a 500 only where a killed worker process is named
 # (or, for the relay, where its call to the adder failed so). Any other answer is unexpected.
 MAY = {200, 404, 503, 507}
 KILLED = ("worker process", "fork server", "did not load", "adder: ")
@@ -163,7 +163,8 @@ GRPC_MAY = ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
 # what tritonclient says of a call or stream whose gRPC front-end was killed (or not yet started again)
 CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state", "connection closed")
 # a stream's error carries its message alone, not its code: these are the words of 404, 503 and 507
-STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room")
+STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room", "being restarted",
+              "model process ended")
 # a region another client unregistered, or registered first, under the same name
 SHM_MAY = ("Unable to find shared memory region", "already in manager")
 
@@ -345,13 +346,13 @@ class Client:
     def unload(self, name: str) -> None:
         way = self.rng.choice(("v2", "grpc", "sagemaker"))
         if way == "grpc":
-            self._grpc_control("unload", lambda: self.grpc.unload_model(name, client_timeout=DEADLINE), ("NOT_FOUND",))
+            self._grpc_control("unload", lambda: self.grpc.unload_model(name, client_timeout=DEADLINE), ("NOT_FOUND", "UNAVAILABLE"))
             return
         if way == "v2":
             answer = self.http.post(f"{self.url}/v2/repository/models/{name}/unload", timeout=DEADLINE)
         else:
             answer = self.http.delete(f"{self.url}/models/{name}", timeout=DEADLINE)
-        self.tally.add("unload", answer.status_code in (200, 404), f"{answer.status_code} {answer.text}")
+        self.tally.add("unload", answer.status_code in (200, 404, 503), f"{answer.status_code} {answer.text}")
 
     def _grpc_control(self, call: str, act, may: tuple[str, ...]) -> None:
         """A load or unload over gRPC, which may answer the codes `may` names, or fail as a killed worker's load does."""
@@ -443,13 +444,16 @@ class Client:
         self.tally.add("hang_up", True)
 
 
-def kill(server: Server, rng: random.Random, front_ends: bool, kills: Counter) -> None:
-    """SIGKILL to a worker process (a python model's instance, a handler's worker), or to a front-end."""
+def kill(server: Server, rng: random.Random, whole: bool, kills: Counter) -> None:
+    """SIGKILL to a worker process (a python model's instance, a handler's worker); in a `whole` run, to a
+    front-end too, and one time in eight to the model process, which the master starts again."""
     try:
         worker = server.worker_pid()
         candidates = {"worker process": [pid for pid in tree(worker) if pid != worker]}
-        if front_ends:
+        if whole:
             candidates["front-end"] = server.http_front_end_pids() + server.grpc_front_end_pids()
+            if rng.random() < 1 / 8:
+                candidates = {"model process": [worker]}
     except (FileNotFoundError, ProcessLookupError, IndexError):  # a process ended while it was read
         return
     kind = rng.choice([k for k, pids in candidates.items() if pids] or [None])
@@ -525,8 +529,9 @@ def run(seconds: float, smoke: bool) -> list[str]:
     unexpected = sum(tally.unexpected.values())
     lines = [
         f"{clients} clients for {seconds:.0f} s over {len(MODELS)} models, a budget of {mib(budget)}, two HTTP front-ends "
-        f"and the gRPC one; SIGKILL to {'worker processes' if smoke else 'worker processes and front-ends'} every "
-        f"{'0.5–1.5' if smoke else '1.5–4'} s. Every call has a {DEADLINE} s deadline.",
+        f"and two gRPC ones; SIGKILL to {'worker processes' if smoke else 'worker processes, front-ends and the model process'} "
+        f"every {'0.5–1.5' if smoke else '1.5–4'} s ({', '.join(f'{kind} ×{n}' for kind, n in sorted(kills.items()))}). "
+        f"Every call has a {DEADLINE} s deadline.",
         "",
         "| calls | unexpected answers | without an answer | clients stuck | cut by a killed front-end | sequences: whole / ended by an unload / refused "
         "| processes killed | healthy after | server faults logged |",
