@@ -1,14 +1,14 @@
-"""Chaos: clients on every protocol at once (V2 over HTTP and gRPC, a decoupled stream, sequences that
-cross both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, an ExportedProgram, tensors
-of up to 8 MiB beside the small ones, past the payload limit too, reads of every kind, shared memory regions
-registered, unregistered and read by clients at once), loads and unloads through all three control APIs
-(V2 over HTTP and gRPC, SageMaker's), clients that hang up mid-body, a handler model's pool that may grow,
-and SIGKILL to worker processes (and, beyond the smoke run, to front-ends and now and then to the model
-process itself), under a memory budget that evicts. Every call has a deadline and a set of answers it may give while models come and go and processes
-die; anything else is counted and shown. Then every model is loaded and asked once more, and the server's
-log is read for the lines only a fault of its own writes. It found a load that hung for ever, an
-ensemble's load failing with a KeyError, and evictions that lost sequences; a hunt like it, a region
-closed under the request reading it."""
+"""Chaos: clients on every protocol at once (V2 over HTTP and gRPC, a decoupled stream, sequences that cross
+both, SageMaker's invocations, TF Serving's predict, BLS and an ensemble, an ExportedProgram, tensors of up to
+8 MiB beside the small ones, past the payload limit too, reads of every kind, shared memory regions
+registered, unregistered and read by clients at once), loads and unloads through all three control APIs (V2
+over HTTP and gRPC, SageMaker's), clients that hang up mid-body, a handler model's pool that may grow, and
+SIGKILL to worker processes (and, beyond the smoke run, to front-ends and now and then to the model process
+itself), under a memory budget that evicts. Every call has a deadline and a set of answers it may give while
+models come and go and processes die; anything else is counted and shown. Then every model is loaded and asked
+once more, and the server's log is read for the lines only a fault of its own writes. It found a load that
+hung for ever, an ensemble's load failing with a KeyError, and evictions that lost sequences; a hunt like it,
+a region closed under the request reading it."""
 
 import json
 import os
