@@ -481,6 +481,18 @@ def healthy_after(server: Server) -> list[str]:
     return failures
 
 
+def left_in_shared_memory(server: Server) -> list[str]:
+    """The channel's data in /dev/shm that a living process of the server wrote and nobody took, once every
+    call has been answered: a leak. (A killed process's own may stay until the next model process exits, or
+    the server stops: at most what it had under way when it died.)"""
+    left = []
+    for path in Path("/dev/shm").glob(f"container-{server.process.pid}-*"):
+        writer = int(path.name.split("-")[2])
+        if Path(f"/proc/{writer}").exists():
+            left.append(path.name)
+    return left
+
+
 def faults_logged(log: Path) -> list[str]:
     found = []
     for line in log.read_text().splitlines():
@@ -522,6 +534,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
             stuck = run_together([*threads, threading.Thread(target=killer)], seconds, stop, DEADLINE * 6)
             failures = healthy_after(server)
             faults = faults_logged(Path(server.log.name))
+            left = left_in_shared_memory(server)
         finally:
             server.stop()
             for region in regions:
@@ -534,11 +547,11 @@ def run(seconds: float, smoke: bool) -> list[str]:
         f"Every call has a {DEADLINE} s deadline.",
         "",
         "| calls | unexpected answers | without an answer | clients stuck | cut by a killed front-end | sequences: whole / ended by an unload / refused "
-        "| processes killed | healthy after | server faults logged |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| processes killed | healthy after | server faults logged | data left in /dev/shm |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {sum(tally.calls.values()):,} | {unexpected} | {tally.missed['unanswered']} | {stuck} | {tally.missed['cut']} | "
         f"{tally.sequences['whole']} / {tally.sequences['ended by an unload']} / {tally.sequences['refused']} | "
-        f"{sum(kills.values())} | {'yes' if not failures else 'no'} | {len(faults)} |",
+        f"{sum(kills.values())} | {'yes' if not failures else 'no'} | {len(faults)} | {len(left)} |",
         "",
         "| call | times |",
         "| --- | --- |",
@@ -548,4 +561,5 @@ def run(seconds: float, smoke: bool) -> list[str]:
         lines.append(f"\nUnexpected: {call} ×{n}: {what}")
     lines += [f"\nNot healthy after: {failure}" for failure in failures]
     lines += [f"\nServer fault: {fault}" for fault in faults[:5]]
+    lines += [f"\nLeft in /dev/shm: {name}" for name in left[:5]]
     return lines

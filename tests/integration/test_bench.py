@@ -28,7 +28,9 @@ def test_every_scenario_runs_and_reports_a_table():
     soak = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \|.*\| (yes|no.*) \|$", stdout, re.MULTILINE)
     requests, wrong, unexpected, lost, healthy = soak.groups()
     assert int(requests.replace(",", "")) > 0 and (wrong, unexpected, lost, healthy) == ("0", "0", "0", "yes"), soak[0]
-    chaos = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| [\d /]+ \| \d+ \| (yes|no) \| (\d+) \|$", stdout, re.MULTILINE)
-    calls, unexpected, unanswered, stuck, cut, healthy, faults = chaos.groups()
-    assert int(calls.replace(",", "")) > 0 and (unexpected, unanswered, stuck, cut, healthy, faults) == ("0", "0", "0", "0", "yes", "0"), \
+    chaos = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| [\d /]+ \| \d+ \| (yes|no) \| (\d+) \| (\d+) \|$",
+                      stdout, re.MULTILINE)
+    calls, unexpected, unanswered, stuck, cut, healthy, faults, left = chaos.groups()
+    assert int(calls.replace(",", "")) > 0 and (unexpected, unanswered, stuck, cut, healthy, faults, left) == \
+        ("0", "0", "0", "0", "yes", "0", "0"), \
         stdout[chaos.start():chaos.start() + 3000]
