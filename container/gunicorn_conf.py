@@ -28,18 +28,17 @@ control_socket_disable = True  # gunicorn 27's admin socket in $HOME: unused her
 def when_ready(server):
     """In the master, before its worker: the channel's directory, and the front-ends that reach the
     worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile). Once the
-    master is told to stop, a front-end that exits is not started again; at SIGTERM the HTTP front-ends
-    drain before the worker is told to, as their requests under way need it."""
+    master is told to stop, a front-end that exits is not started again; at SIGTERM the front-ends, HTTP
+    and gRPC, drain before the worker is told to, as their requests under way need it."""
     for pid in workdirs.stale_servers():
         _remove_server_files(pid)
     server.workdir = workdirs.claim(os.getpid())  # held, by this process and its worker, until they exit
     path = channel.socket_path(os.getpid())
-    server.http_front_ends = http_front_ends(server, path)
     grpc = frontends.grpc_front_ends(_settings.http_workers, _settings.grpc_port, path, server.log) if _settings.grpc_port else []
-    server.front_ends = [*server.http_front_ends, *grpc]
+    server.front_ends = [*http_front_ends(server, path), *grpc]
     for front_end in server.front_ends:
         front_end.start()
-    server.handle_term = _draining_first(server.http_front_ends, server.front_ends, server.handle_term)
+    server.handle_term = _draining_first(server.front_ends, server.front_ends, server.handle_term)
     server.handle_hup = lambda: _restart_model_process(server)
     server.handle_ttin = server.handle_usr2 = lambda: server.log.warning(
         "Ignored: one model process owns the models (SIGTTIN would add another, SIGUSR2 start a second "

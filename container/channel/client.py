@@ -1,6 +1,7 @@
 """A front-end's end of the channel, on its asyncio loop: one connection to the model process, many
 calls in flight on it, each answered by id. While the model process is away (it died, gunicorn is
-starting a new one), calls fail at once with Unavailable and the client keeps trying to connect."""
+starting a new one), calls fail at once with Unavailable and the client keeps trying to connect. When the
+front-end stops, it refuses new calls while those under way finish (`refuse`, `settled`)."""
 
 import asyncio
 import itertools
@@ -13,6 +14,9 @@ from container.errors import Unavailable
 
 log = logging.getLogger(__name__)
 _RETRY = 0.2  # seconds between attempts to reach the model process
+# Settling at a stop: done once nothing has been under way, and nothing refused, for _QUIET seconds, or once
+# nothing has been under way for _LINGER (clients that retry at once would never leave a quiet moment).
+_QUIET, _LINGER = 0.1, 1.0
 
 
 class ChannelClient:
@@ -25,6 +29,8 @@ class ChannelClient:
         self._writer: asyncio.StreamWriter | None = None
         self._connected = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._refusing: str | None = None
+        self._last_refused = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._keep_connected())
@@ -39,6 +45,26 @@ class ChannelClient:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    def refuse(self, why: str) -> None:
+        """From now on a call fails at once with Unavailable(`why`); the calls under way go on."""
+        self._refusing = why
+
+    async def settled(self, timeout: float) -> bool:
+        """Whether, within `timeout`, the calls under way have been answered and the calls that were waiting in
+        the front-end's queues refused (gRPC's own stop would cancel those, where a refusal says retry)."""
+        loop = asyncio.get_running_loop()
+        deadline, idle_since = loop.time() + timeout, None
+        while (now := loop.time()) < deadline:
+            idle_since = None if self._pending else (idle_since or now)
+            if idle_since is not None and (now - max(idle_since, self._last_refused) >= _QUIET or now - idle_since >= _LINGER):
+                return True
+            await asyncio.sleep(_QUIET / 4)
+        return False
+
+    def _refused(self) -> Unavailable:
+        self._last_refused = asyncio.get_running_loop().time()
+        return Unavailable(self._refusing)
+
     async def wait_connected(self, timeout: float) -> bool:
         try:
             await asyncio.wait_for(self._connected.wait(), timeout)
@@ -48,6 +74,8 @@ class ChannelClient:
 
     async def call(self, op: str, *args):
         """The model process's answer to `op(*args)`; its error raised here as the same class."""
+        if self._refusing is not None:
+            raise self._refused()
         if self._writer is None:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)
@@ -68,6 +96,8 @@ class ChannelClient:
     async def stream(self, op: str, *args, named: Callable[[int], None] = lambda call_id: None):
         """The items `op(*args)` streams, each as the model process sends it; its error raised here.
         `named(call_id)`: the stream's id, as `cancel` takes it."""
+        if self._refusing is not None:
+            raise self._refused()
         if self._writer is None:
             raise Unavailable("the model process is not running yet, or is being restarted; retry")
         call_id = next(self._ids)

@@ -38,6 +38,16 @@ class InferenceService:
         self._documents = AsyncGroups(channel, "infer")
         self._tensors = AsyncGroups(channel, "v2_infer_tensors")
         self._views = _Views(channel)
+        self._streams: set[_Reader] = set()
+        self._draining = False
+
+    def drain(self) -> None:
+        """SIGTERM: each open stream ends once the requests it has under way are answered, at once when it has
+        none (as an HTTP front-end closes its idle connections), so that a client holding a stream open does
+        not hold the server's stop; unary calls under way finish, as gRPC's own stop lets them."""
+        self._draining = True
+        for reader in list(self._streams):
+            reader.end_when_idle()
 
     # -- health and metadata ------------------------------------------------------------------------
 
@@ -89,25 +99,27 @@ class InferenceService:
             await context.abort(code_of(exc), str(exc))
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
-        reading = asyncio.create_task(self._read_stream(request_iterator, answers, slots))
+        reader = _Reader()
+        reader.task = reading = asyncio.create_task(self._read_stream(request_iterator, answers, slots, reader))
+        self._streams.add(reader)
+        if self._draining:
+            reader.end_when_idle()
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
         finally:
             reading.cancel()
+            self._streams.discard(reader)
 
-    async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
-        tasks = set()
+    async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore, reader: "_Reader") -> None:
         try:
             async for request in request_iterator:
                 await slots.acquire()
-                task = asyncio.create_task(self._stream_answer(request, answers, slots))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(tasks)
+                reader.started(asyncio.create_task(self._stream_answer(request, answers, slots)))
+            if reader.under_way:
+                await asyncio.wait(set(reader.under_way))
         finally:  # ended early, the stream was cancelled or its client went away: so are its requests under way
-            for task in tasks:
+            for task in list(reader.under_way):
                 task.cancel()
             answers.put_nowait(None)
 
@@ -281,6 +293,32 @@ def _empty(request, document: dict) -> dict:
     """The answer that carries a decoupled model's final flag alone, as Triton sends it: no outputs."""
     return {"model_name": request.model_name, "model_version": request.model_version, "id": document.get("id", ""),
             "outputs": []}
+
+
+class _Reader:
+    """What one stream has under way: the task reading its requests and the task of each request it started.
+    Told to end when idle (the server stops), it stops reading once none is under way, and the stream ends."""
+
+    __slots__ = ("task", "under_way", "ending")
+
+    def __init__(self):
+        self.task: asyncio.Task | None = None
+        self.under_way: set[asyncio.Task] = set()
+        self.ending = False
+
+    def started(self, request: asyncio.Task) -> None:
+        self.under_way.add(request)
+        request.add_done_callback(self._answered)
+
+    def end_when_idle(self) -> None:
+        self.ending = True
+        if not self.under_way:
+            self.task.cancel()
+
+    def _answered(self, request: asyncio.Task) -> None:
+        self.under_way.discard(request)
+        if self.ending and not self.under_way:
+            self.task.cancel()
 
 
 class _Views(views.Views):

@@ -1,7 +1,8 @@
 """A gRPC front-end process: grpc.aio on SERVE_GRPC_PORT (one per HTTP front-end, sharing the port),
 reaching the model process over the channel. Health follows the model process: SERVING while it
-answers ready, NOT_SERVING otherwise. SIGTERM stops new calls and lets those under way finish
-(gunicorn's graceful timeout)."""
+answers ready, NOT_SERVING otherwise. SIGTERM stops new calls, lets those under way finish (gunicorn's
+graceful timeout) and ends each open stream once it has nothing under way; the master lets the front-ends
+drain before it stops the model process."""
 
 import asyncio
 import logging
@@ -59,9 +60,10 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     channel = ChannelClient(channel_path, max_call(settings.max_payload_bytes))
     channel.start()
     clients = Clients()
+    inference = InferenceService(channel, settings, clients)
     server = grpc.aio.server(options=options(settings, shared), compression=_COMPRESSION[settings.grpc_compression])
     server.add_generic_rpc_handlers([
-        generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], InferenceService(channel, settings, clients)),
+        generic_handler(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], inference),
         generic_handler(modelmesh_service.SERVICE, modelmesh_service.ModelRuntimeService(channel, settings)),
     ])
     # Listen once the model process is reached, as the HTTP front-ends accept only then: until then a
@@ -90,7 +92,12 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     for task in watching:
         task.cancel()
     await checks.enter_graceful_shutdown()
-    await server.stop(_GRACE)
+    deadline = loop.time() + _GRACE
+    channel.refuse("the server is shutting down")
+    inference.drain()
+    if not await channel.settled(_GRACE):
+        log.warning("gRPC calls still under way at the end of the graceful timeout are cancelled")
+    await server.stop(max(deadline - loop.time(), 0))  # what is left: answers on their way out
     await channel.close()
 
 

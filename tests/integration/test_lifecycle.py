@@ -23,6 +23,7 @@ from tests.builders import (
     gated_load,
     gated_predict,
     handler_model,
+    python_model,
     wait_for,
 )
 from tests.conftest import PROJECT, Server
@@ -355,3 +356,60 @@ def test_sigterm_as_gunicorn_replaces_the_model_process_stops_the_server_at_once
     wait_for(lambda: server.replaced(worker), message="gunicorn did not start another model process")
     os.killpg(server.process.pid, signal.SIGTERM)  # as the new one starts
     assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
+
+
+GATED_DOUBLE_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        {gate}
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)])
+                for r in requests]
+"""
+
+
+@pytest.mark.parametrize("front_ends", ["0", "2"])
+def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_the_stop(tmp_path_factory, front_ends):
+    """`docker stop` (SIGTERM to the master, then SIGKILL after 10 s): a gRPC call under way is answered, one
+    that comes meanwhile is told to retry, and a client's open stream is ended rather than waited for. The
+    gRPC front-ends stopped only after the model process had, and a stream idle between requests held that
+    for gRPC's 30 s grace: past Docker's 10 s, so every stop ended in SIGKILL."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "execute")
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "plain")
+    io = {"input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+          "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}]}
+    python_model(root, "gated", GATED_DOUBLE_PY.format(gate=gate.code()), io)
+    server = Server(root, SERVE_HTTP_WORKERS=front_ends, SERVE_LOAD_MODELS="plain,gated")
+    wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
+    streaming = triton_grpc.InferenceServerClient(server.grpc_url)
+    unary = triton_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        answered = []
+        streaming.start_stream(lambda result, error: answered.append(error or result), stream_timeout=60)
+        streaming.async_stream_infer("plain", [_grpc_input("x", [1, 4])])
+        wait_for(lambda: answered, message="the stream's request was not answered")
+        assert answered[0].as_numpy("y").tolist() == [[2.0, 4.0, 6.0, 8.0]]  # the stream is open, and idle
+        with ThreadPoolExecutor(1) as pool:
+            under_way = pool.submit(unary.infer, "gated", [_grpc_input("IN", [4])], client_timeout=60)
+            gate.wait_entered()
+            os.kill(server.process.pid, signal.SIGTERM)
+            wait_for(lambda: not server.grpc_ready(), message="gRPC still says it is ready after SIGTERM")
+            with pytest.raises(InferenceServerException) as meanwhile:
+                triton_grpc.InferenceServerClient(server.grpc_url).infer("plain", [_grpc_input("x", [1, 4])], client_timeout=60)
+            assert meanwhile.value.status() == "StatusCode.UNAVAILABLE", meanwhile.value
+            gate.release()
+            assert under_way.result(timeout=60).as_numpy("OUT").tolist() == [2.0, 4.0, 6.0, 8.0]
+        assert server.process.wait(timeout=10) == 0
+    finally:
+        streaming.stop_stream()
+        server.stop()
+
+
+def _grpc_input(name: str, shape: list[int]) -> triton_grpc.InferInput:
+    tensor = triton_grpc.InferInput(name, shape, "FP32")
+    tensor.set_data_from_numpy(np.arange(1, 5, dtype=np.float32).reshape(shape))
+    return tensor
+

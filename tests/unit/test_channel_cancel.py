@@ -14,6 +14,7 @@ from gevent.event import Event
 from container.channel.client import ChannelClient
 from container.channel.groups import TAKEN, AsyncGroups, GroupItems
 from container.channel.server import ChannelServer
+from container.errors import Unavailable
 from tests.builders import wait_for
 
 
@@ -208,3 +209,35 @@ async def round_trips_until(channel: ChannelClient, predicate, most: int = 1000)
             return
         await channel.call("echo", None)
     raise AssertionError("the model process never got there")
+
+
+def test_at_a_stop_a_call_under_way_is_answered_and_new_ones_are_told_to_retry(model_process):
+    """The gRPC front-end at SIGTERM: it refuses new calls (gRPC's own stop would cancel those waiting in
+    its queues, and the client would not know to retry), and has settled only once the call under way is
+    answered."""
+    async def stop_while_one_is_held():
+        channel = await connected(model_process.path)
+        held = asyncio.ensure_future(_items(channel.stream("group", "a", [[1, "held"]])))
+        await asyncio.wait_for(_reached(model_process), 10)
+        channel.refuse("the server is shutting down")
+        with pytest.raises(Unavailable, match="the server is shutting down"):
+            await channel.call("echo", 1)
+        with pytest.raises(Unavailable, match="the server is shutting down"):
+            await _items(channel.stream("group", "b", [[2]]))
+        assert not await channel.settled(0.3)  # the held call cannot have been answered
+        model_process.release()
+        assert await asyncio.wait_for(held, 10) == [TAKEN, [0, None, 2]]
+        assert await channel.settled(10)
+        await channel.close()
+
+    asyncio.run(stop_while_one_is_held())
+    assert [group["calls"] for group in model_process.groups] == [[1]]  # the refused ones never crossed
+
+
+async def _reached(process: ModelProcess) -> None:
+    while not process.groups:
+        await asyncio.sleep(0.01)
+
+
+async def _items(stream) -> list:
+    return [item async for item in stream]
