@@ -97,7 +97,7 @@ class ChannelServer:
                 _cancel(streams.get(args[0]), *args[1:2])
                 return
             if self.draining:
-                raise Unavailable("the server is shutting down")
+                raise Unavailable("the model process is stopping (a restart, or the server's shutdown); retry")
             operation = self.operations.get(op)
             if operation is None:
                 raise ServeError(f"the model process has no channel operation {op!r}")
