@@ -5,6 +5,8 @@ import shutil
 import signal
 import time
 
+from gunicorn import sock
+
 from container import channel, frontends, resources, workdirs
 from container.channel.blobs import Blobs
 from container.settings import Settings
@@ -38,13 +40,13 @@ def when_ready(server):
     server.front_ends = [*http_front_ends(server, path), *grpc]
     for front_end in server.front_ends:
         front_end.start()
-    server.handle_term = _draining_first(server.front_ends, server.front_ends, server.handle_term)
+    server.handle_term = _draining_first(server, server.front_ends, server.handle_term)
     server.handle_hup = lambda: _restart_model_process(server)
     server.handle_ttin = server.handle_usr2 = lambda: server.log.warning(
         "Ignored: one model process owns the models (SIGTTIN would add another, SIGUSR2 start a second "
         "server beside this one); SIGHUP restarts it")
     for name in ("handle_int", "handle_quit"):  # gunicorn's handlers of the signals that stop it at once
-        setattr(server, name, _draining_first([], server.front_ends, getattr(server, name)))
+        setattr(server, name, _draining_first(server, [], getattr(server, name)))
 
 
 def http_front_ends(server, path: str) -> list:
@@ -57,11 +59,16 @@ def http_front_ends(server, path: str) -> list:
             for n in range(_settings.http_workers)]
 
 
-def _draining_first(draining, front_ends, handle):
-    """`handle`, gunicorn's, after the `draining` front-ends have drained (up to the graceful timeout)."""
+def _draining_first(server, draining, handle):
+    """`handle`, gunicorn's, after the `draining` front-ends have drained (up to the graceful timeout). The
+    master's listeners close first: the HTTP front-ends close theirs as they drain, and a socket nobody
+    accepts from any more would hold new connections in its queue until the last process closed it (a
+    client's request waited out its timeout, then was reset), where a closed port refuses them at once."""
     def handle_stop():
-        for front_end in front_ends:
+        for front_end in server.front_ends:
             front_end.stopping()
+        sock.close_sockets(server.LISTENERS, unlink=False)
+        server.LISTENERS = []
         for front_end in draining:
             front_end.terminate()
         deadline = time.monotonic() + graceful_timeout

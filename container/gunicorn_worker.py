@@ -68,7 +68,10 @@ class Worker(GeventWorker):
             self.channel.drain(self.cfg.graceful_timeout)
 
     def _serve_channel_only(self) -> None:
-        """The HTTP front-ends hold the listeners; this process answers their calls until told to stop."""
+        """The HTTP front-ends hold the listeners; this process answers their calls until told to stop. Its
+        copies of the listeners (a fork's) close: at a stop the port closes once the front-ends close theirs."""
+        for listener in self.sockets:
+            listener.close()
         while self.alive:
             self.notify()
             self.stopping.wait(1.0)  # gunicorn's heartbeat each second, as its own loop beats

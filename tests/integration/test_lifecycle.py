@@ -413,3 +413,35 @@ def _grpc_input(name: str, shape: list[int]) -> triton_grpc.InferInput:
     tensor.set_data_from_numpy(np.arange(1, 5, dtype=np.float32).reshape(shape))
     return tensor
 
+
+
+@pytest.mark.parametrize("front_ends", ["0", "2"])
+def test_after_sigterm_a_new_connection_is_refused_while_a_request_under_way_finishes(tmp_path_factory, front_ends):
+    """With front-ends, the port stayed open in the master and the model process after the front-ends had
+    stopped accepting: a new client's connection sat in the listen queue, its request unanswered until
+    its own timeout, and was reset when the server exited. A closed port tells it at once."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
+    root = tmp_path_factory.mktemp("models")
+    handler_model(root, "gated", gated_predict(gate), Scale())
+    server = Server(root, SERVE_HTTP_WORKERS=front_ends, SERVE_GRPC_PORT="off")
+    try:
+        assert server.load("gated").status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            under_way = pool.submit(server.invoke, "gated", [[4.0]])
+            gate.wait_entered()
+            os.kill(server.process.pid, signal.SIGTERM)
+            wait_for(lambda: _refused(server.port), 10, "the port still takes connections after SIGTERM")
+            gate.release()
+            assert under_way.result(timeout=60).json() == [[8.0]]
+        assert server.process.wait(timeout=20) == 0
+    finally:
+        server.stop()
+
+
+def _refused(port: int) -> bool:
+    """Whether a connection to `port` is refused, or reset as the port closes under it: told at once."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    return False
