@@ -101,6 +101,7 @@ class InferenceService:
         slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
         reader = _Reader()
         reader.task = reading = asyncio.create_task(self._read_stream(request_iterator, answers, slots, reader))
+        reading.add_done_callback(lambda _: answers.put_nowait(None))  # cancelled before it ran, too
         self._streams.add(reader)
         if self._draining:
             reader.end_when_idle()
@@ -110,6 +111,9 @@ class InferenceService:
         finally:
             reading.cancel()
             self._streams.discard(reader)
+        if reading.cancelled():  # ended by the server's stop: the client is told so, and what it sent since is not lost unseen
+            stopped = Unavailable("the server is shutting down; send the requests not answered again, on a new stream")
+            await context.abort(code_of(stopped), str(stopped))
 
     async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore, reader: "_Reader") -> None:
         try:
@@ -121,7 +125,6 @@ class InferenceService:
         finally:  # ended early, the stream was cancelled or its client went away: so are its requests under way
             for task in list(reader.under_way):
                 task.cancel()
-            answers.put_nowait(None)
 
     async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
         """One request of a stream, logged as its last answer goes (an error a decoupled model sent in one of

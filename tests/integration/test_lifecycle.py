@@ -373,9 +373,11 @@ class TritonPythonModel:
 @pytest.mark.parametrize("front_ends", ["0", "2"])
 def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_the_stop(tmp_path_factory, front_ends):
     """`docker stop` (SIGTERM to the master, then SIGKILL after 10 s): a gRPC call under way is answered, one
-    that comes meanwhile is told to retry, and a client's open stream is ended rather than waited for. The
-    gRPC front-ends stopped only after the model process had, and a stream idle between requests held that
-    for gRPC's 30 s grace: past Docker's 10 s, so every stop ended in SIGKILL."""
+    that comes meanwhile is told to retry, and a client's open stream is ended, with the reason, rather than
+    waited for. The gRPC front-ends stopped only after the model process had, and a stream idle between
+    requests held that for gRPC's 30 s grace: past Docker's 10 s, so every stop ended in SIGKILL. A stream
+    opened during the drain held it so too; and streams were ended without a word, so that a client that
+    had just sent a request on one waited for its answer until its own deadline."""
     gate = Gate(tmp_path_factory.mktemp("gate"), "execute")
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "plain")
@@ -400,9 +402,15 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
             with pytest.raises(InferenceServerException) as meanwhile:
                 triton_grpc.InferenceServerClient(server.grpc_url).infer("plain", [_grpc_input("x", [1, 4])], client_timeout=60)
             assert meanwhile.value.status() == "StatusCode.UNAVAILABLE", meanwhile.value
+            late, told = triton_grpc.InferenceServerClient(server.grpc_url), []
+            late.start_stream(lambda result, error: told.append(error))  # opened while the server drains
             gate.release()
             assert under_way.result(timeout=60).as_numpy("OUT").tolist() == [2.0, 4.0, 6.0, 8.0]
         assert server.process.wait(timeout=10) == 0
+        # each stream was ended with the reason, so that a client waiting on it hears it has to go elsewhere
+        wait_for(lambda: len(answered) > 1 and told, message="a stream's client was not told it had ended")
+        for error in (answered[1], told[0]):
+            assert error.status() == "StatusCode.UNAVAILABLE" and "shutting down" in error.message(), error
     finally:
         streaming.stop_stream()
         server.stop()
