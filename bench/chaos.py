@@ -15,8 +15,10 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -164,7 +166,7 @@ GRPC_MAY = ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
 CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state", "connection closed")
 # a stream's error carries its message alone, not its code: these are the words of 404, 503 and 507
 STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room", "being restarted",
-              "model process ended")
+              "model process ended", "shutting down")
 # a region another client unregistered, or registered first, under the same name
 SHM_MAY = ("Unable to find shared memory region", "already in manager")
 
@@ -493,6 +495,50 @@ def left_in_shared_memory(server: Server) -> list[str]:
     return left
 
 
+def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: float) -> dict:
+    """SIGTERM to the master alone, as `docker stop` and Kubernetes send it, `seconds` after `clients` start
+    calling: its exit status and seconds to exit, what of it is left (processes, the channel's data in
+    /dev/shm), and what the clients met meanwhile. A stop may answer 503 or UNAVAILABLE, refuse a
+    connection or drop an idle one; a call gRPC's own stop cancelled (one that arrived in the instant its
+    port closed) is counted apart."""
+    tally, stop, pids = Tally(), threading.Event(), tree(server.process.pid)
+
+    def client(seed: int) -> None:
+        driver = Client(server, tally, seed, front_ends_killed=True, regions=keys)
+        while not stop.is_set():
+            driver.act()
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients, 2 * clients)]
+    for thread in threads:
+        thread.start()
+    stop.wait(seconds)
+    signalled = time.monotonic()
+    os.kill(server.process.pid, signal.SIGTERM)
+    try:
+        status = server.process.wait(DEADLINE)
+    except subprocess.TimeoutExpired:
+        status = None
+    took = time.monotonic() - signalled
+    stop.set()
+    for thread in threads:
+        thread.join(DEADLINE * 2)
+    stuck = sum(thread.is_alive() for thread in threads)
+    cancelled = sum(n for (_, what), n in tally.unexpected.items() if "CANCELLED" in what)
+    return {"status": status, "seconds": took, "stuck": stuck, "cancelled": cancelled,
+            "unexpected": sum(tally.unexpected.values()) - cancelled, "unanswered": tally.missed["unanswered"],
+            "processes": sum(_alive(pid) for pid in pids),
+            "files": len(list(Path("/dev/shm").glob(f"container-{server.process.pid}-*"))),
+            "what": [f"{call} ×{n}: {what}" for (call, what), n in tally.unexpected.most_common(5)]}
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited one whose new parent, init, has not reaped it yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def faults_logged(log: Path) -> list[str]:
     found = []
     for line in log.read_text().splitlines():
@@ -533,8 +579,9 @@ def run(seconds: float, smoke: bool) -> list[str]:
             threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients)]
             stuck = run_together([*threads, threading.Thread(target=killer)], seconds, stop, DEADLINE * 6)
             failures = healthy_after(server)
-            faults = faults_logged(Path(server.log.name))
             left = left_in_shared_memory(server)
+            stopped = stopped_under_load(server, keys, clients, 2 if smoke else 5)
+            faults = faults_logged(Path(server.log.name))
         finally:
             server.stop()
             for region in regions:
@@ -553,6 +600,14 @@ def run(seconds: float, smoke: bool) -> list[str]:
         f"{tally.sequences['whole']} / {tally.sequences['ended by an unload']} / {tally.sequences['refused']} | "
         f"{sum(kills.values())} | {'yes' if not failures else 'no'} | {len(faults)} | {len(left)} |",
         "",
+        f"Then SIGTERM to the master alone while {clients} clients call, {2 if smoke else 5} s after they start:",
+        "",
+        "| exit status | seconds to exit | processes left | data left in /dev/shm | unexpected answers | without an answer "
+        "| clients stuck | calls cancelled by gRPC's stop |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {stopped['status']} | {stopped['seconds']:.1f} | {stopped['processes']} | {stopped['files']} | {stopped['unexpected']} | "
+        f"{stopped['unanswered']} | {stopped['stuck']} | {stopped['cancelled']} |",
+        "",
         "| call | times |",
         "| --- | --- |",
         *(f"| {call} | {n:,} |" for call, n in sorted(tally.calls.items())),
@@ -562,4 +617,5 @@ def run(seconds: float, smoke: bool) -> list[str]:
     lines += [f"\nNot healthy after: {failure}" for failure in failures]
     lines += [f"\nServer fault: {fault}" for fault in faults[:5]]
     lines += [f"\nLeft in /dev/shm: {name}" for name in left[:5]]
+    lines += [f"\nDuring the stop: {what}" for what in stopped["what"]]
     return lines

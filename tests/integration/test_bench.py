@@ -1,6 +1,7 @@
-"""The benchmark scripts run end to end in their smoke mode, so they cannot rot. No timing is asserted;
+"""The benchmark scripts run end to end in their smoke mode, so they cannot rot. No speed is asserted;
 the soak's and the chaos run's correctness counts are: no wrong answer, no unexpected status, no lost
-request, every model serving after, and no fault of the server's own in its log."""
+request, every model serving after, no fault of the server's own in its log, and a stop under load that
+ends, with nothing left, before `docker stop` would kill it."""
 
 import re
 import subprocess
@@ -34,3 +35,9 @@ def test_every_scenario_runs_and_reports_a_table():
     assert int(calls.replace(",", "")) > 0 and (unexpected, unanswered, stuck, cut, healthy, faults, left) == \
         ("0", "0", "0", "0", "yes", "0", "0"), \
         stdout[chaos.start():chaos.start() + 3000]
+    stop = re.search(r"Then SIGTERM to the master alone.*\n\n\|.*\n\| ---.*\n\| (\S+) \| ([\d.]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| \d+ \|$",
+                     stdout, re.MULTILINE)
+    status, seconds, processes, files, unexpected, unanswered, stuck = stop.groups()
+    # within `docker stop`'s 10 s, after which it kills every process
+    assert (status, processes, files, unexpected, unanswered, stuck) == ("0", "0", "0", "0", "0", "0") and float(seconds) < 10, \
+        stdout[stop.start():stop.start() + 2000]
