@@ -6,9 +6,11 @@ over HTTP and gRPC, SageMaker's), clients that hang up mid-body, a handler model
 SIGKILL to worker processes (and, beyond the smoke run, to front-ends and now and then to the model process
 itself), under a memory budget that evicts. Every call has a deadline and a set of answers it may give while
 models come and go and processes die; anything else is counted and shown. Then every model is loaded and asked
-once more, and the server's log is read for the lines only a fault of its own writes. It found a load that
-hung for ever, an ensemble's load failing with a KeyError, and evictions that lost sequences; a hunt like it,
-a region closed under the request reading it."""
+once more, the server's log is read for the lines only a fault of its own writes, and the run ends as `docker
+stop` ends a container: SIGTERM to the master alone while clients call. It found a load that hung for ever, an
+ensemble's load failing with a KeyError, evictions that lost sequences, front-ends started again too late, and
+stops that hung on gRPC streams or left new clients unanswered; a hunt like it, a region closed under the
+request reading it."""
 
 import json
 import os
