@@ -386,7 +386,7 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
     python_model(root, "gated", GATED_DOUBLE_PY.format(gate=gate.code()), io)
     server = Server(root, SERVE_HTTP_WORKERS=front_ends, SERVE_LOAD_MODELS="plain,gated")
     wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
-    streaming = triton_grpc.InferenceServerClient(server.grpc_url)
+    streaming, late = triton_grpc.InferenceServerClient(server.grpc_url), triton_grpc.InferenceServerClient(server.grpc_url)
     unary = triton_grpc.InferenceServerClient(server.grpc_url)
     try:
         answered = []
@@ -402,7 +402,7 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
             with pytest.raises(InferenceServerException) as meanwhile:
                 triton_grpc.InferenceServerClient(server.grpc_url).infer("plain", [_grpc_input("x", [1, 4])], client_timeout=60)
             assert meanwhile.value.status() == "StatusCode.UNAVAILABLE", meanwhile.value
-            late, told = triton_grpc.InferenceServerClient(server.grpc_url), []
+            told = []
             late.start_stream(lambda result, error: told.append(error))  # opened while the server drains
             gate.release()
             assert under_way.result(timeout=60).as_numpy("OUT").tolist() == [2.0, 4.0, 6.0, 8.0]
@@ -413,6 +413,7 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
             assert error.status() == "StatusCode.UNAVAILABLE" and "shutting down" in error.message(), error
     finally:
         streaming.stop_stream()
+        late.stop_stream()
         server.stop()
 
 
@@ -420,7 +421,6 @@ def _grpc_input(name: str, shape: list[int]) -> triton_grpc.InferInput:
     tensor = triton_grpc.InferInput(name, shape, "FP32")
     tensor.set_data_from_numpy(np.arange(1, 5, dtype=np.float32).reshape(shape))
     return tensor
-
 
 
 @pytest.mark.parametrize("front_ends", ["0", "2"])
