@@ -309,7 +309,7 @@ def test_sighup_restarts_the_model_process_after_it_drains_never_beside_it(tmp_p
     root = tmp_path_factory.mktemp("hup")
     handler_model(root, "gated", gated_predict(gate), Scale())
     fp32_model(root, "plain")
-    server = Server(root, SERVE_LOAD_MODELS="gated,plain", SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info")
+    server = Server(root, SERVE_LOAD_MODELS="gated,plain", SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info", SERVE_HTTP_WORKERS="2")
     try:
         wait_for(server.ready, message="the models named at start did not load")
         old = server.worker_pid()
@@ -319,6 +319,11 @@ def test_sighup_restarts_the_model_process_after_it_drains_never_beside_it(tmp_p
             os.kill(server.process.pid, signal.SIGHUP)
             wait_for(lambda: "Hang up: the model process drains" in server.log.read_text(), message="no SIGHUP handled")
             assert server.worker_pids() == [old]  # draining, alone
+            meanwhile = server.request("POST", "/v2/models/plain/infer", json={
+                "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+            # a restart, not the server's end: the words once said "the server is shutting down"
+            assert meanwhile.status_code == 503 and "the model process is stopping" in meanwhile.json()["error"], meanwhile.text
+            assert "Retry-After" in meanwhile.headers
             gate.release()
             assert inflight.result().json() == [[8.0]]
         wait_for(lambda: server.replaced(old), 60, "gunicorn did not start the next model process")
