@@ -90,7 +90,7 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
     /dev/shm), and what the clients met meanwhile. A stop may answer 503 or UNAVAILABLE, refuse a
     connection or drop an idle one; a call gRPC's own stop cancelled (one that arrived in the instant its
     port closed) is counted apart."""
-    tally, stop, pids = Tally(), threading.Event(), tree(server.process.pid)
+    tally, stop = Tally(), threading.Event()
 
     def client(seed: int) -> None:
         driver = Client(server, tally, seed, front_ends_killed=True, regions=keys)
@@ -101,6 +101,7 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
     for thread in threads:
         thread.start()
     stop.wait(seconds)
+    pids = _processes(server)
     signalled = time.monotonic()
     os.kill(server.process.pid, signal.SIGTERM)
     try:
@@ -118,6 +119,17 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
             "processes": sum(_alive(pid) for pid in pids),
             "files": len(list(Path("/dev/shm").glob(f"container-{server.process.pid}-*"))),
             "what": [f"{call} ×{n}: {what}" for (call, what), n in tally.unexpected.most_common(5)]}
+
+
+def _processes(server: Server) -> list[int]:
+    """Every process of the server now (read again when one ends while it is read: a client's unload ends
+    a python model's worker processes)."""
+    for _ in range(100):
+        try:
+            return tree(server.process.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    raise RuntimeError("the server's processes kept ending while they were read")
 
 
 def _alive(pid: int) -> bool:
