@@ -27,7 +27,7 @@ import numpy as np
 import requests
 import tritonclient.utils.shared_memory as shm
 
-from bench.chaos_calls import DEADLINE, PAYLOAD_MB, REGION_BYTES, REGIONS, Client, Tally
+from bench.chaos_calls import DEADLINE, PAYLOAD_MB, REGION_BYTES, REGIONS, Tally, calling
 from bench.chaos_models import MODELS, TENSOR_MODELS, X, build, v2_inputs
 from bench.harness import Server, mib, run_together, tree
 from container.logs import SERVER_FAULTS
@@ -91,13 +91,7 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
     connection or drop an idle one; a call gRPC's own stop cancelled (one that arrived in the instant its
     port closed) is counted apart."""
     tally, stop = Tally(), threading.Event()
-
-    def client(seed: int) -> None:
-        driver = Client(server, tally, seed, front_ends_killed=True, regions=keys)
-        while not stop.is_set():
-            driver.act()
-
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients, 2 * clients)]
+    threads = [threading.Thread(target=calling, args=(server, tally, seed, keys, True, stop)) for seed in range(clients, 2 * clients)]
     for thread in threads:
         thread.start()
     stop.wait(seconds)
@@ -167,17 +161,12 @@ def run(seconds: float, smoke: bool) -> list[str]:
             for region in regions:
                 shm.set_shared_memory_region(region, [np.array([X], np.float32)])
 
-            def client(seed: int) -> None:
-                driver = Client(server, tally, seed, front_ends_killed=not smoke, regions=keys)
-                while not stop.is_set():
-                    driver.act()
-
             def killer() -> None:
                 rng = random.Random(-1)
                 while not stop.wait(rng.uniform(0.5, 1.5) if smoke else rng.uniform(1.5, 4)):
                     kill(server, rng, not smoke, kills)  # the smoke run's kills drop no connection
 
-            threads = [threading.Thread(target=client, args=(seed,)) for seed in range(clients)]
+            threads = [threading.Thread(target=calling, args=(server, tally, seed, keys, not smoke, stop)) for seed in range(clients)]
             stuck = run_together([*threads, threading.Thread(target=killer)], seconds, stop, DEADLINE * 6)
             failures = healthy_after(server)
             left = left_in_shared_memory(server)

@@ -308,3 +308,10 @@ class Client:
             sock.sendall(f"POST /v2/models/{path}/infer HTTP/1.1\r\nHost: chaos\r\nContent-Type: {kind}\r\n".encode()
                          + f"Content-Length: {len(body) + 1}\r\n\r\n".encode() + body[: self.rng.randrange(len(body))])
         self.tally.add("hang_up", True)
+
+
+def calling(server: Server, tally: Tally, seed: int, regions: list[str], front_ends_killed: bool, stop: threading.Event) -> None:
+    """One client's calls until `stop` (the client is made here, on the thread that uses it)."""
+    client = Client(server, tally, seed, front_ends_killed, regions)
+    while not stop.is_set():
+        client.act()
