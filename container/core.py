@@ -406,6 +406,15 @@ class Core:
         model = self._registry.models.get(name)
         return model.state if model is not None else None
 
+    def after_loading(self, name: str) -> ModelView | None:
+        """The model `name` once a load or unload of it under way has ended: None when it is not loaded,
+        or its load failed."""
+        model = self._registry.current(name)
+        try:
+            return _joined(model).view if model is not None else None
+        except Exception:  # the load's own answer says why
+            return None
+
     def failure(self, name: str) -> str | None:
         """Why the last load of `name` failed, if it did."""
         return self._registry.failures.get(name)
@@ -619,7 +628,10 @@ class Core:
         return model.loaded.get()  # not logged, as a load's wait is: a burst of requests may wait so
 
     def unload(self, name: str, dependents: bool = False) -> None:
-        """Unload `name`; with `dependents`, the models an ensemble's load loaded along with it too."""
+        """Unload `name`; with `dependents`, the models an ensemble's load loaded along with it too. A load
+        or unload of it under way is waited for first: an unload sent while the model loads (a client that
+        gave up waiting for the load) must not leave it loaded once that load ends."""
+        self.after_loading(name)
         self._registry.unload(name)
         for composing in self._dependents.pop(name, []) if dependents else ():
             if self.state(composing) is State.READY:

@@ -3,10 +3,12 @@ front-end (over the channel). ModelMesh places models on runtimes by the memory 
 answers are the cache's own accounting: the budget as capacity, each model's charged bytes as its size.
 A model id is the model's name here; its path is a directory or archive under the model root."""
 
+import contextlib
 from importlib.metadata import version as package_version
 from typing import Callable
 
-from container.core import Core, State
+from container.core import Core
+from container.errors import ModelNotFound
 from container.limits import check_name
 
 
@@ -21,14 +23,17 @@ def modelmesh_operations(core: Core) -> dict[str, Callable]:
                 "default_model_size": budget // 16, "version": package_version("container")}
 
     def load(model_id: str, path: str) -> int:
+        """Loading again what is loaded, or loading, is a success: ModelMesh retries a load it gave up on."""
         check_name(model_id)
-        current = core.ready_model(model_id) if core.state(model_id) is State.READY else None
-        if current is None or current.url != path:  # loading again what is loaded is a success: ModelMesh retries
-            current = core.load(model_id, path, reload=current is not None)
+        current = core.after_loading(model_id)
+        if current is None or current.url != path:
+            core.load(model_id, path, reload=current is not None)
         return _charged(core, model_id)
 
     def unload(model_id: str) -> None:
-        if core.state(model_id) is not None:  # unloading what is not loaded succeeds
+        """ModelMesh unloads a model whose load it cancelled at once: that load is waited for, then undone.
+        Unloading what is not loaded succeeds."""
+        with contextlib.suppress(ModelNotFound):
             core.unload(model_id)
 
     return {

@@ -3,6 +3,7 @@ and Triton's GRPCInferenceService (a front-end process, over the channel) both a
 is V2's JSON-shaped document (decoded from JSON, or built from protobuf) with its binary tensor data;
 the answers are documents too, and each protocol writes them its own way."""
 
+import contextlib
 from importlib.metadata import version as package_version
 from typing import Iterator
 
@@ -181,7 +182,7 @@ def unload(core: Core, name: str, parameters: dict) -> None:
     dependents = parameters.get("unload_dependents", False)
     if not isinstance(dependents, bool):
         raise InvalidRequest("parameter 'unload_dependents' must be true or false")
-    if core.state(name) is not None:  # unloading a model that is not loaded succeeds, as in Triton
+    with contextlib.suppress(ModelNotFound):  # unloading a model that is not loaded succeeds, as in Triton
         core.unload(name, dependents)
 
 

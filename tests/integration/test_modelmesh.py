@@ -10,8 +10,9 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from tests.builders import fp32_model, manifest_env, sized_model, wait_for
+from tests.builders import Scale, fp32_model, gated_load, gates, handler_model, manifest_env, sized_model, wait_for
 from tests.conftest import PROJECT
+from tests.integration.test_races import joined_a_load
 
 RUNTIME = "/mmesh.ModelRuntime/"
 
@@ -24,13 +25,17 @@ def server(start_server, tmp_path_factory):
     fp32_model(puller, "model-a__isvc-1")
     fp32_model(puller, "model-b__isvc-2")
     sized_model(puller, "too-big__isvc-3", 64)
+    server_gates = gates(tmp_path_factory.mktemp("gates"), "retried", "cancelled")
+    for name, gate in server_gates.items():
+        handler_model(puller, f"{name}__isvc-4", gated_load(gate), Scale())
     # as the manifest runs it (its model root: where ModelMesh's puller writes); a model loaded before
     # ModelMesh starts, and the pod's memory limit, are the test's
     env = {**manifest_env(PROJECT / "deploy" / "kserve" / "modelmesh-servingruntime.yaml", "/models"),
-           "SERVE_LOAD_MODELS": "at-start", "SERVE_MEMORY_LIMIT": "48MiB"}
+           "SERVE_LOAD_MODELS": "at-start", "SERVE_MEMORY_LIMIT": "48MiB",
+           "SERVE_LOG_LEVEL": "info"}  # its log says when a call waits for a load under way
     server = start_server(root, **env)
     wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
-    server.puller = puller
+    server.puller, server.gates = puller, server_gates
     return server
 
 
@@ -128,13 +133,45 @@ def test_load_size_infer_unload_as_modelmesh_does(server, channel):
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_load_retried_while_it_runs_shares_its_outcome(server, channel):
+    path = str(server.puller / "retried__isvc-4")
+    load = channel.unary_unary(RUNTIME + "loadModel")
+    first = load.future(model_request("retried__isvc-4", path), timeout=60)
+    server.gates["retried"].wait_entered()
+    retry = load.future(model_request("retried__isvc-4", path), timeout=60)  # ModelMesh's, after a timeout of its own
+    wait_for(lambda: joined_a_load(server, "retried__isvc-4") or retry.done(), message="the retry never arrived")
+    server.gates["retried"].release()
+    size = decode(first.result())[1][0]
+    assert size > 0 and decode(retry.result())[1][0] == size
+    assert call(channel, "unloadModel", model_request("retried__isvc-4")) == b""
+
+
+def test_a_load_modelmesh_cancels_is_undone_by_the_unload_it_sends_next(server, channel):
+    """The API's rule: ModelMesh may cancel a load, then sends an unload of it at once; the model must not
+    stay loaded once that unload has answered."""
+    path = str(server.puller / "cancelled__isvc-4")
+    loading = channel.unary_unary(RUNTIME + "loadModel").future(model_request("cancelled__isvc-4", path), timeout=60)
+    server.gates["cancelled"].wait_entered()
+    loading.cancel()
+    unloading = channel.unary_unary(RUNTIME + "unloadModel").future(model_request("cancelled__isvc-4"), timeout=60)
+    wait_for(lambda: joined_a_load(server, "cancelled__isvc-4") or unloading.done(), message="the unload never arrived")
+    server.gates["cancelled"].release()
+    assert unloading.result() == b""
+    with pytest.raises(grpc.RpcError) as raised:
+        call(channel, "modelSize", model_request("cancelled__isvc-4"))
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not triton_grpc.InferenceServerClient(server.grpc_url).is_model_ready("cancelled__isvc-4")
+
+
 def test_a_load_that_does_not_fit_is_refused_and_frees_nothing(server, channel):
     path_b = str(server.puller / "model-b__isvc-2")
     call(channel, "loadModel", model_request("model-b__isvc-2", path_b))
     with pytest.raises(grpc.RpcError) as raised:
         call(channel, "loadModel", model_request("too-big__isvc-3", str(server.puller / "too-big__isvc-3")))
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "too-big__isvc-3" in raised.value.details()
-    assert decode(call(channel, "modelSize", model_request("model-b__isvc-2")))[1][0] > 0  # still loaded
+    call(channel, "modelSize", model_request("model-b__isvc-2"))  # still loaded: NOT_FOUND otherwise
+    # (its size may read 0: a model without weights is charged its load's measured growth, which a heap
+    # trimmed meanwhile can bring to nothing)
     predicted = decode(call(channel, "predictModelSize", model_request("too-big__isvc-3", str(server.puller / "too-big__isvc-3"))))
     assert predicted[1][0] >= 64 << 20
 

@@ -100,6 +100,31 @@ def test_a_load_racing_an_unload_waits_for_it_instead_of_409(start_server, tmp_p
     assert server.invoke("busy", [[2.0]]).json() == [[4.0]]
 
 
+def joined_a_load(server, name: str) -> bool:
+    """Whether the server logged a request for `name` waiting for the load of it under way (at
+    SERVE_LOG_LEVEL=info)."""
+    return any(line["message"] == "waiting for the load under way" and line["model"] == name for line in log_lines(server))
+
+
+@pytest.mark.parametrize("unload", [("POST", "/v2/repository/models/slow/unload"), ("DELETE", "/models/slow")],
+                         ids=["v2", "sagemaker"])
+def test_an_unload_sent_during_the_load_undoes_it_once_the_load_ends(start_server, tmp_path, unload):
+    gate = Gate(tmp_path, "load")
+    handler_model(tmp_path / "models", "slow", gated_load(gate), Scale())
+    server = start_server(tmp_path / "models", SERVE_LOG_LEVEL="info")  # its log says when the unload waits
+    with ThreadPoolExecutor(2) as pool:
+        loading = pool.submit(server.load, "slow")
+        gate.wait_entered()
+        unloading = pool.submit(server.request, *unload)
+        wait_for(lambda: joined_a_load(server, "slow") or unloading.done(), message="the unload never arrived")
+        gate.release()
+        assert loading.result().status_code == 200
+        answer = unloading.result()
+    assert answer.status_code == 200, answer.text
+    assert server.loaded() == []
+    assert server.invoke("slow", [[1.0]]).status_code == 404
+
+
 def test_the_repository_index_and_load_agree(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("index")
     archive(fp32_model(tmp_path_factory.mktemp("src"), "packed"), root / "packed.tar.gz")
