@@ -51,8 +51,7 @@ class State(enum.Enum):
 
 # Why a load of a name that is taken is refused, and what the caller can do about it
 _CONFLICT = {State.LOADING: "still loading; its load answers once it is done",
-             State.READY: "already loaded; DELETE /models/{name} first to replace it",
-             State.UNLOADING: "being unloaded; load it again once its unload is done"}
+             State.READY: "already loaded; DELETE /models/{name} first to replace it"}  # an unload under way is waited for
 
 
 @dataclass(eq=False)
