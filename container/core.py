@@ -5,6 +5,7 @@ executions, by the scheduler that batches them). The core makes each model's sch
 registry has loaded it, and closes it once the registry has freed it. Front-ends read a `ModelView`,
 never the registry's records."""
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -591,13 +592,16 @@ class Core:
     def reload(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> ModelView:
         """Load or reload the repository's model `name`; with `config` (Triton's JSON), from a copy of its
         directory with that config and `files` (path → content; all of its files when given any). A plain
-        load of a name whose first load is under way shares that load, as Triton answers concurrent loads
-        of a model with one outcome, where a second load of it would be refused."""
-        present = self._registry.current(name)
-        if config is None and not files and present is not None and present.state is State.LOADING:
-            return _joined(present).view
+        load of a name whose load (or reload) is under way shares that load, as Triton answers concurrent
+        loads of a model with one outcome, where a second load of it would be refused; a load with a config
+        or files waits for it to end, whatever its outcome, then replaces what it loaded."""
         if files:
             self._check_upload(name)
+        while (under_way := self._registry.under_way(name)) is not None:
+            if config is None and not files:
+                return _joined(under_way).view
+            with contextlib.suppress(Exception):
+                _joined(under_way)
         directory = None
         if config is not None:
             try:

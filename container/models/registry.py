@@ -132,7 +132,7 @@ class Registry:
         self.models: dict[str, Model] = {}
         self.failures: dict[str, str] = {}  # name → why its last load failed
         self.counters = Counters()
-        self._reloading: set[str] = set()
+        self._loading: dict[str, Model] = {}  # name → the model its load under way loads (a first load or a reload)
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
         self.fault: str | None = None  # a sticky device error: this process can no longer serve
         self.on_fault: Callable[[str], None] = lambda why: None  # the server replaces the process
@@ -158,13 +158,13 @@ class Registry:
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
         current = self.current(name)
-        if current is not None and not (reload and current.state is State.READY and name not in self._reloading):
-            state = State.LOADING if name in self._reloading else current.state
+        if current is not None and not (reload and current.state is State.READY and name not in self._loading):
+            state = State.LOADING if name in self._loading else current.state
             raise ModelConflict(f"model '{name}' is " + _CONFLICT[state].format(name=name))
         model = Model(name, url, uploaded=uploaded, overridden=directory is not None, replaces=current)
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
-        self._reloading.add(name)
+        self._loading[name] = model
         model.started = time.monotonic()
         try:
             if remote:
@@ -183,7 +183,7 @@ class Registry:
             exc = ModelConflict(f"model '{name}' was unloaded while it reloaded")
             self.abandon(model, exc)
             raise exc
-        self._reloading.discard(name)
+        self._loading.pop(name, None)
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures.pop(name, None)
         self.counters.loads += 1
@@ -199,7 +199,7 @@ class Registry:
     def abandon(self, model: Model, exc: BaseException) -> None:
         """A load that failed with `exc`: recorded as the name's failure, and what it held freed."""
         self.note_fault(exc)
-        self._reloading.discard(model.name)
+        self._loading.pop(model.name, None)
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures[model.name] = str(exc)
         self.counters.load_failures += 1
@@ -207,6 +207,10 @@ class Registry:
         model.replaces = None
         self._discard(model)
         model.loaded.set_exception(exc)
+
+    def under_way(self, name: str) -> Model | None:
+        """The model a load of `name` under way loads (its first load, or a reload beside the copy serving)."""
+        return self._loading.get(name)
 
     def current(self, name: str) -> Model | None:
         """The model under `name` once any unload or eviction of it has finished: a load racing one
@@ -433,7 +437,7 @@ class Registry:
         """Idle, holding no sequence's state, and not the serving copy of a model being reloaded: a reload never
         evicts what it replaces. A live sequence ends within its model's max_sequence_idle_microseconds."""
         return (model.state is State.READY and not model.in_flight and not model.sequences
-                and model.name not in self._reloading)
+                and model.name not in self._loading)
 
 def place(config, cache: MemoryCache) -> tuple[str, str]:
     """The device to load a model on — the GPU with the most room among those its instance groups

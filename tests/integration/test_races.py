@@ -2,6 +2,7 @@
 racing an unload, shutdown during a load. Model code waits on gates, so the order is certain."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.builders import (
     Gate,
@@ -204,13 +206,25 @@ class TritonPythonModel:
 """
 
 
+NO_GATE = "no-gate"  # a config parameter: `step` loaded with it passes its gate without waiting
+X, Y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+STEP_CONFIG = {"max_batch_size": 0, "input": [X], "output": [Y]}
+
+
 def gated_step(tmp_path) -> tuple[Path, Gate]:
-    """A model root holding `step` (x → y = 2x, FP32 [4]), whose load waits at the gate it comes with."""
+    """A model root holding `step` (x → y = 2x, FP32 [4]), whose load waits at the gate it comes with
+    unless its config has the parameter NO_GATE."""
     gate = Gate(tmp_path, "step")
     root = tmp_path / "models"
-    python_model(root, "step", GATED_STEP_PY.replace("{gate}", gate.code()),
-                 {"max_batch_size": 0, "input": [X], "output": [Y]})
+    python_model(root, "step", GATED_STEP_PY.replace("{gate}", f"if {NO_GATE!r} not in args['model_config']: {gate.code()}"),
+                 STEP_CONFIG)
     return root, gate
+
+
+def load_with_config(server, name: str) -> requests.Response:
+    """A V2 load of `name` with STEP_CONFIG and the parameter NO_GATE, as an override."""
+    config = {**STEP_CONFIG, "name": name, "backend": "python", "parameters": {NO_GATE: {"string_value": "yes"}}}
+    return server.request("POST", f"/v2/repository/models/{name}/load", json={"parameters": {"config": json.dumps(config)}})
 
 
 @contextlib.contextmanager
@@ -221,15 +235,44 @@ def joining(server, gate: Gate, first: str, then: str):
         held = pool.submit(server.request, "POST", f"/v2/repository/models/{first}/load")
         gate.wait_entered()
         joins = pool.submit(server.request, "POST", f"/v2/repository/models/{then}/load")
-        wait_for(lambda: [line for line in log_lines(server) if line["message"] == "waiting for the load under way"],
-                 message=f"the load of {then} did not wait for the load under way")
+        wait_for(lambda: joined_a_load(server, first) or joins.done(), message=f"the load of {then} did not wait for the load under way")
         try:
             yield held, joins
         finally:
             gate.release()
 
 
-X, Y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+
+def test_a_load_with_a_config_sent_while_the_first_load_runs_waits_for_it_then_applies(start_server, tmp_path):
+    """Triton takes one load of a model at a time; this server answered the second 409 "still loading"."""
+    root, gate = gated_step(tmp_path)
+    server = start_server(root, SERVE_LOG_LEVEL="info")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        gate.wait_entered()
+        overriding = pool.submit(load_with_config, server, "step")
+        wait_for(lambda: joined_a_load(server, "step") or overriding.done(), message="the second load never arrived")
+        gate.release()
+        assert first.result().status_code == 200
+        answer = overriding.result()
+    assert answer.status_code == 200, answer.text
+    assert NO_GATE in server.request("GET", "/v2/models/step/config").json()["parameters"]
+
+
+def test_a_load_sent_while_a_reload_runs_shares_it(start_server, tmp_path):
+    root, gate = gated_step(tmp_path)
+    server = start_server(root, SERVE_LOG_LEVEL="info")
+    assert load_with_config(server, "step").status_code == 200  # loaded past its gate; a plain load reloads it
+    with ThreadPoolExecutor(2) as pool:
+        reloading = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        gate.wait_entered()
+        again = pool.submit(server.request, "POST", "/v2/repository/models/step/load")
+        wait_for(lambda: joined_a_load(server, "step") or again.done(), message="the second load never arrived")
+        gate.release()
+        assert reloading.result().status_code == 200
+        answer = again.result()
+    assert answer.status_code == 200, answer.text
+    assert NO_GATE not in server.request("GET", "/v2/models/step/config").json().get("parameters", {})
 
 
 def test_an_ensembles_load_shares_the_load_of_its_step_under_way(start_server, tmp_path):
@@ -253,8 +296,7 @@ def test_a_step_unloaded_while_its_ensemble_loads_is_loaded_again_by_the_ensembl
     first: the load still succeeds, checked against the step it loaded, and a request loads the step again
     (the check read the registry: a KeyError, answered as a 404 for the model the cleanup could not unload)."""
     root, gate = gated_step(tmp_path)
-    python_model(root, "triple", GATED_STEP_PY.replace("{gate}", "pass").replace("* 2", "* 3"),
-                 {"max_batch_size": 0, "input": [X], "output": [Y]})
+    python_model(root, "triple", GATED_STEP_PY.replace("{gate}", "pass").replace("* 2", "* 3"), STEP_CONFIG)
     ensemble(root, "pipeline", [X], [Y], [ensemble_step("triple", {"x": "x"}, {"y": "tripled"}),
                                           ensemble_step("step", {"x": "tripled"}, {"y": "y"})])
     server = start_server(root)
@@ -272,7 +314,7 @@ def test_a_step_unloaded_while_its_ensemble_loads_is_loaded_again_by_the_ensembl
 
 def test_an_ensemble_whose_steps_disagree_on_a_tensor_is_a_400_at_load_and_the_server_serves_on(start_server, tmp_path):
     """A model without batching feeding one with it: the load once succeeded, and every request then failed."""
-    python_model(tmp_path, "plain", GATED_STEP_PY.replace("{gate}", "pass"), {"max_batch_size": 0, "input": [X], "output": [Y]})
+    python_model(tmp_path, "plain", GATED_STEP_PY.replace("{gate}", "pass"), STEP_CONFIG)
     python_model(tmp_path, "batched", GATED_STEP_PY.replace("{gate}", "pass"), {"max_batch_size": 4, "input": [X], "output": [Y]})
     ensemble(tmp_path, "pipeline", [X], [Y], [ensemble_step("plain", {"x": "x"}, {"y": "mid"}),
                                               ensemble_step("batched", {"x": "mid"}, {"y": "y"})])
