@@ -149,6 +149,9 @@ class Settings:
     request_head_timeout: int = _env(
         "SERVE_REQUEST_HEAD_TIMEOUT", "10", "Seconds from a request's first byte to the end of its head; a slower head gets 408."
     )
+    max_bodies_size: int = _env(
+        "SERVE_MAX_BODIES_SIZE", "1%", "Most bytes of request bodies the HTTP processes hold at once, each an equal share: a body counts from its head until its answer is made, and the server holds a few copies of it meanwhile. A request past it is not read until earlier ones are answered, first come first served, and gets 503 if it waited `SAGEMAKER_MODEL_SERVER_TIMEOUT` seconds; a body larger than a share goes alone. Bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM (its cgroup limit)."
+    )
     min_body_rate: int = _env(
         "SERVE_MIN_BODY_RATE", "16KiB", "Bytes per second a request body must average, after a 5-second grace, while it arrives; a slower body gets 408."
     )
@@ -245,6 +248,7 @@ class Settings:
                 _positive("SERVE_MAX_CONNECTIONS", raw["max_connections"]) if raw["max_connections"] else None),
             max_header_bytes=_size("SERVE_MAX_HEADER_BYTES", raw["max_header_bytes"], 1),
             request_head_timeout=_positive("SERVE_REQUEST_HEAD_TIMEOUT", raw["request_head_timeout"]),
+            max_bodies_size=_size("SERVE_MAX_BODIES_SIZE", raw["max_bodies_size"], resources.memory_limit()),
             min_body_rate=_size("SERVE_MIN_BODY_RATE", raw["min_body_rate"], 1),
             allow_client_shm=_boolean("SERVE_ALLOW_CLIENT_SHM", raw["allow_client_shm"]),
             max_shm_regions=_positive("SERVE_MAX_SHM_REGIONS", raw["max_shm_regions"]),
@@ -261,6 +265,12 @@ class Settings:
             grpc_compression=_choice("SERVE_GRPC_COMPRESSION", raw["grpc_compression"], ("none", "gzip", "deflate")),
             inline_below_us=_inline_below(raw["inline_below_us"]),
         )
+
+    @property
+    def bodies_per_process(self) -> int:
+        """Each HTTP process's share of SERVE_MAX_BODIES_SIZE: the front-ends', or the model process's when it
+        serves HTTP itself."""
+        return self.max_bodies_size // max(self.http_workers, 1)
 
     @property
     def max_payload_bytes(self) -> int:

@@ -158,7 +158,9 @@ class Body:
         self.chunks.append(data)
 
     def whole(self) -> bytes:
-        return b"".join(self.chunks)
+        """The body, joined; its chunks are let go of, so that a large body is not held twice while it is answered."""
+        data, self.chunks = b"".join(self.chunks), []
+        return data
 
 
 def _read_wsgi(stream, length: int | None, body: Body) -> None:

@@ -3,13 +3,15 @@ refused on its own while other clients' requests go on, and a refusal costs the 
 
 import json
 import threading
+
+import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 import requests
 
-from tests.builders import Scale, fp32_model, sized_model, wait_for
+from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
 
 NUMBERS = 3_145_628  # as many JSON numbers ("1,") as fit in SAGEMAKER_MAX_PAYLOAD_IN_MB's default 6 MiB
 MIB = 1 << 20
@@ -94,3 +96,59 @@ def test_a_reload_under_pressure_frees_the_copy_it_replaces(start_server, tmp_pa
     after = psutil.Process(server.worker_pid()).memory_info().rss
     assert server.loaded() == ["a", "c"]
     assert after - before < 8 * MIB, f"{(after - before) / MIB:.1f} MiB more after three reloads"
+
+
+# y = x, each request in turn; one whose first value is 0 waits at the gate first
+HELD_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x[0] == 0:
+                {gate}
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+        return responses
+"""
+BODY_VALUES = 100_000  # FP32: a 400 KB binary body; two do not fit in one HTTP process's share below
+
+
+def binary_infer(server, model: str, first: float) -> requests.Response:
+    values = np.full(BODY_VALUES, first, np.float32)
+    document = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [BODY_VALUES],
+                                       "parameters": {"binary_data_size": values.nbytes}}],
+                           "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}).encode()
+    return server.request("POST", f"/v2/models/{model}/infer", data=document + values.tobytes(),
+                          headers={"Inference-Header-Content-Length": str(len(document))}, timeout=60)
+
+
+@pytest.mark.parametrize("front_ends", ["0", "1"])
+def test_bodies_past_the_processes_share_wait_unread_and_one_that_finds_no_room_is_a_503(start_server, tmp_path, front_ends):
+    """SERVE_MAX_BODIES_SIZE: a body is counted from its head until its answer is made. With one large body
+    held in the model, a second does not fit in the HTTP process's share: it waits unread, and is refused
+    once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one fits beside
+    it; and once the first is answered, there is room again."""
+    gate = Gate(tmp_path, "held")
+    python_model(tmp_path / "models", "held", HELD_PY.replace("{gate}", gate.code()),
+                 {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
+    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
+                          SERVE_MAX_BODIES_SIZE="600KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
+    wait_for(server.ready, 60, "the models did not load")
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(binary_infer, server, "held", 0.0)
+        try:
+            gate.wait_entered()
+            assert small(server) == 200  # a small body fits beside the held one
+            refused = binary_infer(server, "held", 1.0)
+        finally:
+            gate.release()
+        assert held.result().status_code == 200
+    assert refused.status_code == 503 and "SERVE_MAX_BODIES_SIZE" in refused.json()["error"], refused.text
+    assert refused.headers["Retry-After"]
+    statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
+    assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused body never reached it
+    answer = binary_infer(server, "held", 2.0)
+    assert answer.status_code == 200 and answer.json()["outputs"][0]["data"][:2] == [2.0, 2.0]
