@@ -1,40 +1,83 @@
-"""The bytes of request bodies one HTTP process holds at once (SERVE_MAX_BODIES_SIZE, shared among the
-HTTP processes). A request's body is counted from its head, before it is read, until its answer is
-made: in between it is read, decoded, queued and run, a few copies of it at once (not while the answer
-is sent: a client that never reads its answer must not hold up everyone else's bodies). A request that does
-not fit waits, unread (its bytes stay in its client's socket and the kernel's buffers), for the requests
-before it to be answered, first come first served; a body larger than the whole budget goes alone.
-Without it, a thousand clients each sending a body within SAGEMAKER_MAX_PAYLOAD_IN_MB made the server
-hold many GiB at once, and the out-of-memory killer takes the process with the models."""
+"""The bytes of requests one front-end process holds at once (SERVE_MAX_BODIES_SIZE, shared among the
+front-end processes, HTTP and gRPC). A request counts from when its size is known until its answer is
+made: in between it is read, decoded, queued and run, a few copies of it at once (not while its answer
+is sent: a client that never reads its answer must not hold up everyone else's requests). A request that
+does not fit waits for the requests before it to be answered, first come first served; one larger than
+the whole budget goes alone. An HTTP body waits unread: its bytes stay in the client's socket and the
+kernel's buffers. A gRPC message has been read whole by grpcio before the server sees it; it waits
+before it is decoded and crosses to the model process.
 
+Without it, 400 clients each sending a 5.5 MiB body (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took the
+server's processes 8 GiB past their idle size, and the out-of-memory killer takes the process with the
+models. One budget serves both kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
+
+import asyncio
 from collections import deque
 
 from gevent.event import Event
+
+from container.errors import Unavailable
 
 
 class BodyBudget:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.used = 0
-        self._waiting: deque[tuple[int, Event]] = deque()
+        self._waiting: deque = deque()  # (size, event) in the order they came
 
     def take(self, size: int, timeout: float) -> bool:
-        """Count `size` bytes, waiting up to `timeout` seconds for them to fit; False if they never did."""
-        if not self._waiting and self._fits(size):
-            self.used += size
+        """Count `size` bytes, waiting (a greenlet) up to `timeout` seconds for them to fit; False if they never did."""
+        if self._fits_first(size):
             return True
-        turn = (size, Event())
-        self._waiting.append(turn)
-        if turn[1].wait(timeout):  # counted by `_admit`
+        turn = self._queue(size, Event())
+        try:
+            admitted = turn[1].wait(timeout)
+        except BaseException:  # killed while waiting
+            self._leave(turn)
+            raise
+        if not admitted:
+            self._leave(turn)
+        return admitted
+
+    async def take_async(self, size: int, timeout: float) -> bool:
+        """`take`, waiting as an asyncio task."""
+        if self._fits_first(size):
             return True
-        self._waiting.remove(turn)
-        self._admit()  # those behind it may fit now
-        return False
+        turn = self._queue(size, asyncio.Event())
+        try:
+            await asyncio.wait_for(turn[1].wait(), timeout)
+        except asyncio.TimeoutError:
+            if not turn[1].is_set():  # (let in as the wait ended: it keeps its place)
+                self._leave(turn)
+                return False
+        except BaseException:  # cancelled while waiting: its call ended
+            self._leave(turn)
+            raise
+        return True
 
     def give(self, size: int) -> None:
         """`size` bytes counted by `take` are no longer held."""
         self.used -= size
         self._admit()
+
+    def _fits_first(self, size: int) -> bool:
+        if self._waiting or not self._fits(size):
+            return False
+        self.used += size
+        return True
+
+    def _queue(self, size: int, event) -> tuple:
+        turn = (size, event)
+        self._waiting.append(turn)
+        return turn
+
+    def _leave(self, turn: tuple) -> None:
+        """A request that stopped waiting: out of the line, or, let in meanwhile, its bytes given back."""
+        if turn[1].is_set():
+            self.give(turn[0])
+        else:
+            self._waiting.remove(turn)
+            self._admit()  # those behind it may fit now
 
     def _fits(self, size: int) -> bool:
         return self.used + size <= self.capacity or not self.used
@@ -44,3 +87,8 @@ class BodyBudget:
             size, admitted = self._waiting.popleft()
             self.used += size
             admitted.set()
+
+
+def no_room(timeout: float) -> Unavailable:
+    return Unavailable(f"the server holds as many requests as it may (SERVE_MAX_BODIES_SIZE), and this one found no "
+                       f"room within {timeout} s; retry")

@@ -75,6 +75,7 @@ class FrontEnd:
             # close_fds=False makes Popen use posix_spawn: no fork, so no pipe of its own that gunicorn's
             # forking of a worker at the same moment could inherit (Popen would then wait for that worker)
             self.process = subprocess.Popen(self.command, close_fds=False)
+            resources.killed_first(self.process.pid)
             self.log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
             # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit
             code = self.process.wait()

@@ -41,7 +41,7 @@ from gevent.event import Event
 
 from container.api.errors import status_line
 from container.api.pipeline import Body, Request, Response, request_path
-from container.body_budget import BodyBudget
+from container.body_budget import BodyBudget, no_room
 from container.errors import HeadersTooLarge, InvalidRequest, RequestTimeout, ServeError, Unavailable, UriTooLong
 from container.inference import Client
 from container.settings import Settings
@@ -239,8 +239,7 @@ class Connection:
         wanted, self.wanted = self.wanted, 0
         timeout = self.connections.settings.model_server_timeout
         if not self.connections.bodies.take(wanted, timeout):
-            self._refuse(Unavailable(f"the server holds as many request bodies as it may (SERVE_MAX_BODIES_SIZE), and "
-                                     f"this one found no room within {timeout} s; retry"))
+            self._refuse(no_room(timeout))
             return False
         self.held += wanted
         self.started = time.monotonic()  # a body's rate counts from when it may be read

@@ -123,6 +123,17 @@ def keep_freed_heap(environ=os.environ) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
+def killed_first(pid: int) -> None:
+    """Make `pid` what the kernel's out-of-memory killer takes before any process without this mark: the
+    highest oom_score_adj, which any process may give its own children. A front-end killed loses its
+    requests under way and comes back; the model process would lose every loaded model."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as adjust:
+            adjust.write("1000")
+    except OSError:  # it has exited already, or /proc is not Linux's
+        pass
+
+
 def die_with_parent() -> None:
     """Be killed when the parent (the thread that started this process) ends: PR_SET_PDEATHSIG, which
     an exec keeps."""

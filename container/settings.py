@@ -150,7 +150,7 @@ class Settings:
         "SERVE_REQUEST_HEAD_TIMEOUT", "10", "Seconds from a request's first byte to the end of its head; a slower head gets 408."
     )
     max_bodies_size: int = _env(
-        "SERVE_MAX_BODIES_SIZE", "1%", "Most bytes of request bodies the HTTP processes hold at once, each an equal share: a body counts from its head until its answer is made, and the server holds a few copies of it meanwhile. A request past it is not read until earlier ones are answered, first come first served, and gets 503 if it waited `SAGEMAKER_MODEL_SERVER_TIMEOUT` seconds; a body larger than a share goes alone. Bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM (its cgroup limit)."
+        "SERVE_MAX_BODIES_SIZE", "1%", "Most bytes of requests the front-end processes hold at once, HTTP and gRPC, each an equal share (the model process's, when it serves HTTP itself): a request counts from its head (a gRPC one once grpcio has read it) until its answer is made, and the server holds a few copies of it meanwhile. A request past it waits, an HTTP body unread, until earlier ones are answered, first come first served, and gets 503 (`UNAVAILABLE`) if it waited `SAGEMAKER_MODEL_SERVER_TIMEOUT` seconds; one larger than a share goes alone. Bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM (its cgroup limit)."
     )
     min_body_rate: int = _env(
         "SERVE_MIN_BODY_RATE", "16KiB", "Bytes per second a request body must average, after a 5-second grace, while it arrives; a slower body gets 408."
@@ -268,9 +268,10 @@ class Settings:
 
     @property
     def bodies_per_process(self) -> int:
-        """Each HTTP process's share of SERVE_MAX_BODIES_SIZE: the front-ends', or the model process's when it
-        serves HTTP itself."""
-        return self.max_bodies_size // max(self.http_workers, 1)
+        """Each front-end process's share of SERVE_MAX_BODIES_SIZE: the HTTP ones' (or the model process's, when
+        it serves HTTP itself) and, with gRPC on, as many gRPC ones' (frontends.grpc_workers)."""
+        http = max(self.http_workers, 1)
+        return self.max_bodies_size // (http * 2 if self.grpc_port is not None else http)
 
     @property
     def max_payload_bytes(self) -> int:

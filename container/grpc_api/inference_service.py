@@ -5,6 +5,7 @@ HTTP front-end's do (http_frontend/inference.py says which go as their documents
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import time
@@ -13,6 +14,7 @@ from functools import partial
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
+from container.body_budget import BodyBudget, no_room
 from container.channel.blobs import large
 from container.channel.client import ChannelClient
 from container.channel.groups import MOST_BYTES, AsyncGroups
@@ -40,6 +42,7 @@ class InferenceService:
         self._views = _Views(channel)
         self._streams: set[_Reader] = set()
         self._draining = False
+        self._bodies, self._room_timeout = BodyBudget(settings.bodies_per_process), settings.model_server_timeout
 
     def drain(self) -> None:
         """SIGTERM: each open stream ends once the requests it has under way are answered, at once when it has
@@ -86,7 +89,19 @@ class InferenceService:
 
     @answered("inference")
     async def ModelInfer(self, request, context):
-        return await self._infer(request, context.peer())
+        async with self._room(request):
+            return await self._infer(request, context.peer())
+
+    @contextlib.asynccontextmanager
+    async def _room(self, request):
+        """`request` counted among the requests this process holds (body_budget.py) while it is answered."""
+        size = sum(map(len, request.raw_input_contents)) or request.ByteSize()  # (which encodes the message)
+        if not await self._bodies.take_async(size, self._room_timeout):
+            raise no_room(self._room_timeout)
+        try:
+            yield
+        finally:
+            self._bodies.give(size)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
@@ -136,16 +151,8 @@ class InferenceService:
             marked = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
             if _FINAL in request.parameters:  # tritonclient's own flag; the model never sees it
                 del request.parameters[_FINAL]
-            document, binary = messages.infer_document(request)
-            async for answer, chunks, final, error in self.channel.stream(
-                    "infer_stream", request.model_name, request.model_version, document, large(binary)):
-                if error is not None:  # one response of a decoupled model carried an error
-                    answers.put_nowait(pb.ModelStreamInferResponse(error_message=error))
-                    continue
-                if answer is None and not marked:  # a final flag alone: the client did not ask to see it
-                    continue
-                answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks,
-                                                           final if marked else None, stream=True))
+            async with self._room(request):
+                await self._answer_in_stream(request, marked, answers)
         except ServeError as exc:
             status = exc.status
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
@@ -159,6 +166,18 @@ class InferenceService:
         finally:
             slots.release()
             logged(f"/{self.SERVICE}/ModelStreamInfer", request, status, started)
+
+    async def _answer_in_stream(self, request, marked: bool, answers: asyncio.Queue) -> None:
+        document, binary = messages.infer_document(request)
+        async for answer, chunks, final, error in self.channel.stream(
+                "infer_stream", request.model_name, request.model_version, document, large(binary)):
+            if error is not None:  # one response of a decoupled model carried an error
+                answers.put_nowait(pb.ModelStreamInferResponse(error_message=error))
+                continue
+            if answer is None and not marked:  # a final flag alone: the client did not ask to see it
+                continue
+            answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks,
+                                                       final if marked else None, stream=True))
 
     async def _infer(self, request, peer: str) -> bytes:
         """The requests for one model that arrive together cross the channel as one group

@@ -11,6 +11,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -199,6 +200,21 @@ def test_a_front_end_that_dies_is_replaced_and_no_model_is_lost(server):
         connection = Connection(server)
         assert connection.infer("double", {"inputs": [_fp32("x", X, [1, 4])]})["outputs"][0]["data"] == [2 * x for x in X]
         connection.close()
+
+
+def oom_score_adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def test_when_memory_runs_out_the_kernel_takes_a_front_end_before_the_model_process(server):
+    """The highest oom_score_adj on every front-end, also on one started again, and the model process left as
+    the server was started: losing a front-end loses its requests under way, the model process every model."""
+    victim = server.http_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(server.http_pids()) == 2 and victim not in server.http_pids(), 30, "the front-end was not replaced")
+    front_ends = [*server.http_pids(), *server.grpc_pids()]
+    assert len(front_ends) == 4 and {oom_score_adj(pid) for pid in front_ends} == {1000}
+    assert oom_score_adj(server.worker_pid()) == oom_score_adj(server.process.pid) == oom_score_adj(os.getpid())
 
 
 @pytest.fixture

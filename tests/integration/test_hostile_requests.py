@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import requests
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
 
@@ -112,43 +114,64 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
         return responses
 """
-BODY_VALUES = 100_000  # FP32: a 400 KB binary body; two do not fit in one HTTP process's share below
+BODY_VALUES = 100_000  # FP32: 400 KB a request to `held`; two do not fit in one front-end process's share below
 
 
-def binary_infer(server, model: str, first: float) -> requests.Response:
-    values = np.full(BODY_VALUES, first, np.float32)
-    document = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [BODY_VALUES],
+def values_for(model: str, first: float) -> np.ndarray:
+    return np.full(BODY_VALUES if model == "held" else 4, first, np.float32)
+
+
+def binary_infer(server, model: str, first: float) -> tuple[int, str, list]:
+    """A V2 binary request over HTTP: its status, error and first outputs."""
+    values = values_for(model, first)
+    document = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(values.shape),
                                        "parameters": {"binary_data_size": values.nbytes}}],
                            "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}).encode()
-    return server.request("POST", f"/v2/models/{model}/infer", data=document + values.tobytes(),
-                          headers={"Inference-Header-Content-Length": str(len(document))}, timeout=60)
+    answer = server.request("POST", f"/v2/models/{model}/infer", data=document + values.tobytes(),
+                            headers={"Inference-Header-Content-Length": str(len(document))}, timeout=60)
+    if answer.status_code != 200:
+        assert answer.headers["Retry-After"]
+        return answer.status_code, answer.json()["error"], []
+    return 200, "", answer.json()["outputs"][0]["data"][:2]
 
 
-@pytest.mark.parametrize("front_ends", ["0", "1"])
-def test_bodies_past_the_processes_share_wait_unread_and_one_that_finds_no_room_is_a_503(start_server, tmp_path, front_ends):
-    """SERVE_MAX_BODIES_SIZE: a body is counted from its head until its answer is made. With one large body
-    held in the model, a second does not fit in the HTTP process's share: it waits unread, and is refused
-    once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one fits beside
-    it; and once the first is answered, there is room again."""
+def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
+    """The same over gRPC: UNAVAILABLE read as 503."""
+    values = values_for(model, first)
+    tensor_in = triton_grpc.InferInput("x", list(values.shape), "FP32")
+    tensor_in.set_data_from_numpy(values)
+    with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+        try:
+            return 200, "", client.infer(model, [tensor_in], client_timeout=60).as_numpy("y")[:2].tolist()
+        except InferenceServerException as exc:
+            return {"StatusCode.UNAVAILABLE": 503}.get(exc.status(), 500), exc.message(), []
+
+
+@pytest.mark.parametrize("front_ends, call", [("0", binary_infer), ("1", binary_infer), ("1", grpc_infer)],
+                         ids=["http-alone", "http-front-end", "grpc"])
+def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_refused(start_server, tmp_path, front_ends, call):
+    """SERVE_MAX_BODIES_SIZE: a request counts from its head until its answer is made. With one large request
+    held in the model, a second does not fit in the front-end process's share: it waits (an HTTP body unread),
+    and is refused once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one
+    fits beside it; and once the first is answered, there is room again."""
     gate = Gate(tmp_path, "held")
     python_model(tmp_path / "models", "held", HELD_PY.replace("{gate}", gate.code()),
                  {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
     fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    # a share of 600 KiB in each of the two front-end processes (HTTP, or the model process serving it, and gRPC)
     server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
-                          SERVE_MAX_BODIES_SIZE="600KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
+                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
     wait_for(server.ready, 60, "the models did not load")
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(binary_infer, server, "held", 0.0)
+        held = pool.submit(call, server, "held", 0.0)
         try:
             gate.wait_entered()
-            assert small(server) == 200  # a small body fits beside the held one
-            refused = binary_infer(server, "held", 1.0)
+            assert call(server, "double", 1.0) == (200, "", [2.0, 2.0])  # a small request fits beside the held one
+            status, error, _ = call(server, "held", 1.0)
         finally:
             gate.release()
-        assert held.result().status_code == 200
-    assert refused.status_code == 503 and "SERVE_MAX_BODIES_SIZE" in refused.json()["error"], refused.text
-    assert refused.headers["Retry-After"]
+        assert held.result() == (200, "", [0.0, 0.0])
+    assert status == 503 and "SERVE_MAX_BODIES_SIZE" in error, error
     statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
-    assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused body never reached it
-    answer = binary_infer(server, "held", 2.0)
-    assert answer.status_code == 200 and answer.json()["outputs"][0]["data"][:2] == [2.0, 2.0]
+    assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused request never reached it
+    assert call(server, "held", 2.0) == (200, "", [2.0, 2.0])

@@ -1,5 +1,8 @@
-"""The bytes of request bodies an HTTP process holds: first come first served, a body larger than the
-whole budget alone, and a body that gave up waiting lets those behind it in."""
+"""The bytes of requests a front-end process holds: first come first served, one larger than the whole
+budget alone, and one that gave up waiting (its deadline passed, or its gRPC call ended) lets those behind
+it in; an HTTP body waits as a greenlet, a gRPC call as an asyncio task."""
+
+import asyncio
 
 import gevent
 from gevent.event import Event
@@ -56,3 +59,20 @@ def test_a_body_that_gives_up_lets_those_behind_it_in():
     done.set()
     first.join(timeout=5)
     gevent.kill(behind)
+
+
+def test_a_grpc_call_waits_as_a_task_and_one_cancelled_while_waiting_leaves_the_line():
+    async def scenario() -> None:
+        budget = BodyBudget(10)
+        assert await budget.take_async(6, 5)
+        cancelled = asyncio.create_task(budget.take_async(5, 5))
+        behind = asyncio.create_task(budget.take_async(4, 5))
+        await asyncio.sleep(0)  # both wait in line
+        cancelled.cancel()  # its call ended: the 4 behind it fits now
+        assert await asyncio.wait_for(behind, 5) and budget.used == 10
+        assert not await budget.take_async(1, 0.01)  # no room within its deadline
+        budget.give(6)
+        budget.give(4)
+        assert budget.used == 0 and await budget.take_async(10, 5)
+
+    asyncio.run(scenario())
