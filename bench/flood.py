@@ -1,0 +1,91 @@
+"""Scenario: a flood of large requests. 400 connections each send 5.5 MiB tensors (within
+SAGEMAKER_MAX_PAYLOAD_IN_MB) to a model without batching, one after another as fast as they are answered:
+wrk over V2 binary HTTP, h2load over gRPC. The server runs two HTTP front-ends and two gRPC ones, with
+the requests each front-end process holds bounded (SERVE_MAX_BODIES_SIZE: its default, 1% of the RAM)
+and, for comparison, practically unbounded (100%). What it measures is memory: the machine's memory in
+use above the idle server's, the highest resident size of any front-end of each kind and of the model
+process, and /dev/shm, where large tensors cross between them, each at its peak during the run."""
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import psutil
+from tritonclient.grpc import service_pb2 as pb
+
+from bench.chaos_models import Scaled
+from bench.harness import CORES, Server, h2load, mib, save_model, tree, v2_binary_request, wrk
+
+TITLE = "A flood of large requests: memory with the requests each front-end holds bounded, and without"
+VALUES = 11 << 17  # FP32: 5.5 MiB a request
+CONNECTIONS = 400
+CONFIG = {"backend": "pytorch", "max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
+          "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}]}
+BUDGETS = {"default (1%)": None, "unbounded (100%)": "100%"}
+_EVERY = 0.05  # seconds between looks at the processes' memory
+
+
+def run(seconds: float, smoke: bool) -> list[str]:
+    root = Path(tempfile.mkdtemp())
+    save_model(root, "big", Scaled(), CONFIG)
+    connections = 8 if smoke else CONNECTIONS
+    values = np.arange(VALUES, dtype=np.float32)
+    lines = [f"{connections} connections; the server on every core with wrk or h2load ({len(CORES)} here). "
+             f"Memory is each process's resident size (shared pages count in each) and the machine's memory in use, "
+             f"which holds the sockets' buffers too.", "",
+             "| protocol | SERVE_MAX_BODIES_SIZE | requests/s | machine memory, more at peak | HTTP front-end, most | "
+             "gRPC front-end, most | model process | /dev/shm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for protocol in ("V2 binary HTTP", "gRPC"):
+        for label, budget in (list(BUDGETS.items())[:1] if smoke else BUDGETS.items()):
+            # a server each: glibc keeps a process's freed heap (resources.keep_freed_heap), so a peak stays
+            server = Server(root, cores=CORES, SERVE_HTTP_WORKERS="2", **({"SERVE_MAX_BODIES_SIZE": budget} if budget else {}))
+            try:
+                load, peaks = _flood(server, protocol, values, connections, seconds)
+            finally:
+                server.stop()
+            lines.append(f"| {protocol} | {label} | {load.requests_per_s:,.0f} | {mib(peaks['machine'])} | "
+                         f"{mib(peaks['http'])} | {mib(peaks['grpc'])} | {mib(peaks['model'])} | {mib(peaks['shm'])} |")
+    return lines
+
+
+def _flood(server: Server, protocol: str, values: np.ndarray, connections: int, seconds: float):
+    """The load generator's figures, and the peaks of memory while it ran."""
+    peaks = dict.fromkeys(("machine", "http", "grpc", "model", "shm"), 0)
+    idle, done = _in_use(), threading.Event()
+    watcher = threading.Thread(target=_watch, args=(server, peaks, idle, done))
+    watcher.start()
+    try:
+        if protocol == "gRPC":
+            request = pb.ModelInferRequest(model_name="big")
+            request.inputs.add(name="x", datatype="FP32", shape=[len(values)])
+            request.raw_input_contents.append(values.tobytes())
+            load = h2load(server.grpc_url, "/inference.GRPCInferenceService/ModelInfer", request.SerializeToString(),
+                          connections, seconds)
+        else:
+            body, headers = v2_binary_request("x", values, output="y")
+            load = wrk(server.url + "/v2/models/big/infer", body, headers, connections, seconds)
+    finally:
+        done.set()
+        watcher.join()
+    return load, peaks
+
+
+def _watch(server: Server, peaks: dict, idle: int, done: threading.Event) -> None:
+    kinds = {pid: "http" for pid in server.http_front_end_pids()} | {pid: "grpc" for pid in server.grpc_front_end_pids()}
+    kinds[server.worker_pid()] = "model"
+    while not done.wait(_EVERY):
+        peaks["machine"] = max(peaks["machine"], _in_use() - idle)
+        peaks["shm"] = max(peaks["shm"], shutil.disk_usage("/dev/shm").used)
+        for pid in tree(server.process.pid):
+            if pid in kinds:
+                try:
+                    peaks[kinds[pid]] = max(peaks[kinds[pid]], psutil.Process(pid).memory_info().rss)
+                except psutil.Error:  # it ended meanwhile
+                    pass
+
+
+def _in_use() -> int:
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available
