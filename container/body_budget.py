@@ -7,9 +7,9 @@ the whole budget goes alone. An HTTP body waits unread: its bytes stay in the cl
 kernel's buffers. A gRPC message has been read whole by grpcio before the server sees it; it waits
 before it is decoded and crosses to the model process.
 
-Without it, 400 clients each sending a 5.5 MiB body (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took the
-server's processes 8 GiB past their idle size, and the out-of-memory killer takes the process with the
-models. One budget serves both kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
+Without it, 400 connections each sending 5.5 MiB bodies (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took 7.2 GiB
+of the machine's memory over HTTP, the model process 2.1 GiB of it (bench/flood.py). One budget serves both
+kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
 
 import asyncio
 from collections import deque
