@@ -386,24 +386,30 @@ def test_no_path_leaves_a_descriptor_scratch_directory_or_thread(relaxed, root, 
     relaxed.still_serving()
 
 
-def test_a_conflicting_override_leaves_no_scratch_directory(relaxed, gate):
+def test_an_override_sent_during_a_load_waits_for_it_and_leaves_no_scratch_directory(relaxed, gate):
+    """A second load with a config, sent while the first loads (once refused 409), waits for it, then replaces
+    it: each override's directory is removed once its model is replaced or unloaded."""
     server = relaxed.server
 
-    def conflict():
+    def overrides():
         gate.marker.unlink(missing_ok=True)
         level_before = relaxed.level()
         scratch = len(relaxed.scratch_entries())
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(2) as pool:
             first = pool.submit(load_with, server, "slowload", ADMIN, config="{}")  # its model_fn waits at the gate
             gate.wait_entered()
-            refused(load_with(server, "slowload", ADMIN, config="{}"), 409, "still loading")
             assert len(relaxed.scratch_entries()) == scratch + 1  # the first override's directory alone
             assert relaxed.level()[2] > level_before[2]  # its worker process, seen by the level
+            second = pool.submit(load_with, server, "slowload", ADMIN, config="{}")
+            gate.marker.unlink()
             gate.release()
             assert first.result().status_code == 200
+            gate.wait_entered()  # the second's load, at the gate in its turn
+            gate.release()
+            assert second.result().status_code == 200
         assert server.request("POST", "/v2/repository/models/slowload/unload", headers=ADMIN).status_code == 200
 
-    relaxed.leaves_nothing(conflict, rounds=2)  # its worker process gone, its override directory removed
+    relaxed.leaves_nothing(overrides, rounds=2)  # the worker processes gone, the override directories removed
     relaxed.still_serving()
 
 
