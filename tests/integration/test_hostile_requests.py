@@ -14,6 +14,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
+from tests.integration.test_cancellation import QUEUED_PY
 
 NUMBERS = 3_145_628  # as many JSON numbers ("1,") as fit in SAGEMAKER_MAX_PAYLOAD_IN_MB's default 6 MiB
 MIB = 1 << 20
@@ -100,20 +101,6 @@ def test_a_reload_under_pressure_frees_the_copy_it_replaces(start_server, tmp_pa
     assert after - before < 8 * MIB, f"{(after - before) / MIB:.1f} MiB more after three reloads"
 
 
-# y = x, each request in turn; one whose first value is 0 waits at the gate first
-HELD_PY = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            if x[0] == 0:
-                {gate}
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
-        return responses
-"""
 BODY_VALUES = 100_000  # FP32: 400 KB a request to `held`; two do not fit in one front-end process's share below
 
 
@@ -155,7 +142,7 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     and is refused once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one
     fits beside it; and once the first is answered, there is room again."""
     gate = Gate(tmp_path, "held")
-    python_model(tmp_path / "models", "held", HELD_PY.replace("{gate}", gate.code()),
+    python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
                  {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
     fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
     # a share of 600 KiB in each of the two front-end processes (HTTP, or the model process serving it, and gRPC)
@@ -163,15 +150,15 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
                           SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
     wait_for(server.ready, 60, "the models did not load")
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(call, server, "held", 0.0)
+        held = pool.submit(call, server, "held", -1.0)  # y = 2x, once through the gate
         try:
             gate.wait_entered()
             assert call(server, "double", 1.0) == (200, "", [2.0, 2.0])  # a small request fits beside the held one
             status, error, _ = call(server, "held", 1.0)
         finally:
             gate.release()
-        assert held.result() == (200, "", [0.0, 0.0])
+        assert held.result() == (200, "", [-2.0, -2.0])
     assert status == 503 and "SERVE_MAX_BODIES_SIZE" in error, error
     statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
     assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused request never reached it
-    assert call(server, "held", 2.0) == (200, "", [2.0, 2.0])
+    assert call(server, "held", 2.0) == (200, "", [4.0, 4.0])
