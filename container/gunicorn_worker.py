@@ -13,7 +13,7 @@ from gevent.server import StreamServer
 from gunicorn.workers.ggevent import GeventWorker
 
 from container import channel, frontends
-from container.channel.server import ChannelServer
+from container.channel.server import STOPPING, ChannelServer
 from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
@@ -44,7 +44,8 @@ class Worker(GeventWorker):
         extensions = self.wsgi.extensions  # of the app create_app() made
         if not self.settings.http_workers:  # HTTP is this process's own
             self.connections = Connections(extensions["dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
-                                           self.worker_connections, max_requests=self.max_requests, retire=self._retire)
+                                           self.worker_connections, max_requests=self.max_requests, retire=self._retire,
+                                           ending=STOPPING)  # a SIGHUP, or max_requests, stops it too
         # the front-end processes' way in; the master named the socket after itself (gunicorn_conf)
         self.channel = ChannelServer(channel.socket_path(os.getppid()), extensions["channel"],
                                      channel.max_call(self.settings.max_payload_bytes),

@@ -50,6 +50,7 @@ _RECEIVE = 256 << 10
 _INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
 _BODY_GRACE = 5.0  # seconds a body may take before SERVE_MIN_BODY_RATE applies
 _LINGER = 2.0  # seconds a refused request's unread body is drained, so its client can read the answer
+SHUTTING_DOWN = "the server is shutting down; send the request again (to another instance)"
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,11 @@ class Connections:
 
     def __init__(self, dispatcher, settings: Settings, limits: HeadLimits, capacity: int,
                  new_client: Callable[[], Client] = Client, max_requests: int | None = None,
-                 retire: Callable[[], None] | None = None):
-        """`max_requests`: once answered, the process retires (`retire()`), as gunicorn's setting says."""
+                 retire: Callable[[], None] | None = None, ending: str = SHUTTING_DOWN):
+        """`max_requests`: once answered, the process retires (`retire()`), as gunicorn's setting says.
+        `ending`: what a request that still arrives as the process stops is told."""
         self.dispatcher, self.settings, self.limits, self.capacity = dispatcher, settings, limits, capacity
+        self.ending = ending
         self.new_client, self.max_requests, self.retire = new_client, max_requests, retire
         self.idle: dict = {}  # greenlet → the socket of its connection, waiting for a (next) request
         self.bodies = BodyBudget(settings.bodies_per_process)
@@ -268,8 +271,7 @@ class Connection:
         while self.ready:
             request, keep_alive, body_bytes = self.ready.popleft()
             if not connections.alive:
-                self._refuse(Unavailable("the server is shutting down; send the request again (to another instance)"),
-                             request)
+                self._refuse(Unavailable(connections.ending), request)
                 return False
             response = self._served(request)
             self.held -= body_bytes  # its body and what was made of it are gone: a client slow to read its

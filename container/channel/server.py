@@ -26,6 +26,8 @@ from container.channel.stream import FrameReader, Outbox
 from container.errors import ServeError, Unavailable
 
 log = logging.getLogger(__name__)
+# what a request is told that came as the model process stops: it cannot know whether a restart follows
+STOPPING = "the model process is stopping (a restart, or the server's shutdown); retry"
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 KEEP_ANSWERERS = 128  # idle greenlets kept for the next calls; past that many, one that finishes ends
 
@@ -97,7 +99,7 @@ class ChannelServer:
                 _cancel(streams.get(args[0]), *args[1:2])
                 return
             if self.draining:
-                raise Unavailable("the model process is stopping (a restart, or the server's shutdown); retry")
+                raise Unavailable(STOPPING)
             operation = self.operations.get(op)
             if operation is None:
                 raise ServeError(f"the model process has no channel operation {op!r}")

@@ -3,10 +3,9 @@ refused on its own while other clients' requests go on, and a refusal costs the 
 
 import json
 import threading
-
-import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import psutil
 import pytest
 import requests

@@ -335,6 +335,38 @@ def test_sighup_restarts_the_model_process_after_it_drains_never_beside_it(tmp_p
         server.stop()
 
 
+def test_sighup_without_front_ends_tells_a_request_pipelined_behind_one_in_flight_to_retry(tmp_path_factory):
+    """The model process serving HTTP itself restarts: the request in flight is answered, and one that came
+    behind it on the same connection is told the model process is stopping (it once read "the server is
+    shutting down; send the request again (to another instance)", right only at the server's end)."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "predict")
+    root = tmp_path_factory.mktemp("hup-alone")
+    handler_model(root, "gated", gated_predict(gate), Scale())
+    server = Server(root, SERVE_LOAD_MODELS="gated", SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info", SERVE_HTTP_WORKERS="0")
+    try:
+        wait_for(server.ready, message="the model did not load")
+        old = server.worker_pid()
+        body = b"[[4.0]]"
+        invoke = (f"POST /models/gated/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(invoke + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # the second waits behind the first
+            gate.wait_entered()
+            os.kill(server.process.pid, signal.SIGHUP)
+            wait_for(lambda: "Hang up: the model process drains" in server.log.read_text(), message="no SIGHUP handled")
+            gate.release()
+            answers = b""
+            while chunk := sock.recv(65536):
+                answers += chunk
+        first, _, second = answers.partition(b"HTTP/1.1 ")[2].partition(b"HTTP/1.1 ")
+        assert first.startswith(b"200") and first.endswith(b"[[8.0]]"), first
+        assert second.startswith(b"503") and b"Retry-After: 1" in second and b"the model process is stopping" in second, second
+        wait_for(lambda: server.replaced(old), 60, "gunicorn did not start the next model process")
+        wait_for(server.ready, 60, "the next model process did not load the model named at start")
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTTIN, signal.SIGUSR2])
 def test_signals_that_would_run_a_second_model_process_are_ignored(start_server, tmp_path_factory, sig):
     """gunicorn adds a worker at SIGTTIN and starts a second master beside itself at SIGUSR2: either
