@@ -17,7 +17,8 @@ worker (gunicorn_worker.py) and the HTTP front-end processes (http_frontend/) bo
   closed; between requests the keep-alive timeout applies. A request head must arrive whole within
   SERVE_REQUEST_HEAD_TIMEOUT, and a body at SERVE_MIN_BODY_RATE on average (after a grace), else 408.
   When every connection slot is taken, the connection idle the longest is closed to make room, so a
-  new client is always served.
+  new client is always served. An answer must be taken at SERVE_MIN_BODY_RATE too, after the same
+  grace, else its connection is closed.
 - Heads are bounded while they arrive: SERVE_MAX_HEADER_BYTES and gunicorn's field count (every
   header line counts, repeated names too) and field size; past them, 431.
 - Bodies: read once, kept whole up to the size limit (the handler's buffer is what `np.frombuffer`
@@ -279,8 +280,7 @@ class Connection:
             connections.answered()
             # shutting down: close after this response, unless requests behind it are to be refused first
             close = not keep_alive or (not connections.alive and not self.ready)
-            self._send(response, close, request.method == "HEAD")
-            if close:
+            if not self._send(response, close, request.method == "HEAD") or close:
                 return False
             gevent.sleep(0)
         return True
@@ -343,7 +343,9 @@ class Connection:
         path, query = request_path(self.url) if self.url else ("", "")
         return Request(method, path, query, self.headers)
 
-    def _send(self, response: Response, close: bool, head_only: bool = False) -> None:
+    def _send(self, response: Response, close: bool, head_only: bool = False) -> bool:
+        """Write `response`; False when its client left, or did not take it in time (`_write`): then the
+        connection closes, since what it has read is not a whole answer."""
         body = response.body
         length = "Transfer-Encoding: chunked" if response.stream is not None else f"Content-Length: {len(body)}"
         lines = [f"HTTP/1.1 {status_line(response.status)}\r\nDate: {_date()}\r\n{length}\r\n"]
@@ -365,7 +367,8 @@ class Connection:
                 self._write(head)
                 self._write(body)
         except OSError:
-            pass  # the client left; the loop ends at its next read
+            return False
+        return True
 
     def _write_chunks(self, stream) -> None:
         """Each piece as one chunk as soon as it is made, then the end. A client that leaves ends the
@@ -384,7 +387,11 @@ class Connection:
                 close()
 
     def _write(self, data) -> None:
-        """One send, which takes a small response whole; gevent's sendall costs ~5 µs more per call."""
+        """One send, which takes a small response whole; gevent's sendall costs ~5 µs more per call. The
+        client must take it as a body must arrive: at SERVE_MIN_BODY_RATE on average after the grace (the
+        socket's timeout was the last read's, so that a pause of SERVE_FIRST_REQUEST_TIMEOUT once cut an
+        answer in two and left its connection open)."""
+        self.sock.settimeout(_BODY_GRACE + len(data) / self.body_rate)
         sent = self.sock.send(data)
         if sent < len(data):
             self.sock.sendall(memoryview(data)[sent:])

@@ -153,7 +153,7 @@ class Settings:
         "SERVE_MAX_BODIES_SIZE", "1%", "Most bytes of requests the front-end processes hold at once, HTTP and gRPC, each an equal share (the model process's, when it serves HTTP itself): a request counts from its head (a gRPC one once grpcio has read it) until its answer is made, and the server holds a few copies of it meanwhile. A request past it waits, an HTTP body unread, until earlier ones are answered, first come first served, and gets 503 (`UNAVAILABLE`) if it waited `SAGEMAKER_MODEL_SERVER_TIMEOUT` seconds; one larger than a share goes alone. Bytes with optional KiB/MiB/GiB suffix, or a percentage of the container's RAM (its cgroup limit)."
     )
     min_body_rate: int = _env(
-        "SERVE_MIN_BODY_RATE", "16KiB", "Bytes per second a request body must average, after a 5-second grace, while it arrives; a slower body gets 408."
+        "SERVE_MIN_BODY_RATE", "16KiB", "Bytes per second a request body must average, after a 5-second grace, while it arrives; a slower body gets 408. A client must take an answer (each piece of a streamed one) at this rate too, after the same grace, else its connection is closed."
     )
     allow_client_shm: bool = _env(
         "SERVE_ALLOW_CLIENT_SHM", "false", "A relaxation. `true`: clients may register system and CUDA shared memory regions for inputs and outputs (Triton's `--allow-client-shm`); `false` refuses them, as Triton does by default."

@@ -10,7 +10,7 @@ import threading
 import pytest
 import requests
 
-from tests.builders import Scale, fp32_model, wait_for
+from tests.builders import Scale, fp32_model, handler_model, wait_for
 
 X = json.dumps([[1.0, 2.0, 3.0, 4.0]]).encode()
 DOUBLED = [[2.0, 4.0, 6.0, 8.0]]
@@ -234,3 +234,35 @@ def test_ping_answers_while_64_clients_saturate_the_server(server):
         for thread in clients:
             thread.join()
     assert failures == []
+
+
+LARGE_ANSWER = """
+def model_fn(model_dir):
+    return None
+
+
+def transform_fn(model, body, content_type, accept):
+    return b"x" * (8 << 20), "application/octet-stream"
+"""
+
+
+@pytest.mark.parametrize("front_ends", ["1", "0"])
+def test_an_answer_read_after_a_pause_arrives_whole(start_server, tmp_path, front_ends):
+    """A client that pauses while it reads a large answer, past SERVE_FIRST_REQUEST_TIMEOUT, gets all of it:
+    the answer's deadline is its own (SERVE_MIN_BODY_RATE), where it was the last read's, and the answer was
+    cut in two with its connection left open until the keep-alive timeout."""
+    handler_model(tmp_path / "models", "large", LARGE_ANSWER)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="large", SERVE_FIRST_REQUEST_TIMEOUT="1",
+                          SERVE_HTTP_WORKERS=front_ends)
+    wait_for(server.ready, 60, "the model did not load")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # the answer waits in the server
+        sock.sendall(post("/models/large/invoke", b"{}"))
+        answer = sock.recv(64 << 10)  # under way
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as silent:
+            assert silent.recv(1) == b""  # closed by the server after SERVE_FIRST_REQUEST_TIMEOUT: the pause
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+        while len(body) < length and (chunk := sock.recv(1 << 20)):
+            body += chunk
+    assert head.startswith(b"HTTP/1.1 200") and len(body) == length == 8 << 20
