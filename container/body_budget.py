@@ -1,14 +1,18 @@
 """The bytes of requests one front-end process holds at once (SERVE_MAX_BODIES_SIZE, shared among the
-front-end processes, HTTP and gRPC). A request counts from when its size is known until its answer is
-made: in between it is read, decoded, queued and run, a few copies of it at once (not while its answer
-is sent: a client that never reads its answer must not hold up everyone else's requests). A request that
-does not fit waits for the requests before it to be answered, first come first served; one larger than
-the whole budget goes alone. An HTTP body waits unread: its bytes stay in the client's socket and the
-kernel's buffers. A gRPC message has been read whole by grpcio before the server sees it; it waits
-before it is decoded and crosses to the model process.
+front-end processes, HTTP and gRPC). A request counts once it has arrived whole until its answer is made:
+in between it is decoded, sent to the model process, queued and run, a few copies of it at once (not while
+its answer is sent: a client that never reads its answer must not hold up everyone else's requests). A
+request that does not fit waits for the requests before it to be answered, first come first served; one
+larger than the whole budget goes alone.
 
-Without it, 400 connections each sending 5.5 MiB bodies (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took 7.2 GiB
-of the machine's memory over HTTP, the model process 2.1 GiB of it (bench/flood.py). One budget serves both
+It counts a request once it has arrived, not from its head: counted from its head (its body then waiting
+unread, in the sockets), a client that sent heads of large bodies and then their bytes at the slowest rate
+allowed (SERVE_MIN_BODY_RATE) held the room of every other client for minutes. A body being read is bounded
+by the rules on one request (size, rate), as a gRPC message, which grpcio reads whole before the server
+sees it, is by gRPC's.
+
+Without it, 400 connections each sending 5.5 MiB bodies (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took 8.9 GiB
+of the machine's memory over HTTP, the model process 2.8 GiB of it (bench/flood.py). One budget serves both
 kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
 
 import asyncio

@@ -23,9 +23,9 @@ worker (gunicorn_worker.py) and the HTTP front-end processes (http_frontend/) bo
   header line counts, repeated names too) and field size; past them, 431.
 - Bodies: read once, kept whole up to the size limit (the handler's buffer is what `np.frombuffer`
   reads). A Content-Length past the limit is a 413 at once, before the body is read; a chunked body
-  that grows past it is read and dropped, and the pipeline answers 413. The bodies a process holds at
-  once are bounded too (body_budget.py): a body is read once it fits, counted from its head (a chunked
-  one as the size limit) until its answer is made.
+  that grows past it is read and dropped, and the pipeline answers 413. What a process makes of the
+  bodies it has read is bounded too (body_budget.py): a whole body counts from then until its answer
+  is made, and waits for room first.
 """
 
 import email.utils
@@ -95,7 +95,6 @@ class Connections:
             connection.serve()
         finally:
             self.count -= 1
-            self.bodies.give(connection.held)
             _close(sock)
             connection.client.close()
             if not self.count:
@@ -130,17 +129,14 @@ class Connection:
         self.idle_timeout = settings.first_request_timeout  # until the first request; then keep-alive's
         self.parser = httptools.HttpRequestParser(self)
         self.client = connections.new_client()  # the connection as the schedulers see it
-        self.ready: deque = deque()  # (request, keep_alive, its body's bytes in the budget) parsed, not yet answered
-        self.held = 0  # bytes of this connection's bodies counted in the process's BodyBudget
-        self.wanted = 0  # ... of the bodies whose head the last read completed: counted before reading on
-        self.continuing = False  # the client waits for 100 Continue before it sends its body
+        self.ready: deque = deque()  # (request, keep_alive) parsed and not yet answered
         self.in_message = self.in_body = False
         self._watch = None  # the hub's watcher of the socket while a request is answered
         self._reset()
 
     def _reset(self) -> None:
         self.url, self.headers, self.body = b"", {}, Body(self.max_body)
-        self.fields = self.head_bytes = self.received = self.body_bytes = 0
+        self.fields = self.head_bytes = self.received = 0
         self.started = time.monotonic()
 
     # -- httptools callbacks -----------------------------------------------------------------------
@@ -167,14 +163,10 @@ class Connection:
     def on_headers_complete(self) -> None:
         self.in_body, self.started = True, time.monotonic()
         length = self.headers.get("content-length")
-        if length is not None and length.isdigit():
-            if int(length) > self.max_body:
-                raise self.dispatcher.too_large(int(length))
-            self.body_bytes = int(length)
-        elif "chunked" in self.headers.get("transfer-encoding", "").lower():
-            self.body_bytes = self.max_body  # its size is known only at its end
-        self.wanted += self.body_bytes
-        self.continuing = self.headers.get("expect", "").lower() == "100-continue"
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise self.dispatcher.too_large(int(length))
+        if self.headers.get("expect", "").lower() == "100-continue":
+            self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self.received += len(body)
@@ -186,7 +178,7 @@ class Connection:
         self.client.requests += 1
         request = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
                           self.body.whole(), self.body.oversize, self.client)
-        self.ready.append((request, self.parser.should_keep_alive(), self.body_bytes))
+        self.ready.append((request, self.parser.should_keep_alive()))
 
     # -- the connection ----------------------------------------------------------------------------
 
@@ -231,29 +223,8 @@ class Connection:
                 refusal = exc.__context__  # httptools wraps what a callback raised
                 self._refuse(refusal if isinstance(refusal, ServeError) else InvalidRequest(f"malformed HTTP request: {exc}"))
                 return
-            if (self.wanted or self.continuing) and not self._room():
-                return
             if not self._answer():
                 return
-
-    def _room(self) -> bool:
-        """Count the bodies whose head just arrived in the process's budget before reading on (waiting for
-        room as long as SAGEMAKER_MODEL_SERVER_TIMEOUT allows), then ask for the body if the client waits to
-        be asked; False once refused."""
-        wanted, self.wanted = self.wanted, 0
-        timeout = self.connections.settings.model_server_timeout
-        if not self.connections.bodies.take(wanted, timeout):
-            self._refuse(no_room(timeout))
-            return False
-        self.held += wanted
-        self.started = time.monotonic()  # a body's rate counts from when it may be read
-        if self.continuing:
-            self.continuing = False
-            try:
-                self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            except OSError:  # the client left
-                return False
-        return True
 
     def _deadline(self) -> tuple[float, str]:
         """Seconds the next read may wait, and what a request still arriving then is told."""
@@ -270,13 +241,13 @@ class Connection:
         """Answer the requests parsed so far, in order; False once the connection must close."""
         connections = self.connections
         while self.ready:
-            request, keep_alive, body_bytes = self.ready.popleft()
+            request, keep_alive = self.ready.popleft()
             if not connections.alive:
                 self._refuse(Unavailable(connections.ending), request)
                 return False
-            response = self._served(request)
-            self.held -= body_bytes  # its body and what was made of it are gone: a client slow to read its
-            connections.bodies.give(body_bytes)  # answer holds up no one else's body
+            response = self._counted(request)
+            if response is None:
+                return False
             connections.answered()
             # shutting down: close after this response, unless requests behind it are to be refused first
             close = not keep_alive or (not connections.alive and not self.ready)
@@ -284,6 +255,18 @@ class Connection:
                 return False
             gevent.sleep(0)
         return True
+
+    def _counted(self, request: Request) -> Response | None:
+        """`_served`, with its body counted among those the process holds until its answer is made, waiting
+        for room as long as SAGEMAKER_MODEL_SERVER_TIMEOUT allows (body_budget.py); None once refused."""
+        size, timeout = len(request.body), self.connections.settings.model_server_timeout
+        if not self.connections.bodies.take(size, timeout):
+            self._refuse(no_room(timeout), request)
+            return None
+        try:
+            return self._served(request)
+        finally:
+            self.connections.bodies.give(size)
 
     def _served(self, request: Request) -> Response:
         """The dispatcher's response to `request`, watching meanwhile for its client hanging up: then the

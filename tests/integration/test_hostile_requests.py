@@ -136,10 +136,10 @@ def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
 @pytest.mark.parametrize("front_ends, call", [("0", binary_infer), ("1", binary_infer), ("1", grpc_infer)],
                          ids=["http-alone", "http-front-end", "grpc"])
 def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_refused(start_server, tmp_path, front_ends, call):
-    """SERVE_MAX_BODIES_SIZE: a request counts from its head until its answer is made. With one large request
-    held in the model, a second does not fit in the front-end process's share: it waits (an HTTP body unread),
-    and is refused once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one
-    fits beside it; and once the first is answered, there is room again."""
+    """SERVE_MAX_BODIES_SIZE: a request counts from its arrival until its answer is made. With one large
+    request held in the model, a second does not fit in the front-end process's share: it waits, and is
+    refused once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one fits
+    beside it; and once the first is answered, there is room again."""
     gate = Gate(tmp_path, "held")
     python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
                  {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
