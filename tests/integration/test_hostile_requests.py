@@ -138,7 +138,7 @@ def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
 def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_refused(start_server, tmp_path, front_ends, call):
     """SERVE_MAX_BODIES_SIZE: a request counts from its arrival until its answer is made. With one large
     request held in the model, a second does not fit in the front-end process's share: it waits, and is
-    refused once SAGEMAKER_MODEL_SERVER_TIMEOUT has passed, never having reached the model; a small one fits
+    refused once SAGEMAKER_MODEL_SERVER_TIMEOUT (5 s) has passed, never having reached the model; a small one fits
     beside it; and once the first is answered, there is room again."""
     gate = Gate(tmp_path, "held")
     python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
@@ -146,7 +146,7 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
     # a share of 600 KiB in each of the two front-end processes (HTTP, or the model process serving it, and gRPC)
     server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
-                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="3")
+                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="5")
     wait_for(server.ready, 60, "the models did not load")
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(call, server, "held", -1.0)  # y = 2x, once through the gate

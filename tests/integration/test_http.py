@@ -258,7 +258,11 @@ def test_an_answer_read_after_a_pause_arrives_whole(start_server, tmp_path, fron
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # the answer waits in the server
         sock.sendall(post("/models/large/invoke", b"{}"))
-        answer = sock.recv(64 << 10)  # under way
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # the head, and the answer under way
+            chunk = sock.recv(64 << 10)
+            assert chunk, f"the server closed the connection after {answer!r}"
+            answer += chunk
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as silent:
             assert silent.recv(1) == b""  # closed by the server after SERVE_FIRST_REQUEST_TIMEOUT: the pause
         head, _, body = answer.partition(b"\r\n\r\n")
