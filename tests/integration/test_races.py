@@ -242,7 +242,6 @@ def joining(server, gate: Gate, first: str, then: str):
             gate.release()
 
 
-
 def test_a_load_with_a_config_sent_while_the_first_load_runs_waits_for_it_then_applies(start_server, tmp_path):
     """Triton takes one load of a model at a time; this server answered the second 409 "still loading"."""
     root, gate = gated_step(tmp_path)
