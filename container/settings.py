@@ -9,6 +9,7 @@ from typing import Mapping
 
 from container import content, resources
 from container.errors import Forbidden
+from container.frontends import grpc_workers
 from container.limits import Limits, boolean, whole_number
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
@@ -269,9 +270,9 @@ class Settings:
     @property
     def bodies_per_process(self) -> int:
         """Each front-end process's share of SERVE_MAX_BODIES_SIZE: the HTTP ones' (or the model process's, when
-        it serves HTTP itself) and, with gRPC on, as many gRPC ones' (frontends.grpc_workers)."""
+        it serves HTTP itself) and, with gRPC on, the gRPC ones'."""
         http = max(self.http_workers, 1)
-        return self.max_bodies_size // (http * 2 if self.grpc_port is not None else http)
+        return self.max_bodies_size // (http + (grpc_workers(self.http_workers) if self.grpc_port is not None else 0))
 
     @property
     def max_payload_bytes(self) -> int:

@@ -2,6 +2,7 @@
 refused on its own while other clients' requests go on, and a refusal costs the server no memory."""
 
 import json
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,6 +11,7 @@ import psutil
 import pytest
 import requests
 import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
@@ -161,3 +163,29 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
     assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused request never reached it
     assert call(server, "held", 2.0) == (200, "", [4.0, 4.0])
+
+
+def test_clients_trickling_large_bodies_hold_no_room_from_the_others(start_server, tmp_path):
+    """The attack that counting a body from its head allowed: heads of bodies that fill the share, then their
+    bytes as slowly as SERVE_MIN_BODY_RATE lets. A body counts once it has arrived, so a whole request of
+    the same size is served at once beside them, by the same front-end."""
+    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS="1",
+                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="5")  # 600 KiB a process
+    wait_for(server.ready, 60, "the model did not load")
+    head = (f"POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {BODY_VALUES * 4}\r\n\r\n").encode()
+    tricklers = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(3)]
+    try:
+        for trickler in tricklers:
+            trickler.sendall(head + b'{"inputs": [')  # and no more for now: well within the rate's grace
+        values = np.arange(BODY_VALUES, dtype=np.float32)
+        tensor_in = triton_http.InferInput("x", [BODY_VALUES], "FP32")
+        tensor_in.set_data_from_numpy(values, binary_data=True)
+        with triton_http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30) as client:
+            answer = client.infer("double", [tensor_in], timeout=30)
+        assert np.array_equal(answer.as_numpy("y"), values * 2)
+        assert server.request("GET", "/ping", timeout=2).status_code == 200
+    finally:
+        for trickler in tricklers:
+            trickler.close()
