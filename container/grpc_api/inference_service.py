@@ -5,7 +5,6 @@ HTTP front-end's do (http_frontend/inference.py says which go as their documents
 
 import asyncio
 import base64
-import contextlib
 import logging
 import os
 import time
@@ -89,19 +88,19 @@ class InferenceService:
 
     @answered("inference")
     async def ModelInfer(self, request, context):
-        async with self._room(request):
+        size = await self._room(request)
+        try:
             return await self._infer(request, context.peer())
+        finally:
+            self._bodies.give(size)
 
-    @contextlib.asynccontextmanager
-    async def _room(self, request):
-        """`request` counted among the requests this process holds (body_budget.py) while it is answered."""
+    async def _room(self, request) -> int:
+        """`request` counted among the requests this process holds (body_budget.py), to be given back once it
+        is answered: its size. (A plain await and try, where an async context manager cost 2 µs a call.)"""
         size = sum(map(len, request.raw_input_contents)) or request.ByteSize()  # (which encodes the message)
         if not await self._bodies.take_async(size, self._room_timeout):
             raise no_room(self._room_timeout)
-        try:
-            yield
-        finally:
-            self._bodies.give(size)
+        return size
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
@@ -151,8 +150,11 @@ class InferenceService:
             marked = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
             if _FINAL in request.parameters:  # tritonclient's own flag; the model never sees it
                 del request.parameters[_FINAL]
-            async with self._room(request):
+            size = await self._room(request)
+            try:
                 await self._answer_in_stream(request, marked, answers)
+            finally:
+                self._bodies.give(size)
         except ServeError as exc:
             status = exc.status
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)))
