@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import free_port
 from container.logs import SERVER_FAULTS
+from tests import grpc_clients
 from tests.builders import descriptors, wait_for
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ class Server:
         """Whether the gRPC front-end answers ServerReady with true (False while its port is not open)."""
         import tritonclient.grpc as triton_grpc
 
-        with triton_grpc.InferenceServerClient(self.grpc_url) as client:
+        with grpc_clients.InferenceServerClient(self.grpc_url) as client:
             try:
                 return client.is_server_ready()
             except triton_grpc.InferenceServerException:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests import grpc_clients
 from tests.builders import Gate, ensemble, ensemble_step, handler_model, python_model, tensor, wait_for
 
 # x (FP32 [4]) → y = 2x; x[0] == -1 waits at the gate first
@@ -203,7 +204,7 @@ def test_a_cancelled_request_waiting_for_the_instance_never_runs_and_the_others_
     answers: queue.Queue = queue.Queue()
     gates[name].marker.unlink(missing_ok=True)  # a gate is used by more than one test
     before = executions(server, name)
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         client.async_infer(name, inputs(-1), lambda result, error: answers.put(("held", result, error)), client_timeout=60)
         gates[name].wait_entered()
         waiting = client.async_infer(name, inputs(5), lambda result, error: answers.put(("cancelled", result, error)),
@@ -230,7 +231,7 @@ def test_an_ensemble_cancelled_during_a_step_starts_no_other(server, gates):
     gates["direct"].marker.unlink(missing_ok=True)
     before = executions(server, "second")
     answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         call = client.async_infer("pipeline", x_input(-1), lambda result, error: answers.put(error), client_timeout=60)
         gates["direct"].wait_entered()
         call.cancel()
@@ -244,7 +245,7 @@ def test_an_ensemble_cancelled_during_a_step_starts_no_other(server, gates):
 def test_a_running_python_request_sees_its_cancellation(server, gate_dir):
     """`request.is_cancelled()` turns true in `execute` once the client cancels the call."""
     answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         call = client.async_infer("watchful", x_input(1), lambda result, error: answers.put(error), client_timeout=60)
         wait_for((gate_dir / "watchful.entered").exists, 30, "the request never started")
         call.cancel()
@@ -265,7 +266,7 @@ def test_a_decoupled_model_stops_when_its_stream_is_cancelled(server, gate_dir, 
     marker = gate_dir / f"ticker.{where}"
     marker.unlink(missing_ok=True)  # the HTTP tests' tickers write it too
     cancels_before = cancelled_responses(server, "ticker")
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = grpc_clients.InferenceServerClient(server.grpc_url)
     try:
         client.start_stream(lambda result, error: responses.put((result, error)))
         client.async_stream_infer("ticker", x_input(1), parameters={"from": where})
@@ -285,7 +286,7 @@ def test_a_stream_its_client_closes_still_answers_the_requests_under_way(server,
     the request under way (held at the gate as the client closes its side) is answered, not cancelled."""
     responses: queue.Queue = queue.Queue()
     gates["queued"].marker.unlink(missing_ok=True)
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         client.start_stream(lambda result, error: responses.put((result, error)))
         client.async_stream_infer("queued", x_batched(-1))
         gates["queued"].wait_entered()

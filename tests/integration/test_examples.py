@@ -6,6 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests import grpc_clients
 from tests.builders import wait_for
 from tests.conftest import PROJECT
 
@@ -31,8 +32,9 @@ def test_the_readmes_first_requests_are_answered(server):
     assert predicted.json() == {"predictions": [3.5, 4.0, 5.5]}
     features = np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)
     answers = []
-    for module, url in ((httpclient, server.url.removeprefix("http://")), (grpcclient, server.grpc_url)):
-        with module.InferenceServerClient(url) as client:
+    for module, client_class, url in ((httpclient, httpclient.InferenceServerClient, server.url.removeprefix("http://")),
+                                      (grpcclient, grpc_clients.InferenceServerClient, server.grpc_url)):
+        with client_class(url) as client:
             tensor = module.InferInput("INPUT0", list(features.shape), "FP32")
             tensor.set_data_from_numpy(features)
             answers.append(client.infer("mlp", [tensor]).as_numpy("OUTPUT0"))

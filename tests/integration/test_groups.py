@@ -24,6 +24,7 @@ from container.grpc_api.clients import Clients
 from container.grpc_api.inference_service import InferenceService
 from container.http_frontend.server import ChannelDispatcher
 from container.settings import Settings
+from tests import grpc_clients
 from tests.builders import Scale, fp32_model, handler_model, poll, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
@@ -223,7 +224,7 @@ def test_after_a_reload_that_changes_the_signature_the_front_ends_decode_against
         x = np.array([values], np.float32)
         inputs = [triton_grpc.InferInput("x", list(x.shape), "FP32")]
         inputs[0].set_data_from_numpy(x)
-        with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+        with grpc_clients.InferenceServerClient(server.grpc_url) as client:
             try:
                 return client.infer("reshaped", inputs, client_timeout=30).as_numpy("y").tolist()
             except InferenceServerException as exc:

@@ -17,7 +17,6 @@ import pytest
 import requests
 import torch
 import tritonclient.grpc as triton_grpc
-import tritonclient.grpc.aio as triton_aio
 import tritonclient.http as http
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,6 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException, shared_memory
 
+from tests import grpc_clients
 from tests.builders import Scale, descriptors, exited, fp32_model, handler_model, sized_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 from tests.integration.test_v2 import DATATYPES, save_models
@@ -52,7 +52,7 @@ def server(start_server, tmp_path_factory):
 
 @pytest.fixture
 def client(server):
-    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    client = grpc_clients.InferenceServerClient(server.grpc_url)
     yield client
     client.close()
 
@@ -270,7 +270,7 @@ def test_compressed_requests_are_read(client, algorithm):
 
 def test_async_client(server):
     async def main():
-        client = triton_aio.InferenceServerClient(server.grpc_url)
+        client = grpc_clients.AsyncInferenceServerClient(server.grpc_url)
         try:
             assert await client.is_server_ready()
             array = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -331,7 +331,7 @@ def test_ten_thousand_concurrent_streams(server, client):
     """Each stream sends one request and waits for its answer; they all open at once, and the server's
     limit of calls waiting to be taken up (SERVE_GRPC_MAX_PENDING) holds them all."""
     async def main():
-        client = triton_aio.InferenceServerClient(server.grpc_url)
+        client = grpc_clients.AsyncInferenceServerClient(server.grpc_url)
         array = np.ones((1, 4), np.float32)
 
         async def one_stream(i: int):
@@ -555,7 +555,7 @@ def test_grpc_is_served_by_as_many_front_ends_as_http_sharing_its_port(start_ser
     # each front-end opens the port once its channel is connected: a process alone may not listen yet
     wait_for(lambda: len(on_port(psutil.CONN_LISTEN)) == 2, 60, "the gRPC front-ends did not both listen")
     # a connection each: grpcio's channels to one address share one by default
-    clients = [triton_grpc.InferenceServerClient(server.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+    clients = [grpc_clients.InferenceServerClient(server.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
                for _ in range(16)]
     try:
         for client in clients:
@@ -583,7 +583,7 @@ def default_server(tmp_path_factory):
 
 
 def test_model_files_are_refused_by_default(default_server):
-    client = triton_grpc.InferenceServerClient(default_server.grpc_url)
+    client = grpc_clients.InferenceServerClient(default_server.grpc_url)
     error = _grpc_error(client.load_model, "new", config="{}", files={"file:1/model.pt": b"anything"})
     assert error.status() == "StatusCode.PERMISSION_DENIED" and "SERVE_ALLOW_MODEL_FILES" in error.message()
 
@@ -592,7 +592,7 @@ def test_sigterm_to_the_master_drains_and_stops_every_process(default_server):
     """As `docker stop` sends it: to the master alone. The worker drains, then the front-end, and none
     is left behind."""
     server = default_server
-    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    client = grpc_clients.InferenceServerClient(server.grpc_url)
     front_end, worker = server.grpc_pid(), server.worker_pid()
     assert client.infer("plain", [_input("x", np.ones((1, 4), np.float32))]).as_numpy("y").shape == (1, 4)
     os.kill(server.process.pid, signal.SIGTERM)

@@ -395,7 +395,7 @@ def test_idle_connections_cannot_lock_new_clients_out(start_server, root):
     # One front-end: the limit is each HTTP process's, and which of two takes a connection is the kernel's
     # choice, so with two the pings could all go to the one that does not hold the oldest connection.
     server = start_server(root, SERVE_MAX_CONNECTIONS="20", SERVE_HTTP_WORKERS="1")
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=15) for _ in range(40)]
     try:
         # every slot is taken by a silent connection: the longest idle makes room, long before
         # SERVE_FIRST_REQUEST_TIMEOUT (10 s) would close any of them

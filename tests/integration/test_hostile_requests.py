@@ -14,6 +14,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from tests import grpc_clients
 from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
 from tests.integration.test_cancellation import QUEUED_PY
 
@@ -128,7 +129,7 @@ def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
     values = values_for(model, first)
     tensor_in = triton_grpc.InferInput("x", list(values.shape), "FP32")
     tensor_in.set_data_from_numpy(values)
-    with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         try:
             return 200, "", client.infer(model, [tensor_in], client_timeout=60).as_numpy("y")[:2].tolist()
         except InferenceServerException as exc:

@@ -14,6 +14,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests import grpc_clients
 from tests.builders import (
     Gate,
     Scale,
@@ -72,7 +73,7 @@ def test_while_the_models_named_at_start_load_every_protocol_says_retry(start_se
             answer = server.request(method, path, json={"instances": [[1, 2, 3, 4]]})
             assert answer.status_code == 503 and answer.headers["Retry-After"], (path, answer.text)
             assert answer.json()["error"] == f"model '{name}' is still loading at start"
-    with triton_grpc.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         wait_for(lambda: _grpc_live(client), message="the gRPC front-end did not start")
         with pytest.raises(InferenceServerException) as refused:
             client.infer("later", [_fp32_input([[1, 2, 3, 4]])])
@@ -178,7 +179,7 @@ def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(tmp_pat
     server = Server(root)
     try:
         assert server.load("gated").status_code == 200
-        idle = socket.create_connection(("127.0.0.1", server.port))  # a keep-alive client between requests
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=30)  # a keep-alive client between requests
         idle.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
         assert idle.recv(1024).startswith(b"HTTP/1.1 200")
         with ThreadPoolExecutor(1) as pool:
@@ -423,8 +424,8 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
     python_model(root, "gated", GATED_DOUBLE_PY.format(gate=gate.code()), io)
     server = Server(root, SERVE_HTTP_WORKERS=front_ends, SERVE_LOAD_MODELS="plain,gated")
     wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
-    streaming, late = triton_grpc.InferenceServerClient(server.grpc_url), triton_grpc.InferenceServerClient(server.grpc_url)
-    unary = triton_grpc.InferenceServerClient(server.grpc_url)
+    streaming, late = grpc_clients.InferenceServerClient(server.grpc_url), grpc_clients.InferenceServerClient(server.grpc_url)
+    unary = grpc_clients.InferenceServerClient(server.grpc_url)
     try:
         answered = []
         streaming.start_stream(lambda result, error: answered.append(error or result), stream_timeout=60)
@@ -437,7 +438,7 @@ def test_sigterm_drains_grpc_before_the_model_process_and_no_open_stream_holds_t
             os.kill(server.process.pid, signal.SIGTERM)
             wait_for(lambda: not server.grpc_ready(), message="gRPC still says it is ready after SIGTERM")
             with pytest.raises(InferenceServerException) as meanwhile:
-                triton_grpc.InferenceServerClient(server.grpc_url).infer("plain", [_grpc_input("x", [1, 4])], client_timeout=60)
+                grpc_clients.InferenceServerClient(server.grpc_url).infer("plain", [_grpc_input("x", [1, 4])], client_timeout=60)
             assert meanwhile.value.status() == "StatusCode.UNAVAILABLE", meanwhile.value
             told = []
             late.start_stream(lambda result, error: told.append(error))  # opened while the server drains

@@ -14,6 +14,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from container import frontends
+from tests import grpc_clients
 from tests.builders import (
     MIB,
     Allocates,
@@ -93,14 +94,13 @@ def test_model_larger_than_the_budget_is_507_and_evicts_nothing(lru):
 
 
 def test_each_version_s_statistics_show_what_the_cache_charges_it_in_triton_s_memory_usage(lru):
-    import tritonclient.grpc as grpcclient
 
     name = lru.loaded()[0]
     charged = lru.metrics()[("serve_model_memory_bytes", (("device", "cpu"), ("model", name)))]
     [stats] = lru.request("GET", f"/v2/models/{name}/stats").json()["model_stats"]
     assert stats["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": charged}] and charged >= 8 * MIB
     wait_for(lru.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
-    with grpcclient.InferenceServerClient(lru.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(lru.grpc_url) as client:
         [over_grpc] = client.get_inference_statistics(name, as_json=True)["model_stats"]
     assert over_grpc["memory_usage"] == [{"type": "CPU", "byte_size": str(int(charged))}]  # protobuf's JSON: no id 0
 
@@ -312,7 +312,7 @@ def test_large_requests_reuse_the_heap_in_every_process_they_cross(start_server,
     wait_for(lambda: server.ready() and server.grpc_ready(), 60, "the server did not serve the model over HTTP and gRPC")
     values = np.linspace(-1, 1, 1 << 20, dtype=np.float32).reshape(1, -1)
     http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    grpc_client = triton_grpc.InferenceServerClient(server.grpc_url)
+    grpc_client = grpc_clients.InferenceServerClient(server.grpc_url)
 
     def round_trip(client, module) -> None:
         tensor = module.InferInput("x", list(values.shape), "FP32")

@@ -6,10 +6,10 @@ byte by byte, so they cannot drift with the server's own declaration of them."""
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from tests import grpc_clients
 from tests.builders import Scale, fp32_model, gated_load, gates, handler_model, manifest_env, sized_model, wait_for
 from tests.conftest import PROJECT
 from tests.integration.test_races import joined_a_load
@@ -101,7 +101,7 @@ def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
 
 
 def test_runtime_status_reports_the_budget_and_purges_what_is_loaded(server, channel):
-    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    client = grpc_clients.InferenceServerClient(server.grpc_url)
     assert client.is_model_ready("at-start")
     status = decode(call(channel, "runtimeStatus", b""))
     assert status[1] == [1]  # READY
@@ -160,7 +160,7 @@ def test_a_load_modelmesh_cancels_is_undone_by_the_unload_it_sends_next(server, 
     with pytest.raises(grpc.RpcError) as raised:
         call(channel, "modelSize", model_request("cancelled__isvc-4"))
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
-    assert not triton_grpc.InferenceServerClient(server.grpc_url).is_model_ready("cancelled__isvc-4")
+    assert not grpc_clients.InferenceServerClient(server.grpc_url).is_model_ready("cancelled__isvc-4")
 
 
 def test_a_load_that_does_not_fit_is_refused_and_frees_nothing(server, channel):

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from container.scheduling.inline import INLINE_WINDOW
+from tests import grpc_clients
 from tests.builders import Scale, fp32_model, handler_model, python_model, sized_model, tensor, wait_for
 
 
@@ -30,7 +31,7 @@ def server(start_server, tmp_path_factory):
 
 
 def scrape(server) -> dict[tuple, float]:
-    answer = requests.get(server.url + "/metrics")
+    answer = server.request("GET", "/metrics")
     assert answer.headers["Content-Type"].startswith("text/plain")
     assert "# TYPE nv_inference_request_success counter" in answer.text  # Triton's names, as Triton writes them
     # (the parser reads counter samples as …_total, as it does for Triton's own output)
@@ -81,7 +82,7 @@ def test_cache_metrics_follow_loads_evictions_hits_misses_and_507s(server):
         assert server.load(name).status_code == 200
     assert server.load("huge").status_code == 507
     headers = {"X-Amzn-SageMaker-Target-Model": "small1", "Content-Type": "application/json"}  # evicted: a miss
-    assert requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers).status_code == 200
+    assert server.request("POST", "/invocations", data="[[1, 1, 1, 1]]", headers=headers).status_code == 200
     after = scrape(server)
     assert delta(before, after, "serve_model_loads_total", outcome="success") == 4
     assert delta(before, after, "serve_model_loads_total", outcome="failure") == 1
@@ -94,7 +95,7 @@ def test_cache_metrics_follow_loads_evictions_hits_misses_and_507s(server):
     # when another thread allocates meanwhile (seen once in about ten runs)
     assert 8 << 20 <= held <= (8 << 20) + (64 << 10)
     assert after[("serve_memory_accounted_bytes", (("device", "cpu"),))] <= 20 << 20
-    requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
+    server.request("POST", "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
     assert delta(after, scrape(server), "serve_cache_hits_total") == 1
 
 
@@ -118,11 +119,11 @@ def test_one_json_log_line_per_request(server):
     line = wait_for(lambda: request_lines(server, "trace-42"), message="no log line for the request")[0]
     assert line["method"] == "POST" and line["path"] == "/models/double/invoke" and line["model"] == "double"
     assert line["status"] == 200 and line["duration_ms"] > 0 and line["level"] == "INFO"
-    generated = requests.get(server.url + "/ping").headers["X-Request-Id"]
+    generated = server.request("GET", "/ping").headers["X-Request-Id"]
     assert re.fullmatch(r"[0-9a-f]{32}", generated)
     wait_for(lambda: request_lines(server, generated), message="no log line for /ping")
     headers = {"X-Amzn-SageMaker-Target-Model": "double", "Content-Type": "application/json", "X-Request-Id": "t-7"}
-    requests.post(server.url + "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
+    server.request("POST", "/invocations", data="[[1, 1, 1, 1]]", headers=headers)
     assert wait_for(lambda: request_lines(server, "t-7"))[0]["target_model"] == "double"
     failed = server.invoke("nobody", [[1]], headers={"X-Request-Id": "t-404"})
     assert failed.status_code == 404
@@ -136,7 +137,7 @@ def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
     server.load("double")
     x = grpcclient.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         client.infer("double", [x], headers={"x-request-id": "grpc-ok"}, client_timeout=60)
         with pytest.raises(InferenceServerException):
             client.infer("nobody", [x], request_id="grpc-404", client_timeout=60)
@@ -292,7 +293,7 @@ def test_a_failure_of_model_code_is_logged_once_where_it_ran_with_its_traceback_
     [line] = wait_for(lambda: code_failures(server, "unloadable"), message="no log line for model_fn's failure")
     assert line["in"] == "model_fn" and 'code/inference.py", line 2, in model_fn' in line["traceback"]
 
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         x = grpcclient.InferInput("x", [4], "FP32")
         x.set_data_from_numpy(np.ones(4, np.float32))
         with pytest.raises(InferenceServerException) as failed:

@@ -20,6 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from tests import grpc_clients
 from tests.builders import wait_for
 from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (a fixture this module uses too)
 
@@ -183,7 +184,7 @@ def test_a_request_the_programs_shapes_refuse_is_a_400_saying_what_it_takes_and_
         "the range": ({"INPUT__0": np.ones((1, 17), np.float32), "INPUT__1": np.ones((1, 17), np.float32)},
                       "input 'INPUT__0' has 17 in dimension 1; the model takes 1 to 16 there ([1 to 64, 1 to 16])"),
     }
-    with grpcclient.InferenceServerClient(f"localhost:{server.grpc_port}") as client:
+    with grpc_clients.InferenceServerClient(f"localhost:{server.grpc_port}") as client:
         for inputs, words in refused.values():
             body = {"inputs": [{"name": n, "datatype": "FP32", "shape": list(v.shape), "data": v.ravel().tolist()}
                                for n, v in inputs.items()]}
@@ -217,7 +218,7 @@ def test_tensors_bind_to_the_calls_structure_by_path(server):
 def test_the_package_answers_grpc_invoke_and_tf_serving_alike(server):
     ensure(server, "aoti")
     want = expected(ROWS)
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         tensor = grpcclient.InferInput("INPUT__0", list(ROWS.shape), "FP32")
         tensor.set_data_from_numpy(ROWS)
         np.testing.assert_allclose(client.infer("aoti", [tensor]).as_numpy("OUTPUT__0"), want, rtol=1e-5)

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bench.harness import free_port
+from tests import grpc_clients
 from tests.builders import MIB, AddSub, Gate, ensemble, ensemble_step, handler_model, python_model, tensor, triton_model, wait_for
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "data" / "python_backend"  # the project's own models
@@ -108,11 +109,15 @@ def tensors(module, values: dict) -> list:
     return inputs
 
 
+def _client(module, url: str):
+    return httpclient.InferenceServerClient(url) if module is httpclient else grpc_clients.InferenceServerClient(url)
+
+
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
 @pytest.mark.parametrize("model", ["mix", "mix_torch", "mix_ts"])
 def test_a_python_model_answers_its_client_over_http_and_grpc(repository, module, model):
     url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
-    with module.InferenceServerClient(url) as client:
+    with _client(module, url) as client:
         answer = client.infer(model, tensors(module, AB))
     assert answer.as_numpy("SUM").tolist() == [11, 22, 33, 44]
     assert answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
@@ -122,7 +127,7 @@ def test_a_python_model_answers_its_client_over_http_and_grpc(repository, module
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
 def test_configs_completed_by_the_model_are_served_as_its_config(repository, module):
     url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
-    with module.InferenceServerClient(url) as client:
+    with _client(module, url) as client:
         plain, batched = (client.get_model_config(name, **({} if module is httpclient else {"as_json": True}))
                           for name in ("completed_plain", "completed_batched"))
         if module is grpcclient:
@@ -145,7 +150,7 @@ def test_a_load_whose_config_override_leaves_the_tensors_out_is_completed_by_the
     assert answer.status_code == 200, answer.text
     config = repository.request("GET", "/v2/models/completed_batched/config").json()
     assert (config["backend"], [t["name"] for t in config["input"] + config["output"]]) == ("python", ["ROWS", "MEANS"])
-    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(repository.grpc_url) as client:
         means = client.infer("completed_batched", tensors(grpcclient, {"ROWS": np.array([[3, 3, 6]], np.float32)}))
     assert means.as_numpy("MEANS").tolist() == [[4.0]]
 
@@ -174,7 +179,7 @@ def test_a_bls_call_to_an_unknown_model_fails_that_request_with_the_servers_word
 
 
 def test_asynchronous_bls_calls_run_together_and_answer_together(repository):
-    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(repository.grpc_url) as client:
         answer = client.infer("relay_async", tensors(grpcclient, AB))
     assert answer.as_numpy("SUM").tolist() == [11, 22, 33, 44] and answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
 
@@ -195,7 +200,7 @@ def test_an_error_response_of_a_decoupled_bls_call_reaches_the_caller(repository
 
 def test_a_decoupled_models_responses_and_its_final_flag_stream_over_grpc(repository):
     received = []
-    with grpcclient.InferenceServerClient(repository.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(repository.grpc_url) as client:
         client.start_stream(callback=lambda result, error: received.append((result, error)))
         client.async_stream_infer("countdown", tensors(grpcclient, {"N": np.array([4], np.int32)}),
                                   enable_empty_final_response=True)
@@ -539,7 +544,7 @@ def test_execute_sees_the_requests_id_its_parameters_and_its_properties_apart(se
         assert answer.status_code == 200, answer.text
         about = output(answer, "about").tolist()
     else:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpc_clients.InferenceServerClient(server.grpc_url) as client:
             sent = grpcclient.InferInput("x", [4], "FP32")
             sent.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
             result = client.infer("describes", [sent], request_id="req-7", parameters={"tag": "blue"}, sequence_id=42,
@@ -569,7 +574,7 @@ def test_an_ensembles_step_sees_the_ensemble_requests_id_and_parameters(server, 
         assert answer.status_code == 200, answer.text
         request_id, parameters, *_ = output(answer, "about").tolist()
     else:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpc_clients.InferenceServerClient(server.grpc_url) as client:
             sent = grpcclient.InferInput("x", [4], "FP32")
             sent.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
             result = client.infer("described", [sent], request_id="req-9", parameters={"tag": "red", "temperature": 0.25},
@@ -644,7 +649,7 @@ def test_a_decoupled_models_responses_are_counted_by_their_place_in_the_stream(s
     grew = {key: n - before.get(key, 0) for key, n in counts().items() if n != before.get(key, 0)}
     assert grew == {("0", "success"): 1, ("0", "compute_infer"): 1, ("1", "fail"): 1, ("1", "compute_infer"): 1,
                     ("2", "success"): 1, ("2", "compute_infer"): 1, ("3", "empty_response"): 1}
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         over_grpc = client.get_inference_statistics("decoupled", as_json=True)["model_stats"][0]["response_stats"]
     assert int(over_grpc["3"]["empty_response"]["count"]) == counts()[("3", "empty_response")]
 
@@ -773,7 +778,7 @@ def test_a_python_model_serves_every_protocol(server):
     assert npy.status_code == 200 and np.load(io.BytesIO(npy.content)).tolist() == [-1, -2, -3, -4]
     predicted = server.request("POST", "/v1/models/double:predict", json={"inputs": {"x": [1, 2, 3, 4]}})
     assert predicted.status_code == 200 and predicted.json() == {"outputs": {"y": [2, 4, 6, 8], "count": [1]}}
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         x = grpcclient.InferInput("x", [4], "FP32")
         x.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
         assert client.infer("double", [x]).as_numpy("y").tolist() == [2, 4, 6, 8]
@@ -783,7 +788,7 @@ def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(serv
     answer = infer(server, "decoupled", [1, 2, 3, 4])
     assert answer.status_code == 400
     assert answer.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         x = grpcclient.InferInput("x", [4], "FP32")
         x.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
         with pytest.raises(InferenceServerException) as refused:
@@ -795,7 +800,7 @@ def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(serv
 def stream(server, values: list, model: str = "decoupled", **options) -> list:
     """Each request of `values` on one gRPC stream; every response (result or error) until the stream ends."""
     answers = []
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.append(error or result))
         for index, value in enumerate(values):
             x = grpcclient.InferInput("x", [4], "FP32")

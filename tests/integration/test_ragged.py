@@ -15,6 +15,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests import grpc_clients
 from tests.builders import python_model, tensor, triton_model, wait_for
 from tests.integration import test_pt2
 from tests.integration.test_groups import FrontEnd, document_call
@@ -137,7 +138,8 @@ def tokens_of(length: int, start: float = 0) -> np.ndarray:
 def test_a_ragged_request_reaches_the_model_flat_with_its_batch_inputs(server, protocol):
     client_module = httpclient if protocol == "http" else grpcclient
     url = server.url.removeprefix("http://") if protocol == "http" else server.grpc_url
-    client = client_module.InferenceServerClient(url, **({"network_timeout": 30} if protocol == "http" else {}))
+    client = (httpclient.InferenceServerClient(url, network_timeout=30) if protocol == "http" else
+              grpc_clients.InferenceServerClient(url))
     for length in (1, 5):
         values = tokens_of(length, 2)
         sent = client_module.InferInput("TOKENS", [1, length], "FP32")

@@ -13,6 +13,7 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests import grpc_clients
 from tests.builders import AddSub, Scale, ensemble, ensemble_step, fp32_model, python_model, tensor, triton_model, wait_for
 from tests.integration.test_scheduling import SEQUENCE, Accumulate
 
@@ -101,7 +102,7 @@ def answers(server, name: str) -> list:
     """What every protocol answers for one request to `name`, each asked its own way."""
     rows = np.array([[0.5, -1, 2, 7]], np.float32)
     found = []
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         sent = grpcclient.InferInput("x", [1, 4], "FP32")
         sent.set_data_from_numpy(rows)
         found.append(client.infer(name, [sent], client_timeout=30).as_numpy("y").tolist())
@@ -138,7 +139,7 @@ def test_a_model_whose_config_does_not_enable_it_always_runs(server):
 
 def test_grpc_is_answered_from_the_same_cache_and_triton_s_counters_show_it(server):
     infer(server, "cached", [9, 9, 9, 9])
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = grpc_clients.InferenceServerClient(server.grpc_url)
     sent = grpcclient.InferInput("x", [1, 4], "FP32")
     sent.set_data_from_numpy(np.full((1, 4), 9, np.float32))
     before = client.get_inference_statistics("cached", as_json=True)["model_stats"][0]["inference_stats"]

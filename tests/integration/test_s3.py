@@ -126,7 +126,7 @@ def test_an_s3_model_root_serves_every_api(start_server, s3, tmp_path):
     assert server.request("POST", "/v2/models/b/infer", json={"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 1, 1, 1]}]}).status_code == 200
     headers = {"X-Amzn-SageMaker-Target-Model": "packed", "Content-Type": "application/json"}  # an archive, by name
-    answer = requests.post(server.url + "/invocations", data="[[1, 2, 3, 4]]", headers=headers)
+    answer = server.request("POST", "/invocations", data="[[1, 2, 3, 4]]", headers=headers)
     assert answer.status_code == 200, answer.text
     assert server.request("GET", "/v1/models/packed").status_code == 200  # TF Serving sees it too
     outside = server.load("escape", "../big")
@@ -203,7 +203,7 @@ def test_errors_a_user_can_act_on(start_server, s3, tmp_path, url, status, says)
     server = start_server(tmp_path / "local", **s3.env())
     answer = server.load("m", url)
     assert answer.status_code == status and says in answer.json()["error"], answer.text
-    assert requests.get(server.url + "/ping").status_code == 200
+    assert server.request("GET", "/ping").status_code == 200
 
 
 def test_denied_access_is_403_naming_the_bucket_and_key_but_no_credentials(start_server, s3, tmp_path):
@@ -240,7 +240,7 @@ def test_absolute_urls_are_fetched_only_under_the_allowed_roots(start_server, s3
     answer = default.load("a", "s3://models/repo/a")
     assert answer.status_code == 403 and "SERVE_S3_ROOTS" in answer.json()["error"], answer.text
     target = {"X-Amzn-SageMaker-Target-Model": "s3://models/repo/a", "Content-Type": "application/json"}
-    answer = requests.post(default.url + "/invocations", data="[[1, 2, 3, 4]]", headers=target)
+    answer = default.request("POST", "/invocations", data="[[1, 2, 3, 4]]", headers=target)
     assert answer.status_code == 403 and "SERVE_S3_ROOTS" in answer.json()["error"], answer.text
     assert counter(default, "serve_download_cache_misses_total") == 0  # S3 was never asked
     rooted = start_server(tmp_path / "rooted", **s3.env(SERVE_S3_ROOTS="s3://models/repo"))
@@ -261,4 +261,4 @@ def test_an_object_key_is_judged_as_a_path_before_it_is_written(start_server, s3
     answer = server.load("climb", "s3://models/climb")
     assert answer.status_code == 400 and "not a path inside" in answer.json()["error"], answer.text
     assert not list(tmp_path.rglob("canary")) and not (cache.parent.parent / "canary").exists()
-    assert requests.get(server.url + "/ping").status_code == 200
+    assert server.request("GET", "/ping").status_code == 200

@@ -14,6 +14,7 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
+from tests import grpc_clients
 from tests.builders import ensemble, ensemble_step, tensor, triton_model, wait_for
 
 
@@ -70,7 +71,7 @@ def client_for(server) -> http.InferenceServerClient:
 
 
 def burst_stats(server) -> dict:
-    return requests.get(server.url + "/v2/models/burst/stats").json()["model_stats"][0]
+    return server.request("GET", "/v2/models/burst/stats").json()["model_stats"][0]
 
 
 def test_batched_results_reach_the_right_requests_under_concurrency(server):
@@ -216,7 +217,7 @@ def test_the_server_makes_the_control_inputs(server):
 ])
 def test_sequence_errors(server, parameters, message):
     body = {"parameters": parameters, "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
-    answer = requests.post(server.url + "/v2/models/accumulate/infer", json=body)
+    answer = server.request("POST", "/v2/models/accumulate/infer", json=body)
     assert answer.status_code == 400 and message in answer.json()["error"]
 
 
@@ -230,7 +231,7 @@ def test_a_batch_of_several_items_is_refused_for_a_sequence_in_tritons_words(ser
     if protocol == "grpc":
         wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
     client = (http.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=60) if protocol == "http"
-              else grpc.InferenceServerClient(server.grpc_url))
+              else grpc_clients.InferenceServerClient(server.grpc_url))
     deadline = {} if protocol == "http" else {"client_timeout": 60}
 
     def send(rows: int, **flags):
@@ -249,7 +250,7 @@ def test_a_batch_of_several_items_is_refused_for_a_sequence_in_tritons_words(ser
 
 
 def active_sequences(server) -> float:
-    text = requests.get(server.url + "/metrics").text
+    text = server.request("GET", "/metrics").text
     return float(re.search(r'^serve_sequences_active\{model="accumulate"\} (\S+)$', text, re.MULTILINE).group(1))
 
 

@@ -320,7 +320,7 @@ def test_model_warmup_samples_run_before_the_model_serves(server):
     (directory / "warmup").mkdir()
     (directory / "warmup" / "ones").write_bytes(np.ones(4, "<f4").tobytes())
     assert requests.post(f"{server.url}/v2/repository/models/warmed/load", timeout=60).status_code == 200
-    assert requests.post(f"{server.url}/v2/models/warmed/generate", json={"x": [1, 2, 3, 4]}).json()["y"] == [2, 4, 6, 8]
+    assert server.request("POST", "/v2/models/warmed/generate", json={"x": [1, 2, 3, 4]}).json()["y"] == [2, 4, 6, 8]
 
 
 @pytest.mark.parametrize("sample, message", [
@@ -347,7 +347,7 @@ def test_a_warmup_sample_the_model_cannot_run_fails_its_load(server, sample, mes
 
 
 def test_raw_binary_request_is_the_one_inputs_bytes(server):
-    response = requests.post(f"{server.url}/v2/models/reshape/infer", data=FOUR.tobytes(),
+    response = server.request("POST", "/v2/models/reshape/infer", data=FOUR.tobytes(),
                              headers={"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"})
     assert response.status_code == 200, response.text
     result = http.InferenceServerClient.parse_response_body(
@@ -367,7 +367,7 @@ def test_raw_binary_request_is_the_one_inputs_bytes(server):
     ("flags", b"\1\0\1", None),
 ])
 def test_raw_binary_requests_the_model_cannot_take_say_why(server, model, body, message):
-    response = requests.post(f"{server.url}/v2/models/{model}/infer", data=body,
+    response = server.request("POST", f"/v2/models/{model}/infer", data=body,
                              headers={"Inference-Header-Content-Length": "0"})
     if message is None:  # a variable dimension is taken from the body's size
         result = http.InferenceServerClient.parse_response_body(
@@ -389,7 +389,7 @@ def test_compressed_requests_and_answers(client, request_coding, response_coding
 def test_answers_are_compressed_only_when_asked(server):
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
     for accept, coding in [("gzip;q=0.5, deflate", "deflate"), ("br, *;q=0.1", "gzip"), ("gzip;q=0", None), ("br", None)]:
-        response = requests.post(f"{server.url}/v2/models/reshape/infer", json=body, headers={"Accept-Encoding": accept})
+        response = server.request("POST", "/v2/models/reshape/infer", json=body, headers={"Accept-Encoding": accept})
         assert response.headers.get("Content-Encoding") == coding, accept
         assert response.json()["outputs"][0]["data"] == [10]  # requests inflates it
 
@@ -401,7 +401,7 @@ def test_answers_are_compressed_only_when_asked(server):
     ("gzip", gzip.compress(b" " * (8 << 20), mtime=0), 413, "inflates past"),
 ])
 def test_bad_compressed_bodies_are_refused(server, coding, body, status, message):
-    response = requests.post(f"{server.url}/v2/models/reshape/infer", data=body, headers={"Content-Encoding": coding})
+    response = server.request("POST", "/v2/models/reshape/infer", data=body, headers={"Content-Encoding": coding})
     assert response.status_code == status and message in response.json()["error"]
 
 
@@ -412,7 +412,7 @@ def test_bad_compressed_bodies_are_refused(server, coding, body, status, message
 ])
 def test_requests_triton_refuses_are_refused_in_its_words(server, document, message):
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}], **document}
-    response = requests.post(f"{server.url}/v2/models/reshape/infer", json=body)
+    response = server.request("POST", "/v2/models/reshape/infer", json=body)
     assert response.status_code == 400 and response.json()["error"] == message
 
 
@@ -445,22 +445,22 @@ def test_zero_element_bool_input(client, binary):
     ("/v2/models/addsub/versions/9/infer", "Request for unknown model: 'addsub' version 9 is not found"),
 ])
 def test_unknown_models_in_tritons_words(server, path, message):
-    response = requests.post(server.url + path, json={"inputs": []})
+    response = server.request("POST", path, json={"inputs": []})
     assert response.status_code == 404 and response.json()["error"] == message
 
 
 def test_generate_answers_a_flat_object_as_triton_does(server):
     """The generate extension, as TensorRT-LLM's quick start calls it: keys that name inputs are inputs."""
-    answer = requests.post(server.url + "/v2/models/upper/generate",
+    answer = server.request("POST", "/v2/models/upper/generate",
                            json={"id": "42", "TEXT": "client input", "parameters": {"temperature": 0}})
     assert (answer.status_code, answer.json()) == \
         (200, {"id": "42", "model_name": "upper", "model_version": "1", "OUT": "CLIENT INPUT"})
-    answer = requests.post(server.url + "/v2/models/addsub/versions/1/generate",
+    answer = server.request("POST", "/v2/models/addsub/versions/1/generate",
                            json={"INPUT0": [5, 6, 7, 8], "INPUT1": [1, 1, 1, 1]})
     assert answer.json() == {"model_name": "addsub", "model_version": "1", "OUTPUT__0": [6, 7, 8, 9],
                              "OUTPUT__1": [4, 5, 6, 7]}
-    assert requests.post(server.url + "/v2/models/upper/generate", json={"TEXT": ["a", "b"]}).json()["OUT"] == ["A", "B"]
-    squeezed = requests.post(server.url + "/v2/models/upper/generate", data=gzip.compress(b'{"TEXT": "zipped"}'),
+    assert server.request("POST", "/v2/models/upper/generate", json={"TEXT": ["a", "b"]}).json()["OUT"] == ["A", "B"]
+    squeezed = server.request("POST", "/v2/models/upper/generate", data=gzip.compress(b'{"TEXT": "zipped"}'),
                              headers={"Content-Encoding": "gzip"})
     assert squeezed.json()["OUT"] == "ZIPPED"  # inflated, as V2 infer's body is
 
@@ -483,7 +483,7 @@ def test_generate_answers_a_flat_object_as_triton_does(server):
     ("/v2/models/upper/versions/3/generate", {"TEXT": "a"}, 404, "Request for unknown model: 'upper' version 3 is not found"),
 ])
 def test_generate_requests_that_cannot_be_served_say_why(server, path, body, status, message):
-    answer = requests.post(server.url + path, json=body, headers={"Content-Encoding": "br"} if status == 415 else {})
+    answer = server.request("POST", path, json=body, headers={"Content-Encoding": "br"} if status == 415 else {})
     assert (answer.status_code, answer.json()) == (status, {"error": message})
 
 
@@ -521,7 +521,7 @@ def test_log_and_trace_settings_say_what_the_server_has(client):
     ("/v2/trace/setting", [], 400, "the request body must be a JSON object"),
 ])
 def test_a_log_or_trace_setting_that_would_change_is_refused(server, path, settings, status, message):
-    response = requests.post(server.url + path, json=settings)
+    response = server.request("POST", path, json=settings)
     assert (response.status_code, response.json()) == (status, {"error": message})
 
 

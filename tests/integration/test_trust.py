@@ -264,7 +264,7 @@ def test_pip_never_talks_to_the_client(default):
 def attack(server, head: bytes, chunks, limit_s: float = 30) -> tuple[int, bytes, int]:
     """Send `head`, then each of `chunks` while the server has not answered; (bytes sent, the answer, its
     arrival in seconds). Pacing is the wait for the answer, with a deadline."""
-    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=limit_s)
     sent, started = 0, time.monotonic()
     try:
         sock.sendall(head)

@@ -5,7 +5,6 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-import requests
 import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
@@ -203,11 +202,11 @@ def test_statistics_count_items_and_executions(client):
 def test_scheduling_parameters_are_accepted(server):
     body = {"parameters": {"sequence_id": "abc", "sequence_start": True, "sequence_end": False, "priority": 1, "timeout": 1000},
             "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
-    assert requests.post(server.url + "/v2/models/echo_fp32/infer", json=body).status_code == 200
+    assert server.request("POST", "/v2/models/echo_fp32/infer", json=body).status_code == 200
 
 
 def post(server, path, body, headers=None):
-    return requests.post(server.url + path, data=body, headers=headers or {})
+    return server.request("POST", path, data=body, headers=headers or {})
 
 
 JSON_X = '{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}'
@@ -281,15 +280,15 @@ def test_binary_byte_counts_that_do_not_match_are_400(server, request_parts, mes
 
 
 def test_wrong_method_and_oversized_body_on_infer(server):
-    answer = requests.get(server.url + "/v2/models/echo_fp32/infer")
+    answer = server.request("GET", "/v2/models/echo_fp32/infer")
     assert answer.status_code == 405 and answer.headers["Allow"] == "POST" and "takes POST" in answer.json()["error"]
-    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", data=b"{" + b" " * (7 << 20) + b"}")
+    answer = server.request("POST", "/v2/models/echo_fp32/infer", data=b"{" + b" " * (7 << 20) + b"}")
     assert answer.status_code == 413 and "SAGEMAKER_MAX_PAYLOAD_IN_MB" in answer.json()["error"]
     assert post(server, "/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}]}}').status_code == 200
 
 
 def test_empty_body_without_content_type_is_a_clear_400(server):
-    answer = requests.post(server.url + "/v2/models/echo_fp32/infer")
+    answer = server.request("POST", "/v2/models/echo_fp32/infer")
     assert answer.status_code == 400 and "error" in answer.json()
 
 
@@ -309,12 +308,12 @@ def test_binary_data_output_parameter_and_per_output_override(server):
     body = {"parameters": {"binary_data_output": True},
             "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.5, 2]}],
             "outputs": [{"name": "y"}]}
-    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", json=body)
+    answer = server.request("POST", "/v2/models/echo_fp32/infer", json=body)
     length = int(answer.headers["Inference-Header-Content-Length"])
     assert answer.headers["Content-Type"] == "application/octet-stream"
     header = json.loads(answer.content[:length])
     assert header["outputs"][0]["parameters"] == {"binary_data_size": 8}
     assert np.frombuffer(answer.content[length:], "<f4").tolist() == [1.5, 2.0]
     body["outputs"] = [{"name": "y", "parameters": {"binary_data": False}}]
-    answer = requests.post(server.url + "/v2/models/echo_fp32/infer", json=body)
+    answer = server.request("POST", "/v2/models/echo_fp32/infer", json=body)
     assert "Inference-Header-Content-Length" not in answer.headers and answer.json()["outputs"][0]["data"] == [1.5, 2.0]

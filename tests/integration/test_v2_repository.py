@@ -6,7 +6,6 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
@@ -54,7 +53,7 @@ def test_index_lists_every_model_with_state_and_reason(server, client):
     assert index["alpha"] == {"name": "alpha", "version": "1", "state": "READY", "reason": ""}
     assert index["beta"] == {"name": "beta", "state": "UNAVAILABLE", "reason": "unloaded"}
     assert index["broken"]["state"] == "UNAVAILABLE" and "no model in 'broken'" in index["broken"]["reason"]
-    ready = requests.post(server.url + "/v2/repository/index", json={"ready": True}).json()
+    ready = server.request("POST", "/v2/repository/index", json={"ready": True}).json()
     assert {e["name"] for e in ready} == {m for m in server.loaded()}
 
 
@@ -122,7 +121,7 @@ def test_model_built_from_files_lives_in_server_storage(server, client):
     ({"config": json.dumps(CONFIG)}, 404, "failed to poll from model repository"),
 ])
 def test_bad_load_requests(server, parameters, status, message):
-    answer = requests.post(server.url + "/v2/repository/models/fromfiles2/load", json={"parameters": parameters})
+    answer = server.request("POST", "/v2/repository/models/fromfiles2/load", json={"parameters": parameters})
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]
     if not any(words in message for words in ("'config' parameter", "must be a string", "base64")):  # refused before any load
@@ -138,16 +137,16 @@ def test_bad_load_requests(server, parameters, status, message):
     ("/v2/repository/models/alpha/load", '{"parameters": []}', "'parameters' must be an object"),
 ])
 def test_bad_repository_bodies(server, path, body, message):
-    answer = requests.post(server.url + path, data=body)
+    answer = server.request("POST", path, data=body)
     assert answer.status_code == 400 and message in answer.json()["error"]
 
 
 def test_a_client_mistake_in_a_load_is_one_warning_without_a_traceback(server):
     errors = sum(line["level"] == "ERROR" for line in log_lines(server))
     for parameters in ({"config": "{not json"}, {"config": json.dumps({**CONFIG, "max_batch_size": "lots"})}):
-        answer = requests.post(server.url + "/v2/repository/models/alpha/load", json={"parameters": parameters})
+        answer = server.request("POST", "/v2/repository/models/alpha/load", json={"parameters": parameters})
         assert answer.status_code == 400 and answer.json()["error"].startswith("failed to load 'alpha', "), answer.text
-    answer = requests.post(server.url + "/v2/repository/models/broken/load")  # fails on a thread: no model in it
+    answer = server.request("POST", "/v2/repository/models/broken/load")  # fails on a thread: no model in it
     assert answer.status_code == 400 and "no model in 'broken'" in answer.json()["error"]
     lines = log_lines(server)
     assert sum(line["message"] == "Invalid config override" and line["level"] == "WARNING" for line in lines) >= 2

@@ -4,12 +4,12 @@ import base64
 
 import numpy as np
 import pytest
-import requests
 import torch
 import tritonclient.http as http
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from tests import grpc_clients
 from tests.builders import fp32_model, wait_for
 
 BYTES = 2 * 4 * 4  # FP32 [2, 4]
@@ -91,7 +91,7 @@ def test_an_output_offset_past_the_region_is_refused_in_tritons_words(server, re
     module = http if protocol == "http" else grpc
     if protocol == "grpc":
         wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")  # it starts beside HTTP, maybe later
-    client = regions[0] if protocol == "http" else grpc.InferenceServerClient(server.grpc_url)
+    client = regions[0] if protocol == "http" else grpc_clients.InferenceServerClient(server.grpc_url)
     deadline = {} if protocol == "http" else {"client_timeout": 60}  # the HTTP client's is its network_timeout, 60 s
     for name in ("input", "output"):
         client.register_system_shared_memory(name, f"/test_{name}_{server.port}", BYTES)
@@ -131,7 +131,7 @@ def test_unregistering_a_region_never_registered_is_not_an_error(server, regions
 ])
 def test_bad_registrations(server, regions, body, message):
     body = {k: v.replace("PORT", str(server.port)) if isinstance(v, str) else v for k, v in body.items()}
-    answer = requests.post(server.url + "/v2/systemsharedmemory/region/bad/register", json=body)
+    answer = server.request("POST", "/v2/systemsharedmemory/region/bad/register", json=body)
     assert answer.status_code == 400 and message in answer.json()["error"]
 
 
@@ -140,9 +140,9 @@ def test_duplicate_registration_and_unknown_status(server, regions):
     client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
     with pytest.raises(InferenceServerException, match="shared memory region 'input' already in manager"):
         client.register_system_shared_memory("input", f"/test_input_{server.port}", BYTES)
-    answer = requests.get(server.url + "/v2/systemsharedmemory/region/nothing/status")
+    answer = server.request("GET", "/v2/systemsharedmemory/region/nothing/status")
     assert answer.status_code == 404 and answer.json()["error"] == "Unable to find system shared memory region: 'nothing'"
-    answer = requests.get(server.url + "/v2/cudasharedmemory/region/input/status")
+    answer = server.request("GET", "/v2/cudasharedmemory/region/input/status")
     assert answer.status_code == 404
     assert answer.json()["error"] == "The region named 'input' is registered as system shared memory, not CUDA shared memory"
 
@@ -186,7 +186,7 @@ def test_cuda_shared_memory_made_by_tritonclient_carries_inputs_and_outputs(serv
 
     module = http if protocol == "http" else grpc
     client = (http.InferenceServerClient(server.url.removeprefix("http://")) if protocol == "http"
-              else grpc.InferenceServerClient(server.grpc_url))
+              else grpc_clients.InferenceServerClient(server.grpc_url))
     values = np.arange(8, dtype=np.float32).reshape(2, 4)
     regions = {name: cudashm.create_shared_memory_region(f"{protocol}_{name}", BYTES, 0) for name in ("in", "out")}
     try:

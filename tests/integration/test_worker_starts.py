@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import tritonclient.grpc as triton_grpc
 
+from tests import grpc_clients
 from tests.builders import Gate, handler_model, python_model, wait_for
 from tests.conftest import Server
 from tests.integration.test_python_backend import SCALE_PY, infer, scale_config
@@ -33,7 +33,7 @@ def test_concurrent_loads_of_worker_models_never_hang(start_server, tmp_path, fr
         python_model(root, f"python{n}", SCALE_PY, scale_config(2.0))
     server = start_server(root, SERVE_HTTP_WORKERS=front_ends)
     wait_for(server.grpc_ready, 60, "the gRPC front-end did not come up")
-    with ThreadPoolExecutor(8) as pool, triton_grpc.InferenceServerClient(server.grpc_url) as grpc:
+    with ThreadPoolExecutor(8) as pool, grpc_clients.InferenceServerClient(server.grpc_url) as grpc:
         for round_ in range(ROUNDS):
             handlers = [f"h{round_}-{n}" for n in range(4 + round_ % 2)]  # 5 to 8 loads a round
             pythons = [f"python{n}" for n in range(4)]
