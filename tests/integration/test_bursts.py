@@ -33,7 +33,7 @@ def test_a_burst_from_many_connections_forms_batches(start_server, tmp_path, fro
     server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="batched", SERVE_HTTP_WORKERS=front_ends)
     wait_for(server.ready, 60, "the model did not load")
     wait_for(lambda: len(server.http_pids()) == int(front_ends), 30, "the front-ends did not start")
-    barrier = threading.Barrier(CLIENTS)
+    barrier = threading.Barrier(CLIENTS, timeout=60)  # one client that fails never holds the others for ever
     with ThreadPoolExecutor(CLIENTS) as pool:
         answers = list(pool.map(lambda n: burst(server, barrier, n), range(CLIENTS), timeout=120))
     assert all(np.array_equal(y, np.full((1, 4), 2.0 * n)) for n, pair in enumerate(answers) for y in pair)

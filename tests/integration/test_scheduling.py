@@ -107,7 +107,7 @@ def test_a_burst_of_clients_forms_preferred_batches(server):
     costs microseconds answers a request before the next one is read, so only the clients expected back
     (answered within the queue delay, on a connection they keep) make a batch wait for them: the burst
     runs mostly as batches of the preferred 8, and ends at once when its last clients close."""
-    barrier = threading.Barrier(32)
+    barrier = threading.Barrier(32, timeout=60)  # one client that fails never holds the others for ever
 
     def client_requests(index: int) -> list[np.ndarray]:
         client = client_for(server)

@@ -1,6 +1,7 @@
 """Every request a test sends has a deadline, so a server that never answers fails its test instead of
-holding the suite for ever: `requests` calls and sockets name theirs, and tritonclient's gRPC clients,
-which have none by default, come from tests/grpc_clients.py, which gives each call and stream one."""
+holding the suite for ever: `requests` calls, sockets and the barriers clients meet at name theirs, and
+tritonclient's gRPC clients, which have none by default, come from tests/grpc_clients.py, which gives
+each call and stream one."""
 
 import ast
 import asyncio
@@ -43,6 +44,8 @@ def _call_without_timeout(call: ast.Call) -> str | None:
         return f"requests.{function.attr} without a timeout"
     if (function.value.id, function.attr) == ("socket", "create_connection") and len(call.args) < 2 and "timeout" not in named:
         return "a socket without a timeout"
+    if (function.value.id, function.attr) == ("threading", "Barrier") and len(call.args) < 3 and "timeout" not in named:
+        return "a barrier without a timeout (a client that failed before it would hold the others for ever)"
     return None
 
 
@@ -55,8 +58,10 @@ def test_every_request_a_test_sends_has_a_deadline():
 def test_the_check_finds_each_kind_of_request_without_a_deadline():
     source = ("import requests, socket\nimport tritonclient.grpc as g\nfrom tritonclient.grpc.aio import InferenceServerClient\n"
               "requests.get(url)\nsocket.create_connection(address)\ng.InferenceServerClient(url)\n"
-              "requests.get(url, timeout=5)\nsocket.create_connection(address, 5)\nserver.request('GET', path)\n")
+              "requests.get(url, timeout=5)\nsocket.create_connection(address, 5)\nserver.request('GET', path)\n"
+              "threading.Barrier(2)\nthreading.Barrier(2, timeout=5)\n")
     assert sorted(_undeadlined(source)) == [
+        "10: a barrier without a timeout (a client that failed before it would hold the others for ever)",
         "3: tritonclient's gRPC client without a deadline (use tests.grpc_clients)", "4: requests.get without a timeout",
         "5: a socket without a timeout", "6: tritonclient's gRPC client without a deadline (use tests.grpc_clients)"]
 

@@ -160,7 +160,7 @@ def test_replicas_place_each_execution_thread_as_the_instance_groups_say(tmp_pat
     for index, copy in enumerate(copies):
         copy.execute = lambda inputs, outputs, phases, index=index: (
             used.setdefault(threading.get_ident(), set()).add(index), calls[index](inputs, outputs, phases))[1]
-    start = threading.Barrier(threads)
+    start = threading.Barrier(threads, timeout=30)
 
     def instance():
         start.wait()
@@ -171,7 +171,8 @@ def test_replicas_place_each_execution_thread_as_the_instance_groups_say(tmp_pat
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join()
+        worker.join(60)
+    assert not any(worker.is_alive() for worker in workers)
     assert all(len(indexes) == 1 for indexes in used.values()) and len(used) == threads
     assert sorted(next(iter(i)) for i in used.values()) == expected
     assert replicas.memory() == {"cpu": sum(copy.memory()["cpu"] for copy in copies)} and copies[0].memory()["cpu"] >= 2 * 4
