@@ -1,9 +1,14 @@
 """The bytes of requests one front-end process holds at once (SERVE_MAX_BODIES_SIZE, shared among the
 front-end processes, HTTP and gRPC). A request counts once it has arrived whole until its answer is made:
 in between it is decoded, sent to the model process, queued and run, a few copies of it at once (not while
-its answer is sent: a client that never reads its answer must not hold up everyone else's requests). A
-request that does not fit waits for the requests before it to be answered, first come first served; one
-larger than the whole budget goes alone.
+its answer is sent: a client that never reads its answer must not hold up everyone else's requests).
+
+Two lines share the budget. Small requests (health checks, small inferences: at most a sixteenth of an
+eighth of the budget each) have that eighth; the others have the rest. In each, a request that does not fit
+waits for those before it to be answered, first come first served, so a stream of smaller requests never
+starves a large one; one larger than its line's room goes alone. With one line, a health check that came
+behind a large request waiting for room waited as long as it did (a probe with a 2 s deadline failed); and
+a line of small requests alone is what lets them pass without starving the large ones.
 
 It counts a request once it has arrived, not from its head: counted from its head (its body then waiting
 unread, in the sockets), a client that sent heads of large bodies and then their bytes at the slowest rate
@@ -16,21 +21,54 @@ of the machine's memory over HTTP, the model process 2.6 GiB of it (bench/flood.
 kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
 
 import asyncio
+import logging
 from collections import deque
+from typing import Awaitable
 
 from gevent.event import Event
 
 from container.errors import Unavailable
 
+log = logging.getLogger(__name__)
+SMALL_SHARE = 8  # an eighth of the budget is the small requests' line ...
+SMALL_PART = 16  # ... and a request of at most a sixteenth of that is small
+
 
 class BodyBudget:
+    def __init__(self, capacity: int):
+        small = capacity // SMALL_SHARE
+        self.small_most = small // SMALL_PART  # the largest small request, in bytes
+        self._large, self._small = _Line(capacity - small), _Line(small)
+
+    @property
+    def used(self) -> int:
+        return self._large.used + self._small.used
+
+    def take(self, size: int, timeout: float) -> bool:
+        """Count `size` bytes, waiting (a greenlet) up to `timeout` seconds for them to fit; False if they never did."""
+        return self._line(size).take(size, timeout)
+
+    def take_async(self, size: int, timeout: float) -> Awaitable[bool]:
+        """`take`, waiting as an asyncio task."""
+        return self._line(size).take_async(size, timeout)
+
+    def give(self, size: int) -> None:
+        """`size` bytes counted by `take` are no longer held."""
+        self._line(size).give(size)
+
+    def _line(self, size: int) -> "_Line":
+        return self._small if size <= self.small_most else self._large
+
+
+class _Line:
+    """Requests that take turns for room, first come first served (BodyBudget's methods, in one line)."""
+
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.used = 0
         self._waiting: deque = deque()  # (size, event) in the order they came
 
     def take(self, size: int, timeout: float) -> bool:
-        """Count `size` bytes, waiting (a greenlet) up to `timeout` seconds for them to fit; False if they never did."""
         if self._fits_first(size):
             return True
         turn = self._queue(size, Event())
@@ -44,7 +82,6 @@ class BodyBudget:
         return admitted
 
     async def take_async(self, size: int, timeout: float) -> bool:
-        """`take`, waiting as an asyncio task."""
         if self._fits_first(size):
             return True
         turn = self._queue(size, asyncio.Event())
@@ -60,7 +97,6 @@ class BodyBudget:
         return True
 
     def give(self, size: int) -> None:
-        """`size` bytes counted by `take` are no longer held."""
         self.used -= size
         self._admit()
 
@@ -73,6 +109,7 @@ class BodyBudget:
     def _queue(self, size: int, event) -> tuple:
         turn = (size, event)
         self._waiting.append(turn)
+        log.info("request waits for room", extra={"fields": {"bytes": size, "held": self.used, "ahead": len(self._waiting) - 1}})
         return turn
 
     def _leave(self, turn: tuple) -> None:

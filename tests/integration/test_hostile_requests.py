@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from tests import grpc_clients
 from tests.builders import Gate, Scale, fp32_model, python_model, sized_model, tensor, wait_for
 from tests.integration.test_cancellation import QUEUED_PY
+from tests.integration.test_observability import log_lines
 
 NUMBERS = 3_145_628  # as many JSON numbers ("1,") as fit in SAGEMAKER_MAX_PAYLOAD_IN_MB's default 6 MiB
 MIB = 1 << 20
@@ -164,6 +165,33 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
     assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused request never reached it
     assert call(server, "held", 2.0) == (200, "", [4.0, 4.0])
+
+
+@pytest.mark.parametrize("front_ends, call", [("0", binary_infer), ("1", binary_infer), ("1", grpc_infer)],
+                         ids=["http-alone", "http-front-end", "grpc"])
+def test_a_large_request_waiting_for_room_holds_up_no_small_one(start_server, tmp_path, front_ends, call):
+    """With the share full and a large request waiting for room, small requests (a health check, a small
+    inference) are answered at once, not behind it; and the large one is served once room is made."""
+    gate = Gate(tmp_path, "held")
+    python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
+                 {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
+    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
+    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
+                          SERVE_MAX_BODIES_SIZE="1200KiB", SERVE_LOG_LEVEL="info")  # its log says when a request waits
+    wait_for(server.ready, 60, "the models did not load")
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(call, server, "held", -1.0)
+        try:
+            gate.wait_entered()
+            waiting = pool.submit(call, server, "held", 1.0)
+            wait_for(lambda: any(line["message"] == "request waits for room" for line in log_lines(server)), 30,
+                     "the second large request did not wait for room")
+            assert call(server, "double", 1.0) == (200, "", [2.0, 2.0])
+            assert server.request("GET", "/ping", timeout=5).status_code == 200
+        finally:
+            gate.release()
+        assert held.result() == (200, "", [-2.0, -2.0])
+        assert waiting.result() == (200, "", [2.0, 2.0])
 
 
 def test_clients_trickling_large_bodies_hold_no_room_from_the_others(start_server, tmp_path):
