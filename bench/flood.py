@@ -4,15 +4,21 @@ wrk over V2 binary HTTP, h2load over gRPC. The server runs two HTTP front-ends a
 the requests each front-end process holds bounded (SERVE_MAX_BODIES_SIZE: its default, 1% of the RAM)
 and, for comparison, practically unbounded (100%). What it measures is memory: the machine's memory in
 use above the idle server's, the highest resident size of any front-end of each kind and of the model
-process, and /dev/shm, where large tensors cross between them, each at its peak during the run."""
+process, and /dev/shm, where large tensors cross between them, each at its peak during the run; and how
+long a small call waited meanwhile, one after another: `GET /ping` during the HTTP flood, a V2 inference
+of 4 values during the gRPC one (a small request must not wait behind the large ones for room)."""
 
 import shutil
+import statistics
 import tempfile
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import psutil
+import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.chaos_models import Scaled
@@ -24,7 +30,8 @@ CONNECTIONS = 400
 CONFIG = {"backend": "pytorch", "max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1]}],
           "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [-1]}]}
 BUDGETS = {"default (1%)": None, "unbounded (100%)": "100%"}
-_EVERY = 0.05  # seconds between looks at the processes' memory
+_EVERY = 0.05  # seconds between looks at the processes' memory, and between small calls
+_SMALL_DEADLINE = 30  # seconds
 
 
 def run(seconds: float, smoke: bool) -> list[str]:
@@ -36,26 +43,31 @@ def run(seconds: float, smoke: bool) -> list[str]:
              f"Memory is each process's resident size (shared pages count in each) and the machine's memory in use, "
              f"which holds the sockets' buffers too.", "",
              "| protocol | SERVE_MAX_BODIES_SIZE | requests/s | machine memory, more at peak | HTTP front-end, most | "
-             "gRPC front-end, most | model process | /dev/shm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "gRPC front-end, most | model process | /dev/shm | a small call meanwhile, ms: median / most |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for protocol in ("V2 binary HTTP", "gRPC"):
         for label, budget in (list(BUDGETS.items())[:1] if smoke else BUDGETS.items()):
             # a server each: glibc keeps a process's freed heap (resources.keep_freed_heap), so a peak stays
             server = Server(root, cores=CORES, SERVE_HTTP_WORKERS="2", **({"SERVE_MAX_BODIES_SIZE": budget} if budget else {}))
             try:
-                load, peaks = _flood(server, protocol, values, connections, seconds)
+                load, peaks, waits = _flood(server, protocol, values, connections, seconds)
             finally:
                 server.stop()
             lines.append(f"| {protocol} | {label} | {load.requests_per_s:,.0f} | {mib(peaks['machine'])} | "
-                         f"{mib(peaks['http'])} | {mib(peaks['grpc'])} | {mib(peaks['model'])} | {mib(peaks['shm'])} |")
+                         f"{mib(peaks['http'])} | {mib(peaks['grpc'])} | {mib(peaks['model'])} | {mib(peaks['shm'])} | "
+                         f"{_waits(waits)} |")
     return lines
 
 
 def _flood(server: Server, protocol: str, values: np.ndarray, connections: int, seconds: float):
-    """The load generator's figures, and the peaks of memory while it ran."""
-    peaks = dict.fromkeys(("machine", "http", "grpc", "model", "shm"), 0)
+    """The load generator's figures, the peaks of memory while it ran, and each small call's wait in seconds
+    (None: it failed, or passed its deadline)."""
+    peaks, waits = dict.fromkeys(("machine", "http", "grpc", "model", "shm"), 0), []
     idle, done = _in_use(), threading.Event()
-    watcher = threading.Thread(target=_watch, args=(server, peaks, idle, done))
-    watcher.start()
+    watchers = [threading.Thread(target=_watch, args=(server, peaks, idle, done)),
+                threading.Thread(target=_small_calls, args=(server, protocol, waits, done))]
+    for watcher in watchers:
+        watcher.start()
     try:
         if protocol == "gRPC":
             request = pb.ModelInferRequest(model_name="big")
@@ -68,8 +80,33 @@ def _flood(server: Server, protocol: str, values: np.ndarray, connections: int, 
             load = wrk(server.url + "/v2/models/big/infer", body, headers, connections, seconds)
     finally:
         done.set()
-        watcher.join()
-    return load, peaks
+        for watcher in watchers:
+            watcher.join()
+    return load, peaks, waits
+
+
+def _small_calls(server: Server, protocol: str, waits: list, done: threading.Event) -> None:
+    """One small call after another until `done`: each one's wait, or None when it failed."""
+    small = triton_grpc.InferInput("x", [4], "FP32")
+    small.set_data_from_numpy(np.ones(4, np.float32))
+    with triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("http://")) as client:
+        while not done.wait(_EVERY):
+            started = time.perf_counter()
+            try:
+                if protocol == "gRPC":
+                    client.infer("big", [small], client_timeout=_SMALL_DEADLINE)
+                else:
+                    urllib.request.urlopen(server.url + "/ping", timeout=_SMALL_DEADLINE).read()
+                waits.append(time.perf_counter() - started)
+            except Exception:  # refused, or past its deadline
+                waits.append(None)
+
+
+def _waits(waits: list) -> str:
+    answered = [wait * 1000 for wait in waits if wait is not None]
+    failed = len(waits) - len(answered)
+    text = f"{statistics.median(answered):,.1f} / {max(answered):,.0f}" if answered else "—"
+    return text + (f" ({failed} of {len(waits)} failed)" if failed else "")
 
 
 def _watch(server: Server, peaks: dict, idle: int, done: threading.Event) -> None:

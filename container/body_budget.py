@@ -16,8 +16,8 @@ allowed (SERVE_MIN_BODY_RATE) held the room of every other client for minutes. A
 by the rules on one request (size, rate), as a gRPC message, which grpcio reads whole before the server
 sees it, is by gRPC's.
 
-Without it, 400 connections each sending 5.5 MiB bodies (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took 8.6 GiB
-of the machine's memory over HTTP, the model process 2.6 GiB of it (bench/flood.py). One budget serves both
+Without it, 400 connections each sending 5.5 MiB bodies (within SAGEMAKER_MAX_PAYLOAD_IN_MB) took 7.7 GiB
+of the machine's memory over HTTP, the model process 2.1 GiB of it (bench/flood.py). One budget serves both
 kinds of process: the HTTP ones wait on gevent, the gRPC ones on asyncio."""
 
 import asyncio
