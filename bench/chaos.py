@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from bench.harness import Server, mib, run_together, tree
 from container.logs import SERVER_FAULTS
 
 TITLE = "Chaos: every protocol, loads, unloads, hang-ups and killed processes at once"
+SLOW_STOP = 5.0  # seconds: a stop this long prints what the server logged meanwhile (Docker kills at 10)
 
 
 def kill(server: Server, rng: random.Random, whole: bool, kills: Counter) -> None:
@@ -96,7 +98,7 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
         thread.start()
     stop.wait(seconds)
     pids = _processes(server)
-    signalled = time.monotonic()
+    signalled, signalled_at = time.monotonic(), time.time()
     os.kill(server.process.pid, signal.SIGTERM)
     try:
         status = server.process.wait(DEADLINE)
@@ -112,7 +114,23 @@ def stopped_under_load(server: Server, keys: list[str], clients: int, seconds: f
             "unexpected": sum(tally.unexpected.values()) - cancelled, "unanswered": tally.missed["unanswered"],
             "processes": sum(_alive(pid) for pid in pids),
             "files": len(list(Path("/dev/shm").glob(f"container-{server.process.pid}-*"))),
-            "what": [f"{call} ×{n}: {what}" for (call, what), n in tally.unexpected.most_common(5)]}
+            "what": [f"{call} ×{n}: {what}" for (call, what), n in tally.unexpected.most_common(5)],
+            "logged": _logged_since(Path(server.log.name), signalled_at) if took >= SLOW_STOP else []}
+
+
+def _logged_since(log: Path, since: float) -> list[str]:
+    """What the server logged from `since` (a wall-clock time) on, but the answers it made in under a
+    second: what a slow stop waited for."""
+    found = []
+    for line in log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            when = datetime.fromisoformat(entry["time"]).timestamp()
+        except (ValueError, KeyError, TypeError):
+            continue
+        if when >= since and (entry.get("message") != "request" or entry.get("duration_ms", 0) >= 1000):
+            found.append(line[:300])
+    return found[:30]
 
 
 def _processes(server: Server) -> list[int]:
@@ -197,6 +215,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {stopped['status']} | {stopped['seconds']:.1f} | {stopped['processes']} | {stopped['files']} | {stopped['unexpected']} | "
         f"{stopped['unanswered']} | {stopped['stuck']} | {stopped['cancelled']} |",
+        *([f"\nThe stop took {SLOW_STOP:.0f} s or more; what the server logged after SIGTERM (but answers made in "
+           f"under a second):", "", *stopped["logged"]] if stopped["logged"] else []),
         "",
         "| call | times |",
         "| --- | --- |",

@@ -62,7 +62,11 @@ class ChannelServer:
     def drain(self, timeout: float) -> None:
         self.draining = True
         self._server.close()
-        self._none_under_way.wait(timeout)
+        if self._under_way:  # what a stop waits for, said: one that lingers is then explained
+            log.info("stopping: waiting for the calls under way", extra={"fields": {"calls": self._under_way}})
+        if not self._none_under_way.wait(timeout):
+            log.warning("calls still under way at the end of the graceful timeout are abandoned",
+                        extra={"fields": {"calls": self._under_way}})
         self._answerers.close()
 
     def _serve(self, sock, _address) -> None:

@@ -170,7 +170,11 @@ def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_ti
     for server in servers:
         server.close()
     connections.shut_down()
-    connections.drained.wait(graceful_timeout)
+    if connections.count:  # what a stop waits for, said: one that lingers is then explained
+        log.info("stopping: waiting for the requests under way", extra={"fields": {"connections": connections.count}})
+    if not connections.drained.wait(graceful_timeout):
+        log.warning("requests still under way at the end of the graceful timeout are abandoned",
+                    extra={"fields": {"connections": connections.count}})
     ACCESS_LOG.flush()
 
 
