@@ -111,28 +111,28 @@ def values_for(model: str, first: float) -> np.ndarray:
     return np.full(BODY_VALUES if model == "held" else 4, first, np.float32)
 
 
-def binary_infer(server, model: str, first: float) -> tuple[int, str, list]:
+def binary_infer(server, model: str, first: float, deadline: float = 60) -> tuple[int, str, list]:
     """A V2 binary request over HTTP: its status, error and first outputs."""
     values = values_for(model, first)
     document = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(values.shape),
                                        "parameters": {"binary_data_size": values.nbytes}}],
                            "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}).encode()
     answer = server.request("POST", f"/v2/models/{model}/infer", data=document + values.tobytes(),
-                            headers={"Inference-Header-Content-Length": str(len(document))}, timeout=60)
+                            headers={"Inference-Header-Content-Length": str(len(document))}, timeout=deadline)
     if answer.status_code != 200:
         assert answer.headers["Retry-After"]
         return answer.status_code, answer.json()["error"], []
     return 200, "", answer.json()["outputs"][0]["data"][:2]
 
 
-def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
+def grpc_infer(server, model: str, first: float, deadline: float = 60) -> tuple[int, str, list]:
     """The same over gRPC: UNAVAILABLE read as 503."""
     values = values_for(model, first)
     tensor_in = triton_grpc.InferInput("x", list(values.shape), "FP32")
     tensor_in.set_data_from_numpy(values)
     with grpc_clients.InferenceServerClient(server.grpc_url) as client:
         try:
-            return 200, "", client.infer(model, [tensor_in], client_timeout=60).as_numpy("y")[:2].tolist()
+            return 200, "", client.infer(model, [tensor_in], client_timeout=deadline).as_numpy("y")[:2].tolist()
         except InferenceServerException as exc:
             return {"StatusCode.UNAVAILABLE": 503}.get(exc.status(), 500), exc.message(), []
 
@@ -142,22 +142,30 @@ def grpc_infer(server, model: str, first: float) -> tuple[int, str, list]:
 def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_refused(start_server, tmp_path, front_ends, call):
     """SERVE_MAX_BODIES_SIZE: a request counts from its arrival until its answer is made. With one large
     request held in the model, a second does not fit in the front-end process's share: it waits, and is
-    refused once SAGEMAKER_MODEL_SERVER_TIMEOUT (5 s) has passed, never having reached the model; a small one fits
-    beside it; and once the first is answered, there is room again."""
+    refused once SAGEMAKER_MODEL_SERVER_TIMEOUT (5 s) has passed, never having reached the model; small ones
+    (an inference, a health check) are answered at once meanwhile, not behind it; and once the first is
+    answered, there is room again."""
     gate = Gate(tmp_path, "held")
     python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
                  {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
     fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
     # a share of 600 KiB in each of the two front-end processes (HTTP, or the model process serving it, and gRPC)
     server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
-                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="5")
+                          SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="5",
+                          SERVE_LOG_LEVEL="info")  # its log says when a request waits for room
     wait_for(server.ready, 60, "the models did not load")
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(2) as pool:
         held = pool.submit(call, server, "held", -1.0)  # y = 2x, once through the gate
         try:
             gate.wait_entered()
             assert call(server, "double", 1.0) == (200, "", [2.0, 2.0])  # a small request fits beside the held one
-            status, error, _ = call(server, "held", 1.0)
+            waiting = pool.submit(call, server, "held", 1.0)
+            wait_for(lambda: any(line["message"] == "request waits for room" for line in log_lines(server)), 30,
+                     "the second large request did not wait for room")
+            # with one line, these waited behind it, until it was refused (5 s), past their deadlines
+            assert call(server, "double", 3.0, deadline=2) == (200, "", [6.0, 6.0])
+            assert server.request("GET", "/ping", timeout=2).status_code == 200
+            status, error, _ = waiting.result()
         finally:
             gate.release()
         assert held.result() == (200, "", [-2.0, -2.0])
@@ -165,33 +173,6 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     statistics = server.request("GET", "/v2/models/held/stats").json()["model_stats"][0]["inference_stats"]
     assert statistics["success"]["count"] + statistics["fail"]["count"] == 1  # the refused request never reached it
     assert call(server, "held", 2.0) == (200, "", [4.0, 4.0])
-
-
-@pytest.mark.parametrize("front_ends, call", [("0", binary_infer), ("1", binary_infer), ("1", grpc_infer)],
-                         ids=["http-alone", "http-front-end", "grpc"])
-def test_a_large_request_waiting_for_room_holds_up_no_small_one(start_server, tmp_path, front_ends, call):
-    """With the share full and a large request waiting for room, small requests (a health check, a small
-    inference) are answered at once, not behind it; and the large one is served once room is made."""
-    gate = Gate(tmp_path, "held")
-    python_model(tmp_path / "models", "held", QUEUED_PY.replace("{gate}", gate.code()),
-                 {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [-1])], "output": [tensor("y", "TYPE_FP32", [-1])]})
-    fp32_model(tmp_path / "models", "double", Scale(), dims=(-1,), max_batch_size=0)
-    server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
-                          SERVE_MAX_BODIES_SIZE="1200KiB", SERVE_LOG_LEVEL="info")  # its log says when a request waits
-    wait_for(server.ready, 60, "the models did not load")
-    with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(call, server, "held", -1.0)
-        try:
-            gate.wait_entered()
-            waiting = pool.submit(call, server, "held", 1.0)
-            wait_for(lambda: any(line["message"] == "request waits for room" for line in log_lines(server)), 30,
-                     "the second large request did not wait for room")
-            assert call(server, "double", 1.0) == (200, "", [2.0, 2.0])
-            assert server.request("GET", "/ping", timeout=5).status_code == 200
-        finally:
-            gate.release()
-        assert held.result() == (200, "", [-2.0, -2.0])
-        assert waiting.result() == (200, "", [2.0, 2.0])
 
 
 def test_clients_trickling_large_bodies_hold_no_room_from_the_others(start_server, tmp_path):
