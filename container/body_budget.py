@@ -3,10 +3,11 @@ front-end processes, HTTP and gRPC). A request counts once it has arrived whole 
 in between it is decoded, sent to the model process, queued and run, a few copies of it at once (not while
 its answer is sent: a client that never reads its answer must not hold up everyone else's requests).
 
-Two lines share the budget. Small requests (health checks, small inferences: at most a sixteenth of an
-eighth of the budget each) have that eighth; the others have the rest. In each, a request that does not fit
-waits for those before it to be answered, first come first served, so a stream of smaller requests never
-starves a large one; one larger than its line's room goes alone. With one line, a health check that came
+Two lines share the budget. Small requests (small inferences: at most a sixteenth of an eighth of the
+budget each) have that eighth; the others have the rest. In each, a request that does not fit waits for
+those before it to be answered, first come first served, so a stream of smaller requests never starves a
+large one; one larger than its line's room goes alone. One without a body (a health check) holds nothing
+and never waits, even behind small ones that fill their line. With one line, a health check that came
 behind a large request waiting for room waited as long as it did (a probe with a 2 s deadline failed); and
 a line of small requests alone is what lets them pass without starving the large ones.
 
@@ -101,7 +102,9 @@ class _Line:
         self._admit()
 
     def _fits_first(self, size: int) -> bool:
-        if self._waiting or not self._fits(size):
+        """Whether `size` is let in at once: it fits and none waits before it, or it holds nothing (a request
+        without a body, a health check, never waits, even behind small ones that fill their line)."""
+        if size and (self._waiting or not self._fits(size)):
             return False
         self.used += size
         return True

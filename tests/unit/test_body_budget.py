@@ -86,6 +86,7 @@ def test_small_requests_take_turns_in_their_own_line_and_never_the_room_of_a_lar
     small = [gevent.spawn(holder, budget, 10, order, Event()) for _ in range(21)]
     gevent.sleep(0)
     assert order == [900] + [10] * 20  # the small line is full: the 21st waits in it
+    assert budget.take(0, timeout=0)  # a request without a body (a health check) waits for nothing
     release.set()  # the large line's room is made while the small requests still hold theirs
     first.join(timeout=5)
     gevent.sleep(0)
