@@ -16,6 +16,7 @@ from tests import grpc_clients
 TESTS = Path(__file__).resolve().parent.parent
 _REQUESTS = {"get", "post", "put", "delete", "patch", "head", "request"}
 _GRPC_MODULES = {"tritonclient.grpc", "tritonclient.grpc.aio"}
+_GRPC_CLIENT = "tritonclient's gRPC client without a deadline (use tests.grpc_clients)"
 
 
 def _undeadlined(source: str) -> list[str]:
@@ -27,10 +28,10 @@ def _undeadlined(source: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in _GRPC_MODULES and \
                 any(alias.name == "InferenceServerClient" for alias in node.names):
-            found.append(f"{node.lineno}: tritonclient's gRPC client without a deadline (use tests.grpc_clients)")
+            found.append(f"{node.lineno}: {_GRPC_CLIENT}")
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
                 node.value.id in grpc_aliases and node.attr == "InferenceServerClient":
-            found.append(f"{node.lineno}: tritonclient's gRPC client without a deadline (use tests.grpc_clients)")
+            found.append(f"{node.lineno}: {_GRPC_CLIENT}")
         elif isinstance(node, ast.Call) and (what := _call_without_timeout(node)):
             found.append(f"{node.lineno}: {what}")
     return found
@@ -62,8 +63,7 @@ def test_the_check_finds_each_kind_of_request_without_a_deadline():
               "threading.Barrier(2)\nthreading.Barrier(2, timeout=5)\n")
     assert sorted(_undeadlined(source)) == [
         "10: a barrier without a timeout (a client that failed before it would hold the others for ever)",
-        "3: tritonclient's gRPC client without a deadline (use tests.grpc_clients)", "4: requests.get without a timeout",
-        "5: a socket without a timeout", "6: tritonclient's gRPC client without a deadline (use tests.grpc_clients)"]
+        f"3: {_GRPC_CLIENT}", "4: requests.get without a timeout", "5: a socket without a timeout", f"6: {_GRPC_CLIENT}"]
 
 
 @pytest.fixture
