@@ -8,12 +8,14 @@ process, and /dev/shm, where large tensors cross between them, each at its peak 
 long a small call waited meanwhile, one after another: `GET /ping` during the HTTP flood, a V2 inference
 of 4 values during the gRPC one (a small request must not wait behind the large ones for room)."""
 
+import contextlib
 import shutil
 import statistics
 import tempfile
 import threading
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -89,14 +91,17 @@ def _small_calls(server: Server, protocol: str, waits: list, done: threading.Eve
     """One small call after another until `done`: each one's wait, or None when it failed."""
     small = triton_grpc.InferInput("x", [4], "FP32")
     small.set_data_from_numpy(np.ones(4, np.float32))
-    with triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("http://")) as client:
+    with contextlib.ExitStack() as closing:
+        if protocol == "gRPC":
+            client = closing.enter_context(triton_grpc.InferenceServerClient(server.grpc_url.removeprefix("http://")))
+            call = partial(client.infer, "big", [small], client_timeout=_SMALL_DEADLINE)
+        else:
+            def call():
+                urllib.request.urlopen(server.url + "/ping", timeout=_SMALL_DEADLINE).read()
         while not done.wait(_EVERY):
             started = time.perf_counter()
             try:
-                if protocol == "gRPC":
-                    client.infer("big", [small], client_timeout=_SMALL_DEADLINE)
-                else:
-                    urllib.request.urlopen(server.url + "/ping", timeout=_SMALL_DEADLINE).read()
+                call()
                 waits.append(time.perf_counter() - started)
             except Exception:  # refused, or past its deadline
                 waits.append(None)
