@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
         self.process = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, start_new_session=True,
                                         stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=starting_on(cores))
-        wait_ready(self, Path(self.log.name))
+        wait_ready(self, Path(self.log.name), grpc=environment["SERVE_GRPC_PORT"].lower() != "off")
 
     def pin(self) -> None:
         """The server (gunicorn, its worker, the fork server and handler workers) on the first half of
@@ -201,13 +202,18 @@ def free_port() -> int:
         return port
 
 
-def wait_ready(server, log: Path) -> None:
-    """Until `server.url` answers V2 readiness; a server that exits or takes two minutes is stopped,
-    and its log's end raised."""
+def wait_ready(server, log: Path, grpc: bool = True) -> None:
+    """Until `server.url` answers V2 readiness and, with `grpc`, its gRPC port takes connections (the gRPC
+    front-ends listen once they reach the model process, which may be after HTTP answers, so a gRPC load
+    could start against a closed port); a server that exits or takes two minutes is stopped, and its log's
+    end raised."""
     deadline = time.monotonic() + 120
+    grpc_address = urllib.parse.urlsplit(server.grpc_url)
     while True:
         try:
             if urllib.request.urlopen(server.url + "/v2/health/ready", timeout=2).status == 200:
+                if grpc:
+                    socket.create_connection((grpc_address.hostname, grpc_address.port), timeout=2).close()
                 return
         except OSError:
             pass
