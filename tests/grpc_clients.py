@@ -20,6 +20,8 @@ def _deadlined(client_class: type) -> type:
         deadline = next((key for key in _DEADLINES if key in parameters), None)
         if deadline and not name.startswith("_"):
             methods[name] = _defaulting(method, deadline, parameters.index(deadline))
+    if "infer" not in methods:  # a tritonclient that named its deadline otherwise: fail here, not hang in a test
+        raise TypeError(f"{client_class.__module__}.{client_class.__name__}.infer takes none of {_DEADLINES}")
     return type(client_class.__name__, (client_class,), methods)
 
 
