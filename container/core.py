@@ -529,6 +529,10 @@ class Core:
     def check_health(self) -> None:
         self._registry.check_health()
 
+    def stop_loading(self, why: str) -> None:
+        """The process is stopping: the loads under way end, told `why` (a 503), and so do later ones."""
+        self._registry.stop_loading(why)
+
     def load(self, name: str, url: str, **options) -> ModelView:
         """Load `url` as `name` (the registry's options: reload, directory, uploaded) and serve it through
         a scheduler of its own, which closes once the registry has freed the model."""
@@ -567,6 +571,8 @@ class Core:
                                        f"never load); load it again once that load is done")
                 try:
                     composing[name] = self._load_or_join(name, self.locate(name))
+                except Unavailable:  # a retry may load it: the ensemble's load is told to retry too
+                    raise
                 except ServeError as exc:
                     raise InvalidModel(f"ensemble '{model.name}': composing model '{name}' did not load: {exc}") from None
                 if present is None:  # this load loaded it
@@ -659,6 +665,8 @@ class Core:
         self._awaited.update(name for name, _ in entries)
         try:
             for name, url in entries:
+                if self._registry.stopping is not None:  # the rest would be refused, each an error in the log
+                    break
                 try:
                     self._load_or_join(name, url)
                 except ServeError as exc:

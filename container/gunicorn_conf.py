@@ -1,5 +1,6 @@
 """gunicorn settings, derived from the same environment as the app (`gunicorn -c python:container.gunicorn_conf`)."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -7,7 +8,7 @@ import time
 
 from gunicorn import sock
 
-from container import channel, frontends, resources, workdirs
+from container import channel, frontends, gunicorn_worker, resources, workdirs
 from container.channel.blobs import Blobs
 from container.settings import Settings
 
@@ -67,6 +68,9 @@ def _draining_first(server, draining, handle):
     def handle_stop():
         for front_end in server.front_ends:
             front_end.stopping()
+        for pid in server.WORKERS:  # its loads under way end now, rather than hold the front-ends' drain
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, gunicorn_worker.STOP_LOADING)
         sock.close_sockets(server.LISTENERS, unlink=False)
         server.LISTENERS = []
         for front_end in draining:

@@ -7,6 +7,7 @@ heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serve
 import os
 import signal
 
+import gevent
 from gevent.event import Event
 from gevent.monkey import get_original
 from gevent.server import StreamServer
@@ -19,6 +20,8 @@ from container.settings import Settings
 
 _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# From the master as the server starts to stop, while the front-ends drain (gunicorn_conf): the loads end
+STOP_LOADING = signal.SIGUSR2
 
 
 class Worker(GeventWorker):
@@ -29,6 +32,8 @@ class Worker(GeventWorker):
         self.channel: ChannelServer | None = None
         self.metrics_server: StreamServer | None = None
         self.stopping: Event | None = None  # set by SIGTERM: the channel-only loop ends at once, not at its next beat
+        self.loads_end = False  # the server stops: loads under way end, and later ones are refused
+        self.wsgi = None  # the app, once load_wsgi has made it
 
     def patch(self):
         super().patch()  # gevent's monkey.patch_all()
@@ -42,6 +47,8 @@ class Worker(GeventWorker):
     def load_wsgi(self):
         super().load_wsgi()
         extensions = self.wsgi.extensions  # of the app create_app() made
+        if self.loads_end:  # told before the app was made
+            extensions["core"].stop_loading(STOPPING)
         if not self.settings.http_workers:  # HTTP is this process's own
             self.connections = Connections(extensions["dispatcher"], self.settings, HeadLimits(**frontends.head_limits(self.cfg)),
                                            self.worker_connections, max_requests=self.max_requests, retire=self._retire,
@@ -83,17 +90,30 @@ class Worker(GeventWorker):
         # by the master's handler and lost: the worker served on until the master's graceful timeout
         queued = getattr(self, "signals_before_its_own", None)  # gunicorn_conf.post_fork
         while queued is not None and not queued.empty():
-            if queued.get_nowait() in _STOPS:
-                self.alive = False
+            sig = queued.get_nowait()
+            self.alive = self.alive and sig not in _STOPS
+            self.loads_end = self.loads_end or sig in (*_STOPS, STOP_LOADING)
+        signal.signal(STOP_LOADING, lambda sig, frame: self._end_loads())
+        signal.siginterrupt(STOP_LOADING, False)
+
+    def _end_loads(self) -> None:
+        """A load under way would hold the stop as long as it took (loads are not bounded in time), and serve
+        nobody after it: each is told to retry elsewhere now (`Core.stop_loading`); what it holds goes with
+        the process. Requests under way other than loads are still answered."""
+        self.loads_end = True
+        if self.wsgi is not None:  # else load_wsgi tells the core
+            gevent.get_hub().loop.run_callback(self.wsgi.extensions["core"].stop_loading, STOPPING)
 
     def _retire(self) -> None:
         self.alive = False
+        self._end_loads()
 
     def handle(self, listener, client, addr):
         self.connections.handle(client)
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
+        self._end_loads()
         if self.stopping is not None:
             self.stopping.set()
         if self.channel is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import gevent
 from gevent.event import AsyncResult, Event
 from gevent.threadpool import ThreadPool
 
@@ -81,6 +82,7 @@ class Model:
     overridden: bool = False  # loaded with a client's config or files, not as the model root holds it
     replaces: "Model | None" = None  # while a reload loads: the copy serving the name meanwhile
     started: float = 0.0  # when its load started (monotonic)
+    loader: object = None  # the greenlet its load runs in, until it is served or abandoned
 
     def __str__(self) -> str:
         return self.name
@@ -136,6 +138,7 @@ class Registry:
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
         self.fault: str | None = None  # a sticky device error: this process can no longer serve
         self.on_fault: Callable[[str], None] = lambda why: None  # the server replaces the process
+        self.stopping: str | None = None  # why loads end: the process is stopping (`stop_loading`)
         self.load_threads = load_threads  # loads that run at once; more wait for a thread
         self._pool = ThreadPool(load_threads)
 
@@ -150,11 +153,13 @@ class Registry:
         try:
             return self._load_named(name, url, reload, directory, uploaded)
         except BaseException:
-            if directory is not None:
+            if directory is not None and self.stopping is None:  # at a stop, the process's scratch goes with it
                 self._pool.apply(shutil.rmtree, (directory, True))
             raise
 
     def _load_named(self, name: str, url: str, reload: bool, directory: Path | None, uploaded: bool) -> Model:
+        if self.stopping is not None:
+            raise Unavailable(self.stopping)
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
         current = self.current(name)
@@ -165,7 +170,7 @@ class Registry:
         if current is None:
             self.models[name] = model  # visible as loading: a concurrent load of the name is a 409
         self._loading[name] = model
-        model.started = time.monotonic()
+        model.started, model.loader = time.monotonic(), gevent.getcurrent()
         try:
             if remote:
                 model.download = self.downloads.fetch(remote)
@@ -184,6 +189,7 @@ class Registry:
             self.abandon(model, exc)
             raise exc
         self._loading.pop(name, None)
+        model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures.pop(name, None)
         self.counters.loads += 1
@@ -200,6 +206,7 @@ class Registry:
         """A load that failed with `exc`: recorded as the name's failure, and what it held freed."""
         self.note_fault(exc)
         self._loading.pop(model.name, None)
+        model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures[model.name] = str(exc)
         self.counters.load_failures += 1
@@ -207,6 +214,21 @@ class Registry:
         model.replaces = None
         self._discard(model)
         model.loaded.set_exception(exc)
+
+    def stop_loading(self, why: str) -> None:
+        """The process is about to exit: each load under way ends now, its callers (and those that share it)
+        told `why` as a 503, and a load that comes later is refused so. A load left to finish would hold the
+        stop as long as it took, past the few seconds a platform allows a stop, and then serve nobody; what
+        it holds goes with the process."""
+        self.stopping = why
+        if self._loading:
+            log.info("stopping: the loads under way end", extra={"fields": {"models": sorted(self._loading)}})
+        for loader in {model.loader for model in self._loading.values()}:  # one for an ensemble's and its steps' loads
+            gevent.get_hub().loop.run_callback(self._end_loads_of, loader, why)
+
+    def _end_loads_of(self, loader, why: str) -> None:
+        if any(model.loader is loader for model in self._loading.values()):  # not served or abandoned meanwhile
+            loader.throw(Unavailable(why))
 
     def under_way(self, name: str) -> Model | None:
         """The model a load of `name` under way loads (its first load, or a reload beside the copy serving)."""
@@ -427,7 +449,8 @@ class Registry:
         self.cache.release(model)
         backends, model.versions = list(model.versions.values()), {}
         try:
-            self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
+            if self.stopping is None:  # else it goes with the process, and the load threads may all be stuck
+                self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
         finally:
             if model.download is not None:
                 model.download.release()

@@ -491,3 +491,89 @@ def _refused(port: int) -> bool:
     except (ConnectionRefusedError, ConnectionResetError):
         return True
     return False
+
+
+def _sagemaker_load(server: Server) -> tuple[str, str]:
+    answer = server.load("slow")
+    assert answer.status_code != 503 or answer.headers.get("Retry-After") == "1", answer.headers
+    return str(answer.status_code), answer.json().get("error", "")
+
+
+def _grpc_load(server: Server) -> tuple[str, str]:
+    try:
+        grpc_clients.InferenceServerClient(server.grpc_url).load_model("slow")
+    except InferenceServerException as exc:
+        return str(exc.status()), exc.message()
+    return "OK", ""
+
+
+def _invocation_that_loads(server: Server) -> tuple[str, str]:
+    """SageMaker's multi-model invocation: the target model loads on its first use."""
+    return _sagemaker_answer(server.request("POST", "/invocations", data=b"[[4.0]]", headers={
+        "X-Amzn-SageMaker-Target-Model": "slow", "Content-Type": "application/json"}))
+
+
+def _sagemaker_answer(answer: requests.Response) -> tuple[str, str]:
+    assert answer.status_code != 503 or answer.headers.get("Retry-After") == "1", answer.headers
+    return str(answer.status_code), answer.json().get("error", "") if answer.status_code != 200 else ""
+
+
+@pytest.mark.parametrize(("wait_on_a_load", "front_ends", "told"), [
+    (_sagemaker_load, "0", "503"), (_sagemaker_load, "2", "503"),
+    (_grpc_load, "2", "StatusCode.UNAVAILABLE"), (_invocation_that_loads, "2", "503")])
+def test_a_stop_tells_a_load_under_way_to_retry_and_never_waits_for_it(tmp_path_factory, wait_on_a_load, front_ends, told):
+    """`docker stop` allows 10 s before SIGKILL. A load under way (a slow model_fn, a large download) held
+    the stop until it ended, whatever it took (measured: 15.5–16.3 s for a load that took 15 s), and its
+    client was then told it had loaded a model on a server about to exit. It is told to retry elsewhere
+    now, at once, and the server exits without waiting for it; nothing of the load outlives the server."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "load")
+    root = tmp_path_factory.mktemp("models")
+    handler_model(root, "slow", gated_load(gate), Scale())
+    server = Server(root, SERVE_HTTP_WORKERS=front_ends)
+    try:
+        wait_for(server.grpc_ready, 60, "the gRPC front-end did not answer ready")
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(wait_on_a_load, server)
+            gate.wait_entered()
+            os.kill(server.process.pid, signal.SIGTERM)
+            status, message = waiting.result(timeout=60)
+        assert status == told and "stopping" in message, message
+        assert server.process.wait(timeout=10) == 0
+        wait_for(lambda: _group_gone(server.process.pid), 10, "a process of the server outlived it")
+    finally:
+        server.stop()
+
+
+def test_sighup_tells_a_load_under_way_to_retry_and_the_next_model_process_loads_it(tmp_path_factory):
+    """A restart of the model process (SIGHUP) does not wait for a load under way either: the new process
+    starts at once, and the load, sent again, loads there."""
+    gate = Gate(tmp_path_factory.mktemp("gate"), "load")
+    root = tmp_path_factory.mktemp("models")
+    handler_model(root, "slow", gated_load(gate), Scale())
+    server = Server(root, SERVE_HTTP_WORKERS="2")
+    try:
+        worker = server.worker_pid()
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_invocation_that_loads, server)
+            gate.wait_entered()
+            gate.marker.unlink()
+            os.kill(server.process.pid, signal.SIGHUP)
+            status, message = waiting.result(timeout=60)
+        assert status == "503" and "stopping" in message, message
+        wait_for(lambda: server.replaced(worker), 10, "no new model process started")
+        with ThreadPoolExecutor(1) as pool:
+            again = pool.submit(lambda: wait_for(lambda: _invocation_that_loads(server)[0] != "503", 30, "still told to retry"))
+            gate.wait_entered()
+            gate.release()
+            again.result(timeout=60)
+        assert _invocation_that_loads(server) == ("200", "")
+    finally:
+        server.stop()
+
+
+def _group_gone(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False

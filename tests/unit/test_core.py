@@ -2,7 +2,9 @@
 model root, a real memory cache, and greenlets that take turns where a request and a lifecycle change
 meet. Orders are decided by events (a held lease, a started greenlet), never by timing."""
 
+import dataclasses
 import functools
+import threading
 
 import gevent
 import numpy as np
@@ -61,9 +63,9 @@ class Closings:
         return scheduler
 
 
-def make_core(root, budget: int = 1 << 34, schedulers=None) -> Core:
+def make_core(root, budget: int = 1 << 34, schedulers=None, load_threads: int = 4) -> Core:
     runtime = Runtime(functools.partial(load_backends, options=WorkerOptions()), release_memory, free_memory, server_memory)
-    registry = Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime)
+    registry = Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime, load_threads=load_threads)
     return Core(registry, schedulers or scheduler_for)
 
 
@@ -307,3 +309,37 @@ def test_a_first_use_that_waited_for_a_load_unloaded_before_it_could_hold_it_loa
     assert lease.view is not held.view and core.model_is_current(lease.view)
     with lease:
         assert core.infer(lease, InferRequest({"x": np.ones((1, 4), np.float32)})).outputs["y"].tolist() == [[2.0] * 4]
+
+
+def test_a_stop_ends_every_load_under_way_with_a_retry_and_refuses_later_ones(tmp_path):
+    """At a stop, a load under way (here stuck in its load thread), the requests sharing it and an ensemble
+    whose step it is are each told to retry, at once: not that the ensemble is invalid, and not after
+    freeing what the loads hold, which would wait for the stuck load threads (every one of them here)."""
+    fp32_model(tmp_path, "step")
+    fp32_model(tmp_path, "alone")
+    x, y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
+    ensemble(tmp_path, "pipeline", [x], [y], [ensemble_step("step", {"x": "x"}, {"y": "y"})])
+    core = make_core(tmp_path, load_threads=2)
+    stuck, entered = threading.Event(), []
+    load_backends = core._registry.runtime.load_backends
+
+    def stuck_load(name, source, device):
+        if name != "pipeline":
+            entered.append(name)
+            stuck.wait(60)
+        return load_backends(name, source, device)
+    core._registry.runtime = dataclasses.replace(core._registry.runtime, load_backends=stuck_load)
+    try:
+        loads = [gevent.spawn(core.load, "pipeline", "pipeline"), gevent.spawn(core.load, "alone", "alone")]
+        poll(lambda: sorted(entered) == ["alone", "step"], message="the loads did not reach their threads")
+        sharing = gevent.spawn(core.lease_loading, "alone", "alone")
+        take_turns()
+        core.stop_loading("stopping; retry")
+        gevent.joinall([*loads, sharing], timeout=30)
+        for greenlet in [*loads, sharing]:
+            assert isinstance(greenlet.exception, Unavailable) and str(greenlet.exception) == "stopping; retry"
+        with pytest.raises(Unavailable, match="stopping; retry"):
+            core.load("step", "step")
+        assert core.ready() == [] and core.failure("alone") == "stopping; retry"
+    finally:
+        stuck.set()
