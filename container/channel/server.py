@@ -114,6 +114,8 @@ class ChannelServer:
             answer = [call_id, wire.ANSWER, result]
         except Exception as exc:
             answer = [call_id, wire.ERROR, wire.error_of(exc)]
+        if outbox.closed:  # the front-end hung up: nobody would take what packing writes to shared memory
+            return
         try:
             data = wire.pack(answer, blobs)
         except (ServeError, TypeError, ValueError) as exc:
@@ -129,6 +131,8 @@ class ChannelServer:
         streams[call_id] = stream = _Stream(gevent.getcurrent(), items)
         try:
             for item in items:
+                if outbox.closed:  # nobody reads on: dropped, the items' generator closes, cancelling what it has pending
+                    return
                 outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
         finally:
             stream.done = True

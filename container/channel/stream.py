@@ -61,6 +61,10 @@ class Outbox:
             self._parked = False
             self._hub.loop.run_callback(self._writer.switch)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """End the writer once it has nothing left to write (the connection is closing)."""
         self._closed = True

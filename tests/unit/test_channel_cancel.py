@@ -1,16 +1,21 @@
 """A gRPC front-end's calls that its clients abandon (channel/client.py, channel/groups.py's AsyncGroups):
 a stream the caller stops reading is stopped in the model process, and a group of calls only once every
 call in it is cancelled. The model process is a real ChannelServer on a gevent hub of its own thread;
-this test is the front-end, on an asyncio loop, as a gRPC front-end is."""
+this test is the front-end, on an asyncio loop, as a gRPC front-end is. A front-end that hangs up abandons
+every call it has under way: what the model process writes for them must not stay in shared memory."""
 
 import asyncio
+import os
 import threading
+from pathlib import Path
 
 import gevent
 import pytest
 from gevent import GreenletExit
 from gevent.event import Event
 
+from container.channel import blob_prefix
+from container.channel.blobs import THRESHOLD, large
 from container.channel.client import ChannelClient
 from container.channel.groups import TAKEN, AsyncGroups, GroupItems
 from container.channel.server import ChannelServer
@@ -21,10 +26,11 @@ from tests.builders import wait_for
 class ModelProcess:
     """`group(key, calls)` records each group as {"calls": [n, …], "ended": None, "finished" or "killed",
     "cancelled": the positions cancelled alone}; it holds a call [n, "held"] until `release()`; a group
-    whose first call is [n, "untaken"] is not taken up until then either. `echo(value)` answers at once."""
+    whose first call is [n, "untaken"] is not taken up until then either. `echo(value)` answers at once;
+    `held_large()` answers data that crosses in shared memory, once released, and `held_large_items()` streams it. `gone`: the front-ends that hung up."""
 
     def __init__(self, path: str):
-        self.path, self.groups = path, []
+        self.path, self.groups, self.holding, self.gone = path, [], False, []
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -32,7 +38,9 @@ class ModelProcess:
 
     def _run(self) -> None:
         self._hub, self._gate, self._stop = gevent.get_hub(), Event(), Event()
-        server = ChannelServer(self.path, {"group": self._group, "echo": lambda value: value}, 1 << 20)
+        server = ChannelServer(self.path, {"group": self._group, "echo": lambda value: value, "held_large": self._held_large,
+                                            "held_large_items": self._held_large_items},
+                               1 << 20, on_disconnect=self.gone.append)
         server.start()
         self._started.set()
         self._stop.wait()
@@ -56,6 +64,15 @@ class ModelProcess:
         except GreenletExit:
             record["ended"] = "killed"
             raise
+
+    def _held_large(self):
+        self.holding = True
+        self._gate.wait(30)
+        return large(b"x" * THRESHOLD)
+
+    def _held_large_items(self):
+        yield TAKEN
+        yield self._held_large()
 
     def release(self) -> None:
         self._hub.loop.run_callback_threadsafe(self._gate.set)
@@ -241,3 +258,22 @@ async def _reached(process: ModelProcess) -> None:
 
 async def _items(stream) -> list:
     return [item async for item in stream]
+
+
+@pytest.mark.parametrize("op", ["held_large", "held_large_items"])
+def test_a_large_answer_made_after_its_front_end_hung_up_is_not_left_in_shared_memory(model_process, op):
+    """A front-end killed while the model process makes a large answer for it (once in a 240 s chaos run): the
+    answer was written to /dev/shm after the connection's untaken data had been removed, and stayed there
+    until the model process exited."""
+    async def hang_up():
+        channel = await connected(model_process.path)
+        asyncio.create_task(channel.call(op) if op == "held_large" else anext(channel.stream(op)))
+        while not model_process.holding:
+            await channel.call("echo", None)
+        await channel.close()
+
+    asyncio.run(hang_up())
+    wait_for(lambda: model_process.gone, 10, "the model process did not hear the front-end hang up")
+    model_process.release()
+    model_process.stop()  # once the held call has answered
+    assert not list(Path("/dev/shm").glob(f"{blob_prefix(model_process.path)}-{os.getpid()}-*"))
