@@ -7,7 +7,9 @@ Names are `<prefix>-<pid>-<n>`, the prefix the channel's (`container-<master pid
 takes only what a process of this server wrote: a name of another shape, a link, a file of another
 user or of another size is refused. The master removes what a crashed process left (`remove_all`).
 The model process writes for each front-end's connection apart (`<prefix>-<pid>-<connection>.<n>`),
-and removes what a connection's front-end never took once it has hung up (`remove_untaken`)."""
+and removes what a connection's front-end never took once it has hung up (`remove_untaken`); a
+front-end removes what it wrote once its connection is lost, as what the model process had not read
+by then nobody will."""
 
 import itertools
 import mmap

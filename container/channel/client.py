@@ -145,6 +145,7 @@ class ChannelClient:
                 self._writer = None
                 self._connected.clear()
                 writer.close()
+                self.blobs.remove_untaken()  # written beside frames nobody will read now
                 self._fail_pending()
             log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
 

@@ -97,6 +97,7 @@ class HubChannelClient:
                 self._outbox = None
                 outbox.close()
                 sock.close()
+                self.blobs.remove_untaken()  # written beside frames nobody will read now
                 for waiting in self._pending.values():
                     if isinstance(waiting, gevent.queue.Queue):  # a stream
                         waiting.put((wire.ERROR, _LOST[1]))

@@ -5,6 +5,7 @@ is Unavailable, and the server hears which process left (a model process's death
 tests', with real signals)."""
 
 import os
+from pathlib import Path
 
 import gevent
 import pytest
@@ -12,7 +13,8 @@ from gevent import socket
 from gevent.event import Event
 
 from container.api.http_channel import FrontEndClients
-from container.channel import wire
+from container.channel import blob_prefix, wire
+from container.channel.blobs import THRESHOLD, large
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import KEEP_ANSWERERS, ChannelServer
 from container.channel.stream import FrameReader, Outbox
@@ -116,6 +118,26 @@ def test_a_call_before_the_model_process_is_reached_is_unavailable(tmp_path):
     client.start()
     with pytest.raises(Unavailable, match="not running yet"):
         client.call("echo", 1)
+
+
+def test_a_large_call_the_model_process_never_read_is_not_left_in_shared_memory(tmp_path):
+    """The model process died with a call's frame unread: nothing will ever take the data the front-end wrote
+    beside it, and it stayed in /dev/shm (the master clears it when a model process exits: this was written
+    after, or as, the model process died)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "models.sock"))
+    listener.listen(1)
+    listener.settimeout(10)
+    client = HubChannelClient(str(tmp_path / "models.sock"))
+    client.start()
+    peer, _ = listener.accept()
+    calling = gevent.spawn(client.call, "echo", large(b"x" * THRESHOLD))
+    assert peer.recv(1)  # the frame is on its way, its data in shared memory; then the model process dies
+    peer.close()
+    with pytest.raises(Unavailable, match="ended during the request"):
+        calling.get(timeout=10)
+    assert not list(Path("/dev/shm").glob(f"{blob_prefix(str(tmp_path / 'models.sock'))}-{os.getpid()}-*"))
+    listener.close()
 
 
 def test_each_front_end_connection_is_one_client_until_closed():
