@@ -153,12 +153,14 @@ def _alive(pid: int) -> bool:
 
 
 def faults_logged(log: Path) -> list[str]:
+    """Each fault's line, its traceback's innermost frames and exception kept: the log goes with the run."""
     found = []
     for line in log.read_text().splitlines():
         try:
-            if json.loads(line).get("message") in SERVER_FAULTS:
-                found.append(line[:300])
-        except (ValueError, AttributeError):
+            fault = json.loads(line)
+            if fault.get("message") in SERVER_FAULTS:
+                found.append(f"{fault['time']} {fault['message']}: {fault.get('traceback', '')[-1500:]}")
+        except (ValueError, AttributeError, KeyError):
             continue
     return found
 

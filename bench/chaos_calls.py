@@ -26,8 +26,10 @@ BIG = (1 << 19, 1 << 20, 11 << 17, 2 << 20)  # FP32 values: 2, 4 and 5.5 MiB, wh
 MAY = {200, 404, 503, 507}
 KILLED = ("worker process", "fork server", "did not load", "adder: ")
 GRPC_MAY = ("NOT_FOUND", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
-# what tritonclient says of a call or stream whose gRPC front-end was killed (or not yet started again)
-CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state", "connection closed")
+# what tritonclient says of a call or stream whose front-end was killed (or not yet started again): gRPC's
+# words, and geventhttpclient's for an HTTP answer's body cut short
+CUT = ("failed to connect", "Stream removed", "Socket closed", "no longer in valid state", "connection closed",
+       "Incomplete response")
 # a stream's error carries its message alone, not its code: these are the words of 404, 503 and 507
 STREAM_MAY = ("unknown model", "no available versions", "still loading", "not loaded", "no room", "being restarted",
               "model process ended", "shutting down")

@@ -74,16 +74,13 @@ class ChannelClient:
 
     async def call(self, op: str, *args):
         """The model process's answer to `op(*args)`; its error raised here as the same class."""
-        if self._refusing is not None:
-            raise self._refused()
-        if self._writer is None:
-            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        writer = self._open_writer()
         call_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            self._writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
-            await self._writer.drain()
+            writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
+            await writer.drain()
             failed, result = await future
         except OSError:  # the model process went away while the call was being written
             raise Unavailable("the model process ended during the request; retry") from None
@@ -96,18 +93,15 @@ class ChannelClient:
     async def stream(self, op: str, *args, named: Callable[[int], None] = lambda call_id: None):
         """The items `op(*args)` streams, each as the model process sends it; its error raised here.
         `named(call_id)`: the stream's id, as `cancel` takes it."""
-        if self._refusing is not None:
-            raise self._refused()
-        if self._writer is None:
-            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        writer = self._open_writer()
         call_id = next(self._ids)
         named(call_id)
         self._pending[call_id] = items = asyncio.Queue()
         ended = False
         try:
             try:
-                self._writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
-                await self._writer.drain()
+                writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
+                await writer.drain()
             except OSError:
                 raise Unavailable("the model process ended during the request; retry") from None
             while (frame := await items.get())[0] == wire.ITEM:
@@ -119,6 +113,16 @@ class ChannelClient:
                 self.cancel(call_id)
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
+
+    def _open_writer(self) -> asyncio.StreamWriter:
+        """The connection to write a call to. One the model process closed (it died) is closing before the
+        task reading it has learned so: uvloop's transport then raises RuntimeError at a write."""
+        if self._refusing is not None:
+            raise self._refused()
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            raise Unavailable("the model process is not running yet, or is being restarted; retry")
+        return writer
 
     def cancel(self, call_id: int, position: int | None = None) -> None:
         """Stop the stream `call_id` in the model process; with a `position`, only that call of a group

@@ -6,7 +6,6 @@ every call it has under way: what the model process writes for them must not sta
 
 import asyncio
 import os
-import socket
 import threading
 from pathlib import Path
 
@@ -259,36 +258,6 @@ async def _reached(process: ModelProcess) -> None:
 
 async def _items(stream) -> list:
     return [item async for item in stream]
-
-
-def test_a_large_call_the_model_process_never_read_is_not_left_in_shared_memory(tmp_path):
-    """As test_hub_client's, for the gRPC front-end's client: the model process died with the frame unread."""
-    path = str(tmp_path / "models.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
-    listener.settimeout(10)
-
-    def dies_reading():
-        peer, _ = listener.accept()
-        with peer:
-            peer.settimeout(10)
-            peer.recv(1)
-
-    async def call():
-        channel = await connected(path)
-        try:
-            with pytest.raises(Unavailable, match="ended during the request"):
-                await asyncio.wait_for(channel.call("echo", large(b"x" * THRESHOLD)), 10)
-        finally:
-            await channel.close()
-
-    model_process = threading.Thread(target=dies_reading)
-    model_process.start()
-    asyncio.run(call())
-    model_process.join(10)
-    listener.close()
-    assert not list(Path("/dev/shm").glob(f"{blob_prefix(path)}-{os.getpid()}-*"))
 
 
 @pytest.mark.parametrize("op", ["held_large", "held_large_items"])
