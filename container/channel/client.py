@@ -143,13 +143,14 @@ class ChannelClient:
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             try:
                 await self._read_answers(reader)
-            except (OSError, asyncio.IncompleteReadError):
+            except (asyncio.IncompleteReadError, ConnectionResetError):  # the model process has closed its end
+                self.blobs.remove_untaken()  # what it had not read by then it never will
+            except OSError:
                 pass
             finally:
                 self._writer = None
                 self._connected.clear()
                 writer.close()
-                self.blobs.remove_untaken()  # written beside frames nobody will read now
                 self._fail_pending()
             log.warning("lost the model process; reconnecting", extra={"fields": {"channel": self.path}})
 

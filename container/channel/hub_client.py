@@ -90,14 +90,16 @@ class HubChannelClient:
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             gevent.spawn(self.on_connect)
             try:
-                self._read_answers(sock)
+                self._read_answers(sock)  # until the model process closes its end, between frames or not
+                self.blobs.remove_untaken()  # what it had not read by then it never will
+            except ConnectionResetError:
+                self.blobs.remove_untaken()
             except (OSError, ValueError):
                 pass
             finally:
                 self._outbox = None
                 outbox.close()
                 sock.close()
-                self.blobs.remove_untaken()  # written beside frames nobody will read now
                 for waiting in self._pending.values():
                     if isinstance(waiting, gevent.queue.Queue):  # a stream
                         waiting.put((wire.ERROR, _LOST[1]))

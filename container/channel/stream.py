@@ -34,7 +34,7 @@ class FrameReader:
             data = self.sock.recv(_RECEIVE)
             if not data:
                 if self._buffer:
-                    raise OSError("the channel closed inside a frame")
+                    raise ConnectionResetError("the channel closed inside a frame")
                 return None
             self._buffer += data
 
