@@ -140,9 +140,13 @@ class Server:
         return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                 for family in text_string_to_metric_families(answer.text) for sample in family.samples}
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM to each of its processes: it stops (`stop` waits for it)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        self.terminate()
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
@@ -180,6 +184,8 @@ def servers_started():
         return servers[-1]
 
     yield start
+    for server in servers:  # all at once: a module may have started a dozen
+        server.terminate()
     for server in servers:
         server.stop()
     if bugs := [line for server in servers for line in bugs_logged(server)]:
