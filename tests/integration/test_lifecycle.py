@@ -494,9 +494,7 @@ def _refused(port: int) -> bool:
 
 
 def _sagemaker_load(server: Server) -> tuple[str, str]:
-    answer = server.load("slow")
-    assert answer.status_code != 503 or answer.headers.get("Retry-After") == "1", answer.headers
-    return str(answer.status_code), answer.json().get("error", "")
+    return _sagemaker_answer(server.load("slow"))
 
 
 def _grpc_load(server: Server) -> tuple[str, str]:
