@@ -153,7 +153,7 @@ class Registry:
         try:
             return self._load_named(name, url, reload, directory, uploaded)
         except BaseException:
-            if directory is not None and self.stopping is None:  # at a stop, the process's scratch goes with it
+            if directory is not None:
                 self._pool.apply(shutil.rmtree, (directory, True))
             raise
 
@@ -218,10 +218,13 @@ class Registry:
     def stop_loading(self, why: str) -> None:
         """The process is about to exit: each load under way ends now, its callers (and those that share it)
         told `why` as a 503, and a load that comes later is refused so. A load left to finish would hold the
-        stop as long as it took, past the few seconds a platform allows a stop, and then serve nobody; what
-        it holds goes with the process."""
+        stop as long as it took, past the few seconds a platform allows a stop, and then serve nobody. Its
+        thread runs on, as nothing can end it, and goes with the process; what runs on the load threads
+        from now (freeing what an ended load held, an index of an S3 root) runs on fresh ones, as the old
+        ones may all be stuck in those loads."""
         self.stopping = why
         if self._loading:
+            self._pool = ThreadPool(self.load_threads)
             log.info("stopping: the loads under way end", extra={"fields": {"models": sorted(self._loading)}})
         for loader in {model.loader for model in self._loading.values()}:  # one for an ensemble's and its steps' loads
             gevent.get_hub().loop.run_callback(self._end_loads_of, loader, why)
@@ -449,8 +452,7 @@ class Registry:
         self.cache.release(model)
         backends, model.versions = list(model.versions.values()), {}
         try:
-            if self.stopping is None:  # else it goes with the process, and the load threads may all be stuck
-                self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
+            self._pool.apply(_close, (backends, model.source, self.runtime.release_memory))
         finally:
             if model.download is not None:
                 model.download.release()

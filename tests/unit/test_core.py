@@ -313,8 +313,8 @@ def test_a_first_use_that_waited_for_a_load_unloaded_before_it_could_hold_it_loa
 
 def test_a_stop_ends_every_load_under_way_with_a_retry_and_refuses_later_ones(tmp_path):
     """At a stop, a load under way (here stuck in its load thread), the requests sharing it and an ensemble
-    whose step it is are each told to retry, at once: not that the ensemble is invalid, and not after
-    freeing what the loads hold, which would wait for the stuck load threads (every one of them here)."""
+    whose step it is are each told to retry, at once: not that the ensemble is invalid, and not behind the
+    stuck load threads (every one of them here), which freeing what the loads held would wait for."""
     fp32_model(tmp_path, "step")
     fp32_model(tmp_path, "alone")
     x, y = tensor("x", "TYPE_FP32", [4]), tensor("y", "TYPE_FP32", [4])
