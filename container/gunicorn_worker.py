@@ -98,7 +98,7 @@ class Worker(GeventWorker):
 
     def _end_loads(self) -> None:
         """A load under way would hold the stop as long as it took (loads are not bounded in time), and serve
-        nobody after it: each is told to retry elsewhere now (`Core.stop_loading`); what it holds goes with
+        nobody after it: each is told to retry elsewhere now (`Core.stop_loading`), and its thread goes with
         the process. Requests under way other than loads are still answered."""
         self.loads_end = True
         if self.wsgi is not None:  # else load_wsgi tells the core
