@@ -498,10 +498,11 @@ def _sagemaker_load(server: Server) -> tuple[str, str]:
 
 
 def _grpc_load(server: Server) -> tuple[str, str]:
-    try:
-        grpc_clients.InferenceServerClient(server.grpc_url).load_model("slow")
-    except InferenceServerException as exc:
-        return str(exc.status()), exc.message()
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
+        try:
+            client.load_model("slow")
+        except InferenceServerException as exc:
+            return str(exc.status()), exc.message()
     return "OK", ""
 
 
