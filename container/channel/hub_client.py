@@ -3,6 +3,7 @@ the gRPC front-end uses): one connection to the model process, many calls in fli
 answered by id. While the model process is away, calls fail at once with Unavailable, and the client
 keeps trying to connect; `on_connect` runs after each connection is made."""
 
+import contextlib
 import itertools
 import logging
 from typing import Callable
@@ -90,10 +91,9 @@ class HubChannelClient:
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})
             gevent.spawn(self.on_connect)
             try:
-                self._read_answers(sock)  # until the model process closes its end, between frames or not
+                with contextlib.suppress(ConnectionResetError):  # it ended inside a frame, or with calls unread
+                    self._read_answers(sock)  # until the model process closes its end
                 self.blobs.remove_untaken()  # what it had not read by then it never will
-            except ConnectionResetError:
-                self.blobs.remove_untaken()
             except (OSError, ValueError):
                 pass
             finally:
