@@ -75,11 +75,17 @@ class S3:
         with self._lock:
             if self._client is None:
                 import boto3
+                import botocore.session
                 from botocore.config import Config
 
-                self._client = boto3.session.Session().client("s3", config=Config(
-                    retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60,
-                    max_pool_connections=32))
+                # the AWS way first (AWS_RETRY_MODE, AWS_MAX_ATTEMPTS, the profile's), which a Config's own
+                # retries would override; where nothing is said, standard mode with 5 retries. AWS's setting
+                # counts the first attempt: Config's `total_max_attempts`, not its `max_attempts`.
+                aws = botocore.session.get_session()
+                retries = {"mode": aws.get_config_variable("retry_mode") or "standard",
+                           "total_max_attempts": aws.get_config_variable("max_attempts") or 6}
+                self._client = boto3.session.Session(botocore_session=aws).client("s3", config=Config(
+                    retries=retries, connect_timeout=10, read_timeout=60, max_pool_connections=32))
             return self._client
 
     def listing(self, url: S3Url) -> "Listing":

@@ -221,18 +221,19 @@ def test_an_unreachable_s3_is_retried_then_503_with_retry_after(start_server, s3
     with socket.socket() as closed:  # a port nobody listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    server = start_server(tmp_path / "local", **s3.env(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}"))
+    server = start_server(tmp_path / "local", **s3.env(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}", AWS_MAX_ATTEMPTS="2"))
     answer = server.load("m", "s3://models/repo/a")
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
     assert "could not be reached" in answer.json()["error"] and "s3://models/repo/a" in answer.json()["error"]
 
 
-def test_throttling_is_retried_then_503_with_retry_after(start_server, s3, tmp_path):
-    server = start_server(tmp_path / "local", **s3.env())
+def test_throttling_is_retried_as_aws_max_attempts_says_then_503_with_retry_after(start_server, s3, tmp_path):
+    server = start_server(tmp_path / "local", **s3.env(AWS_MAX_ATTEMPTS="3"))  # as shipped: 6 (test_s3_client)
+    before = s3.gate.throttled
     answer = server.load("m", "s3://models/throttled/m")
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
     assert "SlowDown" in answer.json()["error"] and "s3://models/throttled/m" in answer.json()["error"]
-    assert s3.gate.throttled >= 2  # botocore's standard mode asked again before giving up
+    assert s3.gate.throttled - before == 3  # the first attempt and two retries
 
 
 def test_absolute_urls_are_fetched_only_under_the_allowed_roots(start_server, s3, tmp_path):
