@@ -6,6 +6,8 @@ heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serve
 
 import os
 import signal
+import sys
+import types
 
 import gevent
 from gevent.event import Event
@@ -22,6 +24,16 @@ _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 # From the master as the server starts to stop, while the front-ends drain (gunicorn_conf): the loads end
 STOP_LOADING = signal.SIGUSR2
+
+
+def native_import_locks() -> None:
+    """The import system's per-module locks as CPython makes them, after monkey.patch_all: importlib takes
+    them from the `_thread` module gevent patches, so they were gevent's. Two native threads (the load
+    threads) importing one module for the first time then waited on each other through a gevent lock,
+    and a wake-up lost between their hubs left one waiting for ever: a load that never answered, and
+    the load thread it held. Greenlets of one thread share its native lock, as they do without gevent."""
+    sys.modules["importlib._bootstrap"]._thread = types.SimpleNamespace(
+        allocate_lock=get_original("_thread", "allocate_lock"), get_ident=get_original("_thread", "get_ident"))
 
 
 class Worker(GeventWorker):
@@ -43,6 +55,7 @@ class Worker(GeventWorker):
         # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
         # watcher still uses, which is all the deferral guards against.
         os.close = get_original("os", "close")
+        native_import_locks()
 
     def load_wsgi(self):
         super().load_wsgi()
