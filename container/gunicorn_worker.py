@@ -4,6 +4,7 @@ HTTP itself (http_transport.py); otherwise the HTTP front-ends do, and hand it t
 channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): its start, its
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
+import _thread
 import os
 import signal
 import sys
@@ -32,8 +33,8 @@ def native_import_locks() -> None:
     threads) importing one module for the first time then waited on each other through a gevent lock,
     and a wake-up lost between their hubs left one waiting for ever: a load that never answered, and
     the load thread it held. Greenlets of one thread share its native lock, as they do without gevent."""
-    sys.modules["importlib._bootstrap"]._thread = types.SimpleNamespace(
-        allocate_lock=get_original("_thread", "allocate_lock"), get_ident=get_original("_thread", "get_ident"))
+    names = [name for name in vars(_thread) if not name.startswith("__")]  # whichever this Python's importlib uses
+    sys.modules["importlib._bootstrap"]._thread = types.SimpleNamespace(**dict(zip(names, get_original("_thread", names), strict=True)))
 
 
 class Worker(GeventWorker):
