@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import struct
+import time
 from typing import Callable
 
 import gevent
@@ -44,6 +45,7 @@ class ChannelServer:
         # Calls under way, counted rather than kept in a gevent Group: a raw greenlet per call costs ~7 µs
         # less on the model process's one core, and drain() needs only to know when none is left.
         self._under_way = 0
+        self._outboxes: set[Outbox] = set()  # one per connected front-end
         self._none_under_way = Event()
         self._none_under_way.set()
         self.draining = False
@@ -60,6 +62,9 @@ class ChannelServer:
         self._server.start()
 
     def drain(self, timeout: float) -> None:
+        """Refuse new calls, wait for those under way, then for their answers to be written: the process
+        ends next, and an answer still queued would be lost with it."""
+        deadline = time.monotonic() + timeout
         self.draining = True
         self._server.close()
         if self._under_way:  # what a stop waits for, said: one that lingers is then explained
@@ -67,6 +72,8 @@ class ChannelServer:
         if not self._none_under_way.wait(timeout):
             log.warning("calls still under way at the end of the graceful timeout are abandoned",
                         extra={"fields": {"calls": self._under_way}})
+        for outbox in list(self._outboxes):
+            outbox.flush(max(0.0, deadline - time.monotonic()))
         self._answerers.close()
 
     def _serve(self, sock, _address) -> None:
@@ -74,6 +81,7 @@ class ChannelServer:
         frames, outbox, streams = FrameReader(sock, self.max_frame), Outbox(sock), {}
         blobs = Blobs(self._blob_prefix, connection=next(self._connections))
         self.on_connect(pid)
+        self._outboxes.add(outbox)
         try:
             while (frame := frames.next()) is not None:
                 self._under_way += 1
@@ -82,6 +90,7 @@ class ChannelServer:
         except OSError:
             return
         finally:
+            self._outboxes.discard(outbox)
             outbox.close()
             sock.close()
             blobs.remove_untaken()  # a front-end killed with large answers on their way

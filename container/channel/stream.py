@@ -3,6 +3,7 @@ rather than per frame: under load, many calls (or answers) are on their way at o
 every frame that has arrived, one write sends every frame made since the last."""
 
 import gevent
+from gevent.event import Event
 
 from container.channel.wire import LENGTH
 
@@ -51,6 +52,7 @@ class Outbox:
         self._hub = gevent.get_hub()
         self._writer = None
         self._parked = self._closed = False
+        self._written: Event | None = None  # made by `flush`, set once nothing is left to write
 
     def send(self, frame: bytes) -> None:
         """Queue `frame`; a peer that went away is learned from the reading side."""
@@ -64,6 +66,14 @@ class Outbox:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every frame queued so far is written (or found unwritable), at most `timeout` seconds."""
+        if self._writer is None or self._parked or self._writer.dead:
+            return True
+        self._written = self._written or Event()
+        self._written.clear()  # set again by the writer's next pass, which takes every frame queued by now
+        return self._written.wait(timeout)
 
     def close(self) -> None:
         """End the writer once it has nothing left to write (the connection is closing)."""
@@ -80,6 +90,8 @@ class Outbox:
                     self.sock.sendall(frames[0] if len(frames) == 1 else b"".join(frames))
             except OSError:
                 self._pending = []
+            if self._written is not None:
+                self._written.set()
             if not self._closed:
                 self._parked = True
                 self._hub.switch()  # until `send` has a frame for it, or `close`

@@ -27,7 +27,9 @@ class ModelProcess:
     """`group(key, calls)` records each group as {"calls": [n, …], "ended": None, "finished" or "killed",
     "cancelled": the positions cancelled alone}; it holds a call [n, "held"] until `release()`; a group
     whose first call is [n, "untaken"] is not taken up until then either. `echo(value)` answers at once;
-    `held_large()` answers data that crosses in shared memory, once released, and `held_large_items()` streams it. `gone`: the front-ends that hung up."""
+    `held_large()` answers data that crosses in shared memory, once released, and `held_large_items()` streams it.
+    `stop_then_echo(value)` begins the stop, then answers. Once drained, its thread ends, as the process
+    would: what it had not written by then is lost. `gone`: the front-ends that hung up."""
 
     def __init__(self, path: str):
         self.path, self.groups, self.holding, self.gone = path, [], False, []
@@ -39,7 +41,7 @@ class ModelProcess:
     def _run(self) -> None:
         self._hub, self._gate, self._stop = gevent.get_hub(), Event(), Event()
         server = ChannelServer(self.path, {"group": self._group, "echo": lambda value: value, "held_large": self._held_large,
-                                            "held_large_items": self._held_large_items},
+                                            "held_large_items": self._held_large_items, "stop_then_echo": self._stop_then_echo},
                                1 << 20, on_disconnect=self.gone.append)
         server.start()
         self._started.set()
@@ -69,6 +71,10 @@ class ModelProcess:
         self.holding = True
         self._gate.wait(30)
         return large(b"x" * THRESHOLD)
+
+    def _stop_then_echo(self, value):
+        self._stop.set()  # the stop begins during this call, as a sticky device error's SIGTERM to its own process does
+        return value
 
     def _held_large_items(self):
         yield TAKEN
@@ -249,6 +255,18 @@ def test_at_a_stop_a_call_under_way_is_answered_and_new_ones_are_told_to_retry(m
 
     asyncio.run(stop_while_one_is_held())
     assert [group["calls"] for group in model_process.groups] == [[1]]  # the refused ones never crossed
+
+
+def test_a_call_during_which_the_stop_begins_is_answered_before_the_process_may_end(model_process):
+    """A sticky device error stops its own process during the call that met it: the drain found no call
+    under way, with the answer still queued for the connection's writer, and the process ended without
+    it (the client was told the model process ended, not the error)."""
+    async def call_that_stops():
+        channel = await connected(model_process.path)
+        assert await asyncio.wait_for(channel.call("stop_then_echo", 7), 10) == 7
+        await channel.close()
+
+    asyncio.run(call_that_stops())
 
 
 async def _reached(process: ModelProcess) -> None:
