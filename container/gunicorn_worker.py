@@ -4,13 +4,12 @@ HTTP itself (http_transport.py); otherwise the HTTP front-ends do, and hand it t
 channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): its start, its
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
-import _thread
 import os
 import signal
-import sys
-import types
+import socket
 
 import gevent
+from gevent import monkey
 from gevent.event import Event
 from gevent.monkey import get_original
 from gevent.server import StreamServer
@@ -27,14 +26,19 @@ _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 STOP_LOADING = signal.SIGUSR2
 
 
-def native_import_locks() -> None:
-    """The import system's per-module locks as CPython makes them, after monkey.patch_all: importlib takes
-    them from the `_thread` module gevent patches, so they were gevent's. Two native threads (the load
-    threads) importing one module for the first time then waited on each other through a gevent lock,
-    and a wake-up lost between their hubs left one waiting for ever: a load that never answered, and
-    the load thread it held. Greenlets of one thread share its native lock, as they do without gevent."""
-    names = [name for name in vars(_thread) if not name.startswith("__")]  # whichever this Python's importlib uses
-    sys.modules["importlib._bootstrap"]._thread = types.SimpleNamespace(**dict(zip(names, get_original("_thread", names), strict=True)))
+def patch_the_standard_library() -> None:
+    """gevent's patching as gunicorn's gevent worker does it, less threads and queues. The loads,
+    executions and downloads run on native threads, which met every lock, condition and queue gevent put
+    in their place (a module's, made as it was imported; a logging handler's; the import system's) and
+    now and then waited for ever, a wake-up lost between two threads' hubs. The loop's greenlets wait on
+    gevent's own primitives, which they name."""
+    monkey.patch_all(thread=False, queue=False)
+    # gevent (≥ 25.8) defers closing a descriptor that is not a regular file to the loop of the
+    # calling thread's hub. A thread-pool thread that once made a hub (an S3 download's gevent
+    # socket does) never runs that loop, so every directory descriptor shutil.rmtree closed there
+    # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
+    # watcher still uses, which is all the deferral guards against.
+    os.close = get_original("os", "close")
 
 
 class Worker(GeventWorker):
@@ -49,14 +53,8 @@ class Worker(GeventWorker):
         self.wsgi = None  # the app, once load_wsgi has made it
 
     def patch(self):
-        super().patch()  # gevent's monkey.patch_all()
-        # gevent (≥ 25.8) defers closing a descriptor that is not a regular file to the loop of the
-        # calling thread's hub. A thread-pool thread that once made a hub (an S3 download's gevent
-        # socket does) never runs that loop, so every directory descriptor shutil.rmtree closed there
-        # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
-        # watcher still uses, which is all the deferral guards against.
-        os.close = get_original("os", "close")
-        native_import_locks()
+        patch_the_standard_library()
+        self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
 
     def load_wsgi(self):
         super().load_wsgi()

@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 
 import gevent
 import orjson
-from gevent.monkey import get_original
 from gunicorn import glogging
 
 from container.errors import ServeError
@@ -37,10 +36,6 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str, hub: bool = True) -> None:
     """`hub`: the process runs gevent (the model process), whose failed greenlets are logged here too."""
     handler = logging.StreamHandler()
-    # Lines come from the loop's greenlets and from native threads (loads, executions) at once; the lock
-    # gevent patches in parks a thread that meets it held and may never wake it: a load and every request
-    # that then logged hung for ever. A line never yields while it holds this one.
-    handler.lock = get_original("_thread", "RLock")()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

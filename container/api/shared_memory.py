@@ -15,10 +15,9 @@ import binascii
 import contextlib
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from gevent.monkey import get_original
 
 from container import content
 from container.api.cuda_ipc import HANDLE_BYTES, CudaRuntime
@@ -100,7 +99,7 @@ class SharedMemory:
         # Reads and writes run on native threads while the loop unregisters: a region in use is closed only
         # once its last use ends (its descriptor, closed under a read, failed it, or was reused by another
         # file meanwhile). Taken by both, so a native lock, held for no yield.
-        self._lock = get_original("threading", "Lock")()
+        self._lock = threading.Lock()
         self._uses: dict[SystemRegion | CudaRegion, int] = {}
         self._unregistered: set[SystemRegion | CudaRegion] = set()
 

@@ -8,6 +8,7 @@ outside any measurement (`prepared`) and held by the server, not by the first mo
 
 import ctypes
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,10 +16,9 @@ from typing import Callable
 
 import psutil
 import torch
-from gevent.monkey import get_original
 
 LEARNING_RUNS = 3  # executions of each model that measure its activation peak
-_turn = get_original("threading", "Lock")()  # taken by native threads (loads, executions), never the event loop
+_turn = threading.Lock()  # taken by native threads (loads, executions), never the event loop
 _process = psutil.Process()
 _runtimes: dict[str, int] = {}  # a runtime prepared in this process → the own bytes preparing it took
 log = logging.getLogger(__name__)

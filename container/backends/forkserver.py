@@ -6,9 +6,9 @@ to the status pipe that start brought, and ends when the model process does (its
 its children end with it (PR_SET_PDEATHSIG, set in each child: its parent is this process's one thread).
 
 Why not multiprocessing's fork server: its client runs under the model process's monkey-patching,
-from several native threads at once (the hub's thread pool, the instances' threads). Its locks, made
-by `threading` when multiprocessing is first imported, are then gevent's, and its socket is gevent's.
-A wake-up lost between threads left one load connected to the fork server without a word sent; the
+from several native threads at once (the hub's thread pool, the instances' threads), and its socket is
+gevent's. While that process patched threading, its locks were gevent's too, and a wake-up lost between
+threads left one load connected to the fork server without a word sent; the
 fork server, which reads one connection at a time, waited for it for ever, and every later start
 waited behind it (measured at bd38afa: eight concurrent handler loads hung at the first round). Here a start is one
 message each way on one socket of the unpatched `_socket` module, one start at a time behind a native
@@ -24,6 +24,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 
 from gevent.monkey import get_original
 
@@ -78,7 +79,7 @@ class ForkServer:
     """The model process's side: `spawn` asks for a child and returns it. Any thread may call it."""
 
     def __init__(self):
-        self._lock = get_original("threading", "Lock")()
+        self._lock = threading.Lock()
         self._pid: int | None = None
         self._socket = None
 

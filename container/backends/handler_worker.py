@@ -9,21 +9,19 @@ handler model takes the request body and returns the response body, so nothing e
 import logging
 import os
 import sys
+import threading
 import time
-from _queue import Empty  # what the native queue raises
 from collections import Counter
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-
-from gevent.monkey import get_original
+from queue import Empty, SimpleQueue
 
 from container.backends import footprint, pt2
 from container.backends.handler import HandlerModel
 from container.backends.torch_runtime import release_memory
 from container.backends.worker_inbox import Inbox
 from container.backends.worker_process import (
-    NativeQueue,
     WorkerOptions,
     WorkerProcess,
     charged,
@@ -66,11 +64,11 @@ class HandlerWorker:
         self._workers = [self._new_worker() for _ in range(self._least)]
         self._device_bytes: dict[WorkerProcess, dict[str, int]] = {}
         self._last_used: dict[WorkerProcess, float] = {}
-        self._idle = NativeQueue()
-        self._members = _native_lock()  # guards _workers: instance threads grow it, the reaper shrinks it
+        self._idle = SimpleQueue()
+        self._members = threading.Lock()  # guards _workers: instance threads grow it, the reaper shrinks it
         self._allowed = 0  # extra workers the budget has room for: none until the registry says
         self._closing = False
-        self._closed = _native_lock()
+        self._closed = threading.Lock()
         self._closed.acquire()  # released by close(): the reaper's sleep ends at once
         self.resized = False  # set when workers come or go, so the registry measures the pool again
         try:
@@ -249,12 +247,8 @@ def spread(device: str, gpus: list[str]) -> list[str]:
     return ordered[start:] + ordered[:start]
 
 
-def _native_lock():
-    return get_original("threading", "Lock")()  # taken by native threads: gevent's would park them
-
-
 def _spawn(function, *args) -> None:
-    get_original("_thread", "start_new_thread")(function, args)  # not threading.Thread: its start waits on an event, patched
+    threading.Thread(target=function, args=args, daemon=True).start()
 
 
 # -- inside the worker ---------------------------------------------------------------------------------

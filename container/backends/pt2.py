@@ -18,6 +18,7 @@ import json
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gevent.monkey import get_original
 from torch.utils import _pytree as pytree
 
 from container.backends import footprint
@@ -41,7 +41,7 @@ from container.tensors import zeros
 Range = tuple[str, int, int | None]  # a dynamic dimension's symbol, its least and its most size (None: unbounded)
 EXPORT_HINT = ("export it with a dynamic first dimension: torch.export.export(model, args, dynamic_shapes="
                "{name: {0: torch.export.Dim('batch')}}), and compile that")
-_EXTRACTING = get_original("threading", "Lock")()  # one package extracted at a time (_loaded_package), by native threads
+_EXTRACTING = threading.Lock()  # one package extracted at a time (_loaded_package), by native threads
 EXPORT_RUNTIME = "torch.export"  # its name where it is prepared: this process (footprint), the fork server
 
 

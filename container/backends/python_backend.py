@@ -17,13 +17,13 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
+from queue import SimpleQueue
 
 from google.protobuf import json_format
 
 from container.backends import footprint, pb_utils
 from container.backends.worker_inbox import Inbox
 from container.backends.worker_process import (
-    NativeQueue,
     WorkerOptions,
     WorkerProcess,
     charged,
@@ -86,7 +86,7 @@ class PythonBackend:
         self._workers = [WorkerProcess(name, serve, (name, version, str(path), document, device, kind, options))
                          for _ in range(count)]
         self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
-        self._free = NativeQueue()
+        self._free = SimpleQueue()
         try:
             for worker in self._workers:
                 self._start(worker)

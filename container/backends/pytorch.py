@@ -3,6 +3,7 @@ binds them."""
 
 import itertools
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,6 @@ import torch
 
 from container.backends import footprint
 from container.backends.torch_runtime import (
-    ThreadLocal,
     device_error,
     device_scope,
     forward_failed,
@@ -183,7 +183,7 @@ class Replicas:
         self.copies = copies
         self._placement = placement
         self._dealt = itertools.count()
-        self._local = ThreadLocal()
+        self._local = threading.local()  # an OS thread's, as the instance's copy is
 
     def execute(self, inputs: dict[str, np.ndarray], outputs, phases: Phases) -> dict[str, np.ndarray]:
         copy = getattr(self._local, "copy", None)

@@ -7,10 +7,10 @@ import ctypes
 import gc
 import io
 import re
+import threading
 from pathlib import Path
 
 import torch
-from gevent.monkey import get_original
 
 from container import resources
 from container.backends import footprint
@@ -140,13 +140,8 @@ def _own_thread_count() -> None:
     torch.set_num_threads(_torch_threads)
 
 
-# An OS thread's own storage, also where gevent has made threading.local one per greenlet: OpenMP's
-# thread count and an execution instance's model copy belong to the OS thread, and a greenlet-local
-# costs each request's greenlet a dict of its own (~18 µs).
-ThreadLocal = get_original("threading", "local")
-
-
-class _PerThread(ThreadLocal):
+# An OS thread's own: OpenMP's thread count belongs to the OS thread, not to a greenlet.
+class _PerThread(threading.local):
     threads = 0  # the torch thread count this thread set
     streams: dict | None = None  # device → this thread's stream on it
 

@@ -15,6 +15,7 @@ import pickle
 import select
 import signal
 import socket
+import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,8 +38,6 @@ _STOP_SECONDS = 5  # a worker asked to stop gets this long before it is killed
 # its reducers per message): both ends are this server's code, and a request's costs 20 µs less.
 _PROTOCOL = 5
 _forkserver = ForkServer()  # started by the first worker's start
-# Idle workers wait in one of these for the native threads (instance threads) that take them
-NativeQueue = get_original("queue", "SimpleQueue")
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,8 @@ class WorkerProcess:
         """`runtimes`: those its code will use, which the fork server prepares for every worker to share."""
         self.name = name
         self._target, self._args, self._runtimes = target, args, runtimes
-        self.lock = get_original("threading", "Lock")()  # callers are native threads
-        self._sending = get_original("threading", "Lock")()  # one message on the socket at a time
+        self.lock = threading.Lock()  # callers are native threads
+        self._sending = threading.Lock()  # one message on the socket at a time
         self._process = self._connection = self._poller = None
         self._numbers = itertools.count()  # of the messages that hand it requests
         self._loaded = False  # once it has: a worker lost from then on is started again for the next request

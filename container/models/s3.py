@@ -7,11 +7,10 @@ credential: messages name the bucket and key only."""
 import logging
 import posixpath
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from gevent.monkey import get_original
 
 from container.errors import Forbidden, InvalidModel, InvalidRequest, SourceNotFound, Unavailable
 
@@ -68,7 +67,7 @@ class S3:
 
     def __init__(self):
         self._client = None
-        self._lock = get_original("threading", "Lock")()  # callers are native threads
+        self._lock = threading.Lock()  # callers are native threads
 
     @property
     def client(self):
@@ -187,7 +186,7 @@ def _progress(url: str, total: int):
 
     class Progress(BaseSubscriber):
         def __init__(self):
-            self.done, self._lock = 0, get_original("threading", "Lock")()
+            self.done, self._lock = 0, threading.Lock()
             self._next = time.monotonic() + _PROGRESS_SECONDS
 
         def on_progress(self, future, bytes_transferred, **kwargs):

@@ -7,18 +7,17 @@ of finished batches one wake-up of the loop.
 A call still in the queue when its request is cancelled is withdrawn: whichever of a thread and the
 cancellation takes the call's one entry first (a list's `pop`, atomic under the GIL) has it."""
 
+import _thread
 import functools
 from collections import deque
+from queue import SimpleQueue
 
 from gevent import get_hub
 from gevent.hub import Waiter
-from gevent.monkey import get_original
 
 from container.errors import Cancelled
 from container.inference import Cancellable
 
-_NativeQueue = get_original("queue", "SimpleQueue")  # blocks a real thread, not a greenlet
-_start_thread = get_original("_thread", "start_new_thread")
 _STOP = object()
 
 
@@ -27,7 +26,7 @@ class Instances:
     did, blocking only the calling greenlet. Create it on the event loop's thread."""
 
     def __init__(self, count: int):
-        self._tasks = _NativeQueue()
+        self._tasks = SimpleQueue()  # blocks a native thread
         self._done: deque = deque()  # (function, args, whether a call ended), to run on the loop
         self._waiting = 0  # calls not yet answered: while there are any, the watcher keeps the loop alive
         self._wake = get_hub().loop.async_()
@@ -35,7 +34,7 @@ class Instances:
         self._wake.start(self._hand_back)
         self._count = count
         for _ in range(count):
-            _start_thread(self._work, ())
+            _thread.start_new_thread(self._work, ())
 
     def apply(self, fn, args: tuple = (), request: Cancellable | None = None):
         """`request`: the one request the call runs for: cancelled while the call waits for a thread, the

@@ -1,40 +1,105 @@
-"""The model process as its gevent worker patches it: load threads that import one module for the first
-time at once, as concurrent loads do, all finish (with gevent's import locks, one in a few hundred such
-imports waited for ever)."""
+"""The model process as its gevent worker patches it. Its native threads (loads, executions, downloads)
+meet whatever a module made: a lock, a condition, a queue, a logging handler, the import system's
+locks. Made by gevent's patching, each could leave a thread waiting for ever, its wake-up lost between
+two threads' hubs (the import locks: one in a few hundred imports; a handler's lock: at once). Each
+kind, made after the patch and taken by four pool threads at once, lets every one of them finish; the
+loop's own sockets still yield to other greenlets."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROJECT = Path(__file__).resolve().parents[2]
 
-IMPORTS = """
-import importlib, os, sys
-from container.gunicorn_worker import Worker
-
-worker = Worker.__new__(Worker)  # its patching alone, as the model process does first
-worker.sockets = []
-worker.patch()
+CONTENDED = """
+import functools, importlib, logging, os, queue, sys, threading
+from container.gunicorn_worker import patch_the_standard_library
+patch_the_standard_library()  # as the model process does first
 
 import gevent
 from gevent.threadpool import ThreadPool
 
-directory, tries = sys.argv[1], int(sys.argv[2])
+kind, directory, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, directory)
+lock, rlock, condition, items = threading.Lock(), threading.RLock(), threading.Condition(), queue.Queue()
+devnull = os.open(os.devnull, os.O_WRONLY)
+handler = logging.StreamHandler(open(devnull, "w", closefd=False))  # its lock is made now, after the patch
+logger = logging.getLogger("contended")
+logger.addHandler(handler)
+logger.propagate = False
+turns = [0]
+
+
+def hold(take, n, me):
+    for _ in range(200):
+        with take:
+            os.write(devnull, b"x")  # a call that lets go of the GIL while the lock is held, as a log line's write does
+
+
+def hand_over(n, me):  # two threads put, two take, and wait for the others' items
+    for _ in range(200):
+        items.put(me) if me < 2 else items.get(timeout=10)
+
+
+def take_turns(n, me):  # each waits on the condition for its own turn, which the one before gives it
+    for _ in range(50):
+        with condition:
+            assert condition.wait_for(lambda: turns[0] % 4 == me, timeout=10), "no turn came"
+            os.write(devnull, b"x")
+            turns[0] += 1
+            condition.notify_all()
+
+
+def log(n, me):
+    for i in range(200):
+        logger.warning("line %d", i)
+
+
+def fresh_import(n, me):
+    importlib.import_module(f"fresh_{n}")
+
+
+work = {"lock": functools.partial(hold, lock), "rlock": functools.partial(hold, rlock), "queue": hand_over,
+        "condition": take_turns, "logging": log, "import": fresh_import}[kind]
 threads = ThreadPool(4)
-for n in range(tries):
-    name = f"fresh_{n}"
-    with open(os.path.join(directory, name + ".py"), "w") as module:
-        module.write("value = sum(range(20000))\\n")  # an import that takes a moment
-    importlib.invalidate_caches()
-    imports = [threads.spawn(importlib.import_module, name) for _ in range(4)]
-    if len(gevent.joinall(imports, timeout=10)) < len(imports):
-        print(f"four threads importing new module {n} at once: one never finished", file=sys.stderr, flush=True)
+for n in range(rounds):
+    if kind == "import":
+        with open(os.path.join(directory, f"fresh_{n}.py"), "w") as module:
+            module.write("value = sum(range(20000))\\n")  # an import that takes a moment
+        importlib.invalidate_caches()
+    turns[0] = 0
+    calls = [threads.spawn(work, n, me) for me in range(4)]
+    if len(gevent.joinall(calls, timeout=10)) < len(calls):
+        print(f"{kind}, round {n}: one of four threads never finished", file=sys.stderr, flush=True)
         os._exit(1)  # its thread cannot be ended
+    for call in calls:
+        call.get()
+"""
+
+LOOP = """
+from container.gunicorn_worker import patch_the_standard_library
+patch_the_standard_library()  # as the model process does first
+
+import socket
+import gevent
+
+ours, theirs = socket.socketpair()
+reader = gevent.spawn(ours.recv, 1)  # runs first: a socket that blocked the thread would wait for ever here
+writer = gevent.spawn(theirs.sendall, b"x")
+assert reader.get(timeout=10) == b"x"
 """
 
 
-def test_load_threads_importing_one_new_module_at_once_all_finish(tmp_path):
-    run = subprocess.run([sys.executable, "-c", IMPORTS, str(tmp_path), "1500"], cwd=PROJECT, capture_output=True,
-                         text=True, timeout=120)
+@pytest.mark.parametrize("kind, rounds", [("lock", 300), ("rlock", 300), ("condition", 100), ("queue", 100),
+                                          ("logging", 50), ("import", 1500)])
+def test_every_kind_of_lock_made_after_the_patch_lets_four_native_threads_through(tmp_path, kind, rounds):
+    run = subprocess.run([sys.executable, "-c", CONTENDED, kind, str(tmp_path), str(rounds)], cwd=PROJECT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_loops_sockets_still_yield_to_other_greenlets():
+    run = subprocess.run([sys.executable, "-c", LOOP], cwd=PROJECT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]

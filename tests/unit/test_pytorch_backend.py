@@ -253,7 +253,8 @@ def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
 
 
 GREENLETS_SCOPE = """
-from gevent import monkey; monkey.patch_all()
+from container.gunicorn_worker import patch_the_standard_library
+patch_the_standard_library()  # as the model process does first
 import gevent, torch
 from container.backends import torch_runtime
 applied = []
@@ -266,10 +267,10 @@ print(applied)
 """
 
 
-def test_the_thread_count_is_applied_once_per_os_thread_where_gevent_makes_locals_per_greenlet():
-    """The model process is monkey-patched, so threading.local there is one per greenlet, and each
-    request's greenlet is new. OpenMP keeps the count per OS thread: the hub's thread applies it once,
-    not for every request (a greenlet-local cost each request ~18 µs)."""
+def test_the_thread_count_is_applied_once_per_os_thread_not_per_request_greenlet():
+    """In the model process as it is patched, each request's greenlet is new. OpenMP keeps the count per
+    OS thread: the hub's thread applies it once, not for every request (a greenlet-local cost each
+    request ~18 µs)."""
     ran = subprocess.run([sys.executable, "-c", textwrap.dedent(GREENLETS_SCOPE)], capture_output=True, text=True,
                          timeout=120, check=True)
     assert ran.stdout.split() == ["[2]"]
