@@ -11,7 +11,6 @@ import socket
 import gevent
 from gevent import monkey
 from gevent.event import Event
-from gevent.monkey import get_original
 from gevent.server import StreamServer
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -27,18 +26,14 @@ STOP_LOADING = signal.SIGUSR2
 
 
 def patch_the_standard_library() -> None:
-    """gevent's patching as gunicorn's gevent worker does it, less threads and queues. The loads,
-    executions and downloads run on native threads, which met every lock, condition and queue gevent put
-    in their place (a module's, made as it was imported; a logging handler's; the import system's) and
-    now and then waited for ever, a wake-up lost between two threads' hubs. The loop's greenlets wait on
-    gevent's own primitives, which they name."""
-    monkey.patch_all(thread=False, queue=False)
-    # gevent (≥ 25.8) defers closing a descriptor that is not a regular file to the loop of the
-    # calling thread's hub. A thread-pool thread that once made a hub (an S3 download's gevent
-    # socket does) never runs that loop, so every directory descriptor shutil.rmtree closed there
-    # stayed open: one per directory of every scratch tree. Nothing here closes a descriptor a
-    # watcher still uses, which is all the deferral guards against.
-    os.close = get_original("os", "close")
+    """gevent's patching for the loop's sockets, DNS and sleeps, and nothing its native threads (loads,
+    executions, downloads) would meet in the wrong form: threads, queues, processes and signals stay
+    CPython's. With gevent's, every lock, condition and queue a module made (a logging handler's, the
+    import system's) now and then left a thread waiting for ever, a wake-up lost between two threads'
+    hubs; and a thread's `subprocess.run` or `os.waitpid` raised (gevent watches children on the main
+    thread's loop alone), as did closing a descriptor (gevent defers it to a loop that thread never
+    runs). The loop's greenlets wait on gevent's own primitives, which they name."""
+    monkey.patch_all(thread=False, queue=False, os=False, signal=False, subprocess=False)
 
 
 class Worker(GeventWorker):

@@ -145,8 +145,7 @@ class ForkServer:
             os.set_inheritable(theirs.fileno(), True)
             try:
                 # -c rather than -m: the package imports this module, which runpy would then run twice
-                self._pid = get_original("os", "posix_spawn")(sys.executable, [sys.executable, "-c", _MAIN, str(theirs.fileno())],
-                                                             os.environ)
+                self._pid = os.posix_spawn(sys.executable, [sys.executable, "-c", _MAIN, str(theirs.fileno())], os.environ)
             finally:
                 theirs.close()
             self._socket = ours
@@ -159,7 +158,7 @@ class ForkServer:
         self._socket = None
         try:
             os.kill(self._pid, signal.SIGKILL)
-            get_original("os", "waitpid")(self._pid, 0)
+            os.waitpid(self._pid, 0)
         except ChildProcessError:  # reaped already
             pass
 

@@ -244,7 +244,7 @@ def _load_aoti(path: Path, device: str) -> Program:
     index = torch.device(device).index if device.startswith("cuda") else -1
     # The loader itself, not aoti_load_package: that compares the package's CPU ISA with this machine's,
     # for a warning, and finds this machine's by compiling probes with a C++ compiler, which the image
-    # has none of (and a subprocess, which a thread of the hub's pool may not start).
+    # has none of.
     listed = members(path)
     loader = _loaded_package(path, listed, device, -1 if index is None else index)
     in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())

@@ -2,8 +2,10 @@
 meet whatever a module made: a lock, a condition, a queue, a logging handler, the import system's
 locks. Made by gevent's patching, each could leave a thread waiting for ever, its wake-up lost between
 two threads' hubs (the import locks: one in a few hundred imports; a handler's lock: at once). Each
-kind, made after the patch and taken by four pool threads at once, lets every one of them finish; the
-loop's own sockets still yield to other greenlets."""
+kind, made after the patch and taken by four pool threads at once, lets every one of them finish; so do
+a child process each (gevent's `waitpid` raised on any thread but the loop's) and a closed descriptor
+(gevent's `close` waited for a loop the thread never runs). The loop's own sockets still yield to other
+greenlets."""
 
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[2]
 
 CONTENDED = """
-import functools, importlib, logging, os, queue, sys, threading
+import functools, importlib, logging, os, queue, subprocess, sys, threading, time
 from container.gunicorn_worker import patch_the_standard_library
 patch_the_standard_library()  # as the model process does first
 
@@ -61,8 +63,20 @@ def fresh_import(n, me):
     importlib.import_module(f"fresh_{n}")
 
 
+def child_process(n, me):
+    subprocess.run(["/bin/true"], check=True, timeout=10)
+
+
+def close(n, me):
+    time.sleep(0)  # the thread gets a hub of its own, as an S3 download's socket gives it
+    reader, writer = os.pipe()
+    os.close(writer)
+    assert os.read(reader, 1) == b"", "the pipe's reader saw no end: its writer was never closed"  # or waits for ever
+    os.close(reader)
+
+
 work = {"lock": functools.partial(hold, lock), "rlock": functools.partial(hold, rlock), "queue": hand_over,
-        "condition": take_turns, "logging": log, "import": fresh_import}[kind]
+        "condition": take_turns, "logging": log, "import": fresh_import, "process": child_process, "close": close}[kind]
 threads = ThreadPool(4)
 for n in range(rounds):
     if kind == "import":
@@ -93,8 +107,8 @@ assert reader.get(timeout=10) == b"x"
 
 
 @pytest.mark.parametrize("kind, rounds", [("lock", 300), ("rlock", 300), ("condition", 100), ("queue", 100),
-                                          ("logging", 50), ("import", 1500)])
-def test_every_kind_of_lock_made_after_the_patch_lets_four_native_threads_through(tmp_path, kind, rounds):
+                                          ("logging", 50), ("import", 1500), ("process", 20), ("close", 20)])
+def test_what_four_native_threads_meet_after_the_patch_lets_each_finish(tmp_path, kind, rounds):
     run = subprocess.run([sys.executable, "-c", CONTENDED, kind, str(tmp_path), str(rounds)], cwd=PROJECT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
