@@ -25,6 +25,7 @@ from container.errors import (
     InvalidRequest,
     ModelConflict,
     ModelNotFound,
+    ServeError,
     Unavailable,
 )
 from container.limits import Limits
@@ -158,11 +159,11 @@ class Registry:
             raise
 
     def _load_named(self, name: str, url: str, reload: bool, directory: Path | None, uploaded: bool) -> Model:
+        current = self.current(name)  # after an unload of the name: the stop may have come meanwhile
         if self.stopping is not None:
             raise Unavailable(self.stopping)
         remote = directory is None and self._remote(url)
         path = directory or (None if remote else resolve_url(self.model_root, url))
-        current = self.current(name)
         if current is not None and not (reload and current.state is State.READY and name not in self._loading):
             state = State.LOADING if name in self._loading else current.state
             raise ModelConflict(f"model '{name}' is " + _CONFLICT[state].format(name=name))
@@ -184,10 +185,10 @@ class Registry:
     def serve(self, model: Model) -> None:
         """The loaded `model` serves its name from now; the copy a reload replaces retires."""
         name, current = model.name, model.replaces
-        if current is not None and self.models.get(name) is not current:
-            exc = ModelConflict(f"model '{name}' was unloaded while it reloaded")
-            self.abandon(model, exc)
-            raise exc
+        refused = self._refusal(model)
+        if refused is not None:
+            self.abandon(model, refused)
+            raise refused
         self._loading.pop(name, None)
         model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
@@ -201,6 +202,15 @@ class Registry:
                                                    "seconds": round(time.monotonic() - model.started, 3)}})
         if current is not None:
             self._retire(current)
+
+    def _refusal(self, model: Model) -> ServeError | None:
+        """Why a load that has ended may not serve: the stop came as it ended, before its greenlet was told
+        (it would serve nobody), or the copy a reload was to replace was unloaded meanwhile."""
+        if self.stopping is not None:
+            return Unavailable(self.stopping)
+        if model.replaces is not None and self.models.get(model.name) is not model.replaces:
+            return ModelConflict(f"model '{model.name}' was unloaded while it reloaded")
+        return None
 
     def abandon(self, model: Model, exc: BaseException) -> None:
         """A load that failed with `exc`: recorded as the name's failure, and what it held freed."""

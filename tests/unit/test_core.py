@@ -343,3 +343,39 @@ def test_a_stop_ends_every_load_under_way_with_a_retry_and_refuses_later_ones(tm
         assert core.ready() == [] and core.failure("alone") == "stopping; retry"
     finally:
         stuck.set()
+
+
+def test_a_load_that_waited_out_an_unload_of_its_name_across_a_stop_is_refused(tmp_path):
+    """A load of a name being unloaded waits for the unload (which waits for its requests) before it
+    begins. The stop came meanwhile: the load went on and answered 200 on a process about to exit (seen in
+    the chaos scenario's stop), so a restarted model process never had the model its client was told of."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    with core.lease("m"):
+        unloading = gevent.spawn(core.unload, "m")
+        take_turns()
+        loading = gevent.spawn(core.load, "m", "m")
+        take_turns()
+        assert core.state("m") is State.UNLOADING and not loading.ready()
+        core.stop_loading("stopping; retry")
+    unloading.get(timeout=30)
+    with pytest.raises(Unavailable, match="stopping; retry"):
+        loading.get(timeout=30)
+    assert core.state("m") is None
+
+
+def test_a_load_the_stop_came_to_as_it_ended_is_not_served(tmp_path):
+    """The stop tells a load under way through its greenlet, at the loop's next turn: a load that ended
+    before that turn was served, and its client told it had loaded on a process about to exit."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    registry, serve = core._registry, core._registry.serve
+
+    def stop_then_serve(model):
+        core.stop_loading("stopping; retry")
+        serve(model)
+    registry.serve = stop_then_serve
+    with pytest.raises(Unavailable, match="stopping; retry"):
+        core.load("m", "m")
+    assert core.state("m") is None and core.failure("m") == "stopping; retry"
