@@ -6,10 +6,9 @@ heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serve
 
 import os
 import signal
-import socket
 
 import gevent
-from gevent import monkey
+from gevent import socket  # the loop's own: nothing here is monkey-patched
 from gevent.event import Event
 from gevent.server import StreamServer
 from gunicorn.workers.ggevent import GeventWorker
@@ -25,17 +24,6 @@ _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 STOP_LOADING = signal.SIGUSR2
 
 
-def patch_the_standard_library() -> None:
-    """gevent's patching for the loop's sockets, DNS and sleeps, and nothing its native threads (loads,
-    executions, downloads) would meet in the wrong form: threads, queues, processes and signals stay
-    CPython's. With gevent's, every lock, condition and queue a module made (a logging handler's, the
-    import system's) now and then left a thread waiting for ever, a wake-up lost between two threads'
-    hubs; and a thread's `subprocess.run` or `os.waitpid` raised (gevent watches children on the main
-    thread's loop alone), as did closing a descriptor (gevent defers it to a loop that thread never
-    runs). The loop's greenlets wait on gevent's own primitives, which they name."""
-    monkey.patch_all(thread=False, queue=False, os=False, signal=False, subprocess=False)
-
-
 class Worker(GeventWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -48,7 +36,16 @@ class Worker(GeventWorker):
         self.wsgi = None  # the app, once load_wsgi has made it
 
     def patch(self):
-        patch_the_standard_library()
+        """gunicorn's gevent worker monkey-patches the standard library here; this one patches nothing, as
+        the HTTP front-ends do not. Its greenlets use gevent by name (`gevent.socket`, `gevent.sleep`,
+        `gevent.event`, `gevent.lock`), and its native threads (loads, executions, downloads) the standard
+        library as CPython made it: gevent's, met by native threads, was measured failing every way. Each
+        lock, condition and queue a module made (a logging handler's, the import system's) now and then left
+        a thread waiting for ever, a wake-up lost between two threads' hubs; a thread's `subprocess.run` or
+        `os.waitpid` raised (gevent watches children on the main thread's loop alone); a descriptor it
+        closed stayed open (the close deferred to its hub's loop, which it never runs); and each thread
+        that touched a socket (boto3's transfer threads, eight to an S3 download) left its hub's thread
+        pool and descriptors behind when it ended."""
         self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
 
     def load_wsgi(self):

@@ -78,8 +78,8 @@ class GunicornLogger(glogging.Logger):
 
 def _unraisable(unraisable, dumps=orjson.dumps, stderr=sys.stderr, now=datetime.now, utc=timezone.utc,
                 finalizing=sys.is_finalizing) -> None:
-    """An exception Python cannot raise, as a JSON line; while the interpreter shuts down (gevent's
-    patched locks meet logging's cleanup then) it is only a DEBUG line. It may run with module globals
+    """An exception Python cannot raise, as a JSON line; while the interpreter shuts down (modules
+    half torn down then) it is only a DEBUG line. It may run with module globals
     gone: everything it needs is bound as a default argument."""
     level = "DEBUG" if finalizing() else "WARNING"
     document = {"time": now(utc).isoformat(timespec="milliseconds"), "level": level, "logger": "python",

@@ -5,15 +5,14 @@ shares their pages. It forks a child for each start it is asked for, writes the 
 to the status pipe that start brought, and ends when the model process does (its socket reads EOF);
 its children end with it (PR_SET_PDEATHSIG, set in each child: its parent is this process's one thread).
 
-Why not multiprocessing's fork server: its client runs under the model process's monkey-patching,
-from several native threads at once (the hub's thread pool, the instances' threads), and its socket is
-gevent's. While that process patched threading, its locks were gevent's too, and a wake-up lost between
-threads left one load connected to the fork server without a word sent; the
-fork server, which reads one connection at a time, waited for it for ever, and every later start
-waited behind it (measured at bd38afa: eight concurrent handler loads hung at the first round). Here a start is one
-message each way on one socket of the unpatched `_socket` module, one start at a time behind a native
-lock, and each wait is bounded: a fork server that does not answer is killed and the next start makes
-a new one.
+Why not multiprocessing's fork server: its client is called from several native threads at once (the
+hub's thread pool, the instances' threads), and while the model process was monkey-patched its locks
+and socket were gevent's: a wake-up lost between threads left one load connected to the fork server
+without a word sent; the fork server, which reads one connection at a time, waited for it for ever,
+and every later start waited behind it (measured at bd38afa: eight concurrent handler loads hung at the
+first round). Here a start is one message each way on one socket, one start at a time behind a lock,
+and each wait is bounded: a fork server that does not answer is killed and the next start makes a new
+one.
 """
 
 import atexit
@@ -26,8 +25,6 @@ import struct
 import sys
 import threading
 
-from gevent.monkey import get_original
-
 from container import resources
 from container.errors import ModelError
 
@@ -39,9 +36,9 @@ _MAIN = "import sys; from container.backends.forkserver import main; main(int(sy
 
 
 def _readable(fds: list[int], timeout: float | None) -> set[int]:
-    """Which of `fds` can be read within `timeout` seconds (None: wait for one). poll, unpatched: the
-    waits here block their native thread, never a hub, and a descriptor may be past select's 1024."""
-    poller = get_original("select", "poll")()
+    """Which of `fds` can be read within `timeout` seconds (None: wait for one). poll: the waits
+    here block their native thread, never the loop, and a descriptor may be past select's 1024."""
+    poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)  # and POLLHUP and POLLERR, which poll always reports
     return {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}

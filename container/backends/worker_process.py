@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
-from gevent.monkey import get_original
 
 from container import content, errors
 from container.backends import footprint
@@ -118,7 +117,7 @@ class WorkerProcess:
         finally:
             child.close()
         self._process, self._connection = process, parent
-        self._poller = get_original("select", "poll")()
+        self._poller = select.poll()
         self._poller.register(parent.fileno(), select.POLLIN)
         self._poller.register(process.sentinel, select.POLLIN)
         try:
@@ -257,11 +256,9 @@ def fork_server_bytes() -> int:
 
 
 def _socket_pair() -> tuple[Connection, Connection]:
-    """Blocking ends from the unpatched `_socket` module: gevent's sockets are non-blocking, and
-    their ends outlive a dead peer in this process, so a crash would never read as EOF."""
-    import _socket
-
-    a, b = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Blocking ends, the standard library's: gevent's are non-blocking, and their ends outlive a dead peer
+    in this process, so a crash would never read as EOF."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     return Connection(a.detach()), Connection(b.detach())
 
 

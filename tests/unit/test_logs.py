@@ -10,8 +10,8 @@ from tests.conftest import PROJECT
 # Threads of the hub's pool log while a greenlet on the loop logs too; each round has a deadline, and the
 # process says whether every round ended. With gevent's lock in the handler it hung in the first.
 LOGGING_FROM_THREADS_AND_LOOP = """
-from container.gunicorn_worker import patch_the_standard_library
-patch_the_standard_library()  # as the model process does first
+from tests.model_process import patch_as_the_model_process
+patch_as_the_model_process()
 import logging, os, sys
 import gevent
 from container.logs import configure_logging

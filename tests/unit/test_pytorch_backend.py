@@ -253,8 +253,8 @@ def test_a_sticky_cuda_error_is_a_device_fault_not_a_model_error(tmp_path):
 
 
 GREENLETS_SCOPE = """
-from container.gunicorn_worker import patch_the_standard_library
-patch_the_standard_library()  # as the model process does first
+from tests.model_process import patch_as_the_model_process
+patch_as_the_model_process()
 import gevent, torch
 from container.backends import torch_runtime
 applied = []
