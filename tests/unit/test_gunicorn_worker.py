@@ -82,7 +82,7 @@ def sockets(n, me):  # as boto3's transfer threads: eight threads, each with a s
 
 
 def close(n, me):
-    time.sleep(0)  # the thread gets a hub of its own, as an S3 download's socket gives it
+    time.sleep(0)  # under gevent's patching, the thread's own hub: its closes waited for that hub's loop
     reader, writer = os.pipe()
     os.close(writer)
     assert os.read(reader, 1) == b"", "the pipe's reader saw no end: its writer was never closed"  # or waits for ever
@@ -105,8 +105,8 @@ for n in range(rounds):
         os._exit(1)  # its thread cannot be ended
     for call in calls:
         call.get()
-threads = len(os.listdir("/proc/self/task"))
-assert threads <= 16, f"{threads} threads left after {rounds} rounds"  # this one, the pool's four, and little else
+left = len(os.listdir("/proc/self/task"))
+assert left <= 16, f"{left} threads left after {rounds} rounds"  # this one, the pool's four, and little else
 """
 
 LOOP = """
@@ -121,7 +121,7 @@ worker = Worker.__new__(Worker)
 worker.sockets = [Listener()]
 worker.patch()
 
-import gevent, gevent.monkey
+import gevent, gevent.monkey, gevent.socket
 assert not gevent.monkey.is_anything_patched(), gevent.monkey.saved
 listener = worker.sockets[0]
 accepting = gevent.spawn(listener.accept)  # runs first: a listener that blocked the thread would wait for ever here
@@ -133,7 +133,7 @@ assert accepting.get(timeout=10) and connecting.get(timeout=10)
 @pytest.mark.parametrize("kind, rounds", [("lock", 300), ("rlock", 300), ("condition", 100), ("queue", 100),
                                           ("logging", 50), ("import", 1500), ("process", 20), ("close", 20),
                                           ("sockets", 20)])
-def test_what_four_native_threads_meet_after_the_patch_lets_each_finish(tmp_path, kind, rounds):
+def test_what_four_native_threads_meet_in_the_model_process_lets_each_finish(tmp_path, kind, rounds):
     run = subprocess.run([sys.executable, "-c", CONTENDED, kind, str(tmp_path), str(rounds)], cwd=PROJECT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
