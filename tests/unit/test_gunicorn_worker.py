@@ -17,7 +17,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[2]
 
 CONTENDED = """
-import functools, importlib, logging, os, queue, socket, subprocess, sys, threading, time
+import functools, importlib, logging, os, queue, socket, subprocess, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 from tests.model_process import patch_as_the_model_process
 patch_as_the_model_process()
@@ -82,7 +82,7 @@ def sockets(n, me):  # as boto3's transfer threads: eight threads, each with a s
 
 
 def close(n, me):
-    time.sleep(0)  # under gevent's patching, the thread's own hub: its closes waited for that hub's loop
+    gevent.get_hub()  # the thread's own hub: under gevent's patching its closes waited for that hub's loop
     reader, writer = os.pipe()
     os.close(writer)
     assert os.read(reader, 1) == b"", "the pipe's reader saw no end: its writer was never closed"  # or waits for ever
