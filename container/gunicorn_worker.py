@@ -4,6 +4,7 @@ HTTP itself (http_transport.py); otherwise the HTTP front-ends do, and hand it t
 channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): its start, its
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
+import atexit
 import os
 import signal
 
@@ -22,6 +23,9 @@ _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 # From the master as the server starts to stop, while the front-ends drain (gunicorn_conf): the loads end
 STOP_LOADING = signal.SIGUSR2
+# What the master sends its worker: to stop (TERM, QUIT; INT from a terminal reaches the whole group),
+# to reopen logs (USR1), to end its loads (USR2), to restart (HUP)
+_FROM_THE_MASTER = (*_STOPS, signal.SIGHUP, signal.SIGUSR1, STOP_LOADING)
 
 
 class Worker(GeventWorker):
@@ -99,6 +103,7 @@ class Worker(GeventWorker):
             self.loads_end = self.loads_end or sig in (*_STOPS, STOP_LOADING)
         signal.signal(STOP_LOADING, lambda sig, frame: self._end_loads())
         signal.siginterrupt(STOP_LOADING, False)
+        atexit.register(_deaf_to_the_master)
 
     def _end_loads(self) -> None:
         """A load under way would hold the stop as long as it took (loads are not bounded in time), and serve
@@ -124,3 +129,13 @@ class Worker(GeventWorker):
             self.channel.draining = True  # calls under way finish; new ones are refused, as new HTTP requests are
         if self.connections is not None:
             self.connections.shut_down()
+
+
+def _deaf_to_the_master() -> None:
+    """As the process ends, CPython gives each signal it handled its default action back, which for the
+    master's is death. A stop that reached the whole group (`kill -- -PGID`, a terminal's Ctrl-C) or the
+    process alone has it ending by itself while the master, stopping too, sends it SIGUSR2 and SIGTERM:
+    it was killed in its last steps, and gunicorn logged "Worker was sent SIGUSR2!" as a fault. Called
+    at exit (atexit), once there is nothing left for the master to tell it."""
+    for sig in _FROM_THE_MASTER:
+        signal.signal(sig, signal.SIG_IGN)

@@ -396,6 +396,68 @@ def test_sigterm_as_gunicorn_replaces_the_model_process_stops_the_server_at_once
     assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
 
 
+# A sitecustomize for the server's processes: the model process's last step, the exit's own garbage
+# collection (after CPython has given each signal it handled its default action back), waits until the
+# test writes to the FIFO it names. The master, which imported it before the fork, ends without waiting.
+LAST_STEP_PY = """
+import atexit, gc, os, sys
+
+
+class _LastStep:
+    def __init__(self, gate):
+        self.gate, self.cycle = gate, self  # a cycle: freed by a collection, not when its last name goes
+
+    def __del__(self):
+        gate = os.open(self.gate, os.O_RDONLY)
+        os.read(gate, 1)
+        os.close(gate)
+
+
+def _leave_last_step(gate, master):
+    if os.getpid() != master:
+        gc.disable()  # no collection before the exit's own
+        _LastStep(gate)
+
+
+if "gunicorn" in " ".join(sys.orig_argv):
+    atexit.register(_leave_last_step, os.environ["TEST_LAST_STEP_GATE"], os.getpid())
+"""
+
+
+def test_a_model_process_that_is_ending_is_not_killed_by_the_masters_stop(tmp_path_factory):
+    """A stop sent to the whole group (`kill -- -PGID`; a terminal's Ctrl-C is one) reaches the model process
+    and the master at once: the model process ends by itself while the master, stopping too, sends it
+    SIGUSR2 (its loads end) and then SIGTERM. In its last steps those signals have their default action
+    again, which is death: it was killed, and gunicorn logged "Worker was sent SIGUSR2!" as a fault."""
+    root, hooks = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("hooks")
+    (hooks / "sitecustomize.py").write_text(LAST_STEP_PY)
+    gate = hooks / "gate"
+    os.mkfifo(gate)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    server = Server(root, PYTHONPATH=path, TEST_LAST_STEP_GATE=str(gate), SERVE_GRPC_PORT="off", SERVE_LOG_LEVEL="info")
+    try:
+        worker, front_ends = server.worker_pid(), server.http_pids()
+        os.kill(worker, signal.SIGTERM)  # as the group's stop reaches it
+        writer = wait_for(lambda: _opened_for_writing(gate), message="the model process did not reach its last step")
+        os.kill(server.process.pid, signal.SIGTERM)  # the master's stop: SIGUSR2 to the model process, then the front-ends
+        wait_for(lambda: all(map(exited, front_ends)), message="the front-ends did not drain")
+        assert not exited(worker), server.log.read_text()[-2000:]
+        os.write(writer, b"x")
+        os.close(writer)
+        assert server.process.wait(timeout=20) == 0
+        assert [line["message"] for line in log_lines(server) if "was sent" in line["message"]] == []
+    finally:
+        server.stop()
+
+
+def _opened_for_writing(fifo: Path) -> int | None:
+    """The FIFO's write end, once a reader opens it (None before)."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader yet
+        return None
+
+
 GATED_DOUBLE_PY = """
 import triton_python_backend_utils as pb_utils
 
