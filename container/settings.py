@@ -178,7 +178,10 @@ class Settings:
         "SERVE_HTTP_WORKERS", "auto", "HTTP front-end processes: they parse HTTP and hand each request to the one process that owns the models, over a local socket, so HTTP uses more than one core. `auto`: the CPU quota, at most 16, and none on a single core, where the hop costs more than it spreads. `0`: the model process serves HTTP itself."
     )
     grpc_port: int | None = _env(
-        "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-ends, processes of their own beside the HTTP ones and as many (one at least), sharing the port: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC."
+        "SERVE_GRPC_PORT", "8001", "TCP port of the gRPC front-ends, processes of their own beside the HTTP ones and as many (one at least), sharing the port: Triton's `GRPCInferenceService`, KServe ModelMesh's `mmesh.ModelRuntime` and `grpc.health.v1`. `off`: no gRPC, the default where `SAGEMAKER_SAFE_PORT_RANGE` is set (on SageMaker, which sends a container nothing but HTTP)."
+    )
+    safe_port_range: tuple[int, int] | None = _env(
+        "SAGEMAKER_SAFE_PORT_RANGE", "", "The ports SageMaker lets a container listen on beside `SAGEMAKER_BIND_TO_PORT`, `<first>-<last>`; the platform sets it (the containers of an inference pipeline share the host's ports). Set, `SERVE_GRPC_PORT` and `SERVE_METRICS_PORT` must lie within it, as Triton requires on SageMaker."
     )
     metrics_port: int | None = _env(
         "SERVE_METRICS_PORT", "off", "TCP port that serves `GET /metrics` alone, as Triton's metrics port (8002) does, for scrapers set up for Triton; `off`: metrics are on the HTTP port only (they always are there too)."
@@ -209,6 +212,9 @@ class Settings:
             raise SettingsError(f"SERVE_EVICTION={raw['eviction']!r}: expected 'lru' or 'none'")
         memory_limit = _size("SERVE_MEMORY_LIMIT", raw["memory_limit"], resources.memory_limit())
         _size("SERVE_GPU_MEMORY_LIMIT", raw["gpu_memory_limit"], 1)  # fail at start-up, not at the first GPU load
+        safe_ports = _port_range("SAGEMAKER_SAFE_PORT_RANGE", raw["safe_port_range"])
+        if safe_ports is not None and not environ.get("SERVE_GRPC_PORT", "").strip():
+            raw["grpc_port"] = "off"
         return cls(
             port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
@@ -258,8 +264,9 @@ class Settings:
             restricted_api=restricted_api(raw["restricted_api"]),
             first_request_timeout=_positive("SERVE_FIRST_REQUEST_TIMEOUT", raw["first_request_timeout"]),
             http_workers=_http_workers(raw["http_workers"]),
-            grpc_port=None if raw["grpc_port"].lower() == "off" else _port("SERVE_GRPC_PORT", raw["grpc_port"]),
-            metrics_port=None if raw["metrics_port"].lower() == "off" else _port("SERVE_METRICS_PORT", raw["metrics_port"]),
+            grpc_port=_listening_port("SERVE_GRPC_PORT", raw["grpc_port"], safe_ports),
+            safe_port_range=safe_ports,
+            metrics_port=_listening_port("SERVE_METRICS_PORT", raw["metrics_port"], safe_ports),
             grpc_keepalive_time=_positive("SERVE_GRPC_KEEPALIVE_TIME", raw["grpc_keepalive_time"]),
             grpc_keepalive_timeout=_positive("SERVE_GRPC_KEEPALIVE_TIMEOUT", raw["grpc_keepalive_timeout"]),
             grpc_max_pending=_positive("SERVE_GRPC_MAX_PENDING", raw["grpc_max_pending"]),
@@ -437,6 +444,30 @@ def _port(name: str, text: str) -> int:
     if not 0 < value < 65536:
         raise SettingsError(f"{name}={text!r}: expected a TCP port (1-65535), or off")
     return value
+
+
+def _port_range(name: str, text: str) -> tuple[int, int] | None:
+    if not text:
+        return None
+    first, _, last = text.partition("-")
+    try:
+        ports = int(first), int(last)
+    except ValueError:
+        ports = (0, 0)
+    if not 0 < ports[0] <= ports[1] < 65536:
+        raise SettingsError(f"{name}={text!r}: expected a range of TCP ports, <first>-<last>, such as 23000-23999")
+    return ports
+
+
+def _listening_port(name: str, text: str, safe_ports: tuple[int, int] | None) -> int | None:
+    """The port `name` sets (None: off), which must be one of `safe_ports` where they are given."""
+    if text.lower() == "off":
+        return None
+    port = _port(name, text)
+    if safe_ports is not None and not safe_ports[0] <= port <= safe_ports[1]:
+        raise SettingsError(f"{name}={text!r} is outside SAGEMAKER_SAFE_PORT_RANGE ({safe_ports[0]}-{safe_ports[1]}), the "
+                            f"ports SageMaker lets this container listen on: choose one of them, or off")
+    return port
 
 
 def _choice(name: str, text: str, choices: tuple[str, ...]) -> str:

@@ -27,7 +27,7 @@ from tests.builders import (
     python_model,
     wait_for,
 )
-from tests.conftest import PROJECT, Server
+from tests.conftest import PROJECT, Server, free_port
 from tests.integration.test_observability import log_lines
 
 
@@ -164,12 +164,33 @@ def test_models_named_at_start_are_loaded(start_server, tmp_path_factory):
 
 @pytest.mark.parametrize("variable, value", [
     ("SERVE_MEMORY_LIMIT", "lots"), ("SERVE_EVICTION", "sometimes"), ("SAGEMAKER_MULTI_MODEL", "maybe"),
+    ("SAGEMAKER_SAFE_PORT_RANGE", "8000"),
 ])
 def test_bad_settings_stop_the_server_with_a_clear_message(tmp_path, variable, value):
     env = {**os.environ, "SERVE_MODEL_ROOT": str(tmp_path), variable: value, "SAGEMAKER_BIND_TO_PORT": "0"}
     env["PATH"] = f"{PROJECT / '.venv' / 'bin'}:{env['PATH']}"
     result = subprocess.run([str(PROJECT / "serve")], cwd=PROJECT, env=env, capture_output=True, timeout=60)
     assert result.returncode != 0 and f"{variable}={value!r}".encode() in result.stderr
+
+
+def test_on_sagemaker_grpc_is_off_unless_asked_for_on_a_port_of_the_safe_range(start_server, tmp_path_factory):
+    """SageMaker sets SAGEMAKER_SAFE_PORT_RANGE: Triton's gRPC port (8001) is not the container's to take there
+    (an inference pipeline's containers share the host's ports), and SageMaker sends gRPC to none."""
+    root = tmp_path_factory.mktemp("models")
+    fp32_model(root, "plain")
+    port = free_port()
+    server = start_server(root, SAGEMAKER_SAFE_PORT_RANGE=f"{port}-{port}", SERVE_GRPC_PORT=None)
+    assert server.grpc_pids() == [] and server.load("plain").status_code == 200
+    start_server(root, SAGEMAKER_SAFE_PORT_RANGE=f"{port}-{port}", SERVE_GRPC_PORT=str(port))
+    with grpc_clients.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        wait_for(lambda: _answers(client.is_server_live), message="gRPC did not serve on the port of the safe range")
+
+
+def _answers(call) -> bool:
+    try:
+        return call()
+    except InferenceServerException:  # not listening yet
+        return False
 
 
 def test_sigterm_finishes_requests_in_flight_and_closes_idle_connections(tmp_path_factory):

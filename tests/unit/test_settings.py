@@ -79,10 +79,31 @@ def test_parse_size_refuses(text):
     ({"SERVE_REPOSITORY_POLL_SECONDS": "soon"}, "SERVE_REPOSITORY_POLL_SECONDS"),
     ({"SERVE_REPOSITORY_POLL_SECONDS": "5", "SERVE_MODEL_ROOT": "s3://bucket/models"}, "local model root"),
     ({"SERVE_REPOSITORY_POLL_SECONDS": "5", "SAGEMAKER_MULTI_MODEL": "false"}, "multi-model server only"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "23000"}, "SAGEMAKER_SAFE_PORT_RANGE='23000': expected a range"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "23999-23000"}, "SAGEMAKER_SAFE_PORT_RANGE"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "0-99999"}, "SAGEMAKER_SAFE_PORT_RANGE"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "low-high"}, "SAGEMAKER_SAFE_PORT_RANGE"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "23000-23999", "SERVE_GRPC_PORT": "8001"},
+     r"SERVE_GRPC_PORT='8001' is outside SAGEMAKER_SAFE_PORT_RANGE \(23000-23999\)"),
+    ({"SAGEMAKER_SAFE_PORT_RANGE": "23000-23999", "SERVE_METRICS_PORT": "24000"}, "SERVE_METRICS_PORT='24000' is outside"),
 ])
 def test_bad_values_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=named):
         Settings.from_env(env)
+
+
+def test_on_sagemaker_the_server_listens_within_the_safe_port_range_alone():
+    """SageMaker gives a container SAGEMAKER_BIND_TO_PORT and a range of ports it may listen on besides (the
+    containers of an inference pipeline share the host's), and sends it nothing but HTTP: gRPC is off there
+    unless asked for, and what is asked for lies within the range, as Triton's SageMaker mode holds it."""
+    sagemaker = {"SAGEMAKER_SAFE_PORT_RANGE": "23000-23999"}
+    settings = Settings.from_env(sagemaker)
+    assert (settings.safe_port_range, settings.grpc_port, settings.metrics_port) == ((23000, 23999), None, None)
+    settings = Settings.from_env({**sagemaker, "SERVE_GRPC_PORT": "23000", "SERVE_METRICS_PORT": "23999"})
+    assert (settings.grpc_port, settings.metrics_port) == (23000, 23999)
+    assert Settings.from_env({**sagemaker, "SERVE_GRPC_PORT": "off"}).grpc_port is None
+    settings = Settings.from_env({})
+    assert (settings.safe_port_range, settings.grpc_port) == (None, 8001)
 
 
 def test_the_configuration_page_is_the_table_the_settings_declare():
