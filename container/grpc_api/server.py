@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +21,7 @@ from container.grpc_api import modelmesh_service
 from container.grpc_api.clients import IDLE_SECONDS, Clients
 from container.grpc_api.inference_service import InferenceService
 from container.grpc_api.services import generic_handler
+from container.grpc_api.status import logged
 from container.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
         if waited >= _CONNECT_WAIT:
             log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
             waited = 0.0
-    checks = health.aio.HealthServicer()
+    checks = LoggedHealth()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     try:
         server.add_insecure_port(f"[::]:{settings.grpc_port}")
@@ -99,6 +101,24 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
         log.warning("gRPC calls still under way at the end of the graceful timeout are cancelled")
     await server.stop(max(deadline - loop.time(), 0))  # what is left: answers on their way out
     await channel.close()
+
+
+class LoggedHealth(health.aio.HealthServicer):
+    """grpc.health.v1 as grpcio answers it, each Check with its line in the access log, as an HTTP health
+    probe has (a Watch is one stream for as long as its client stays)."""
+
+    async def Check(self, request, context):
+        started, status = time.perf_counter(), 200
+        try:
+            return await super().Check(request, context)
+        except grpc.aio.AbortError:  # grpcio's answer to a service it was not told of
+            status = 404
+            raise
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        finally:
+            logged("/grpc.health.v1.Health/Check", request, status, started, context)
 
 
 async def _watch_master(master: int, stopping: asyncio.Event) -> None:

@@ -5,11 +5,13 @@ import json
 import re
 import socket
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import torch
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from container.scheduling.inline import INLINE_WINDOW
@@ -133,7 +135,8 @@ def test_one_json_log_line_per_request(server):
 def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
     """Unary calls and a stream's requests, answered or refused, by the gRPC front-end that took them: the
     RPC's path, the model, the status as HTTP would have answered, and the id (the client's `x-request-id`
-    metadata, else the request's own id). gRPC once logged nothing of its requests."""
+    metadata, else the request's own id). gRPC once logged nothing of its requests, and later nothing of
+    grpc.health.v1's checks."""
     server.load("double")
     x = grpcclient.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -146,13 +149,22 @@ def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
         client.start_stream(lambda result, error: answers.append(result or error), stream_timeout=60)
         client.async_stream_infer("double", [x], request_id="grpc-stream")
         client.stop_stream()  # waits for the answer under way
+    with grpc.insecure_channel(server.grpc_url) as channel:  # a Kubernetes gRPC probe's call
+        checks = health_pb2_grpc.HealthStub(channel)
+        checks.Check(health_pb2.HealthCheckRequest(), metadata=[("x-request-id", "grpc-health")], timeout=60)
+        with pytest.raises(grpc.RpcError):
+            checks.Check(health_pb2.HealthCheckRequest(service="nothing.Here"), metadata=[("x-request-id", "grpc-health-404")],
+                         timeout=60)
     assert len(answers) == 1
     service = "/inference.GRPCInferenceService/"
     expected = {"grpc-ok": ("ModelInfer", "double", 200), "grpc-404": ("ModelInfer", "nobody", 404),
-                "grpc-metadata": ("ModelMetadata", "double", 200), "grpc-stream": ("ModelStreamInfer", "double", 200)}
+                "grpc-metadata": ("ModelMetadata", "double", 200), "grpc-stream": ("ModelStreamInfer", "double", 200),
+                "grpc-health": ("/grpc.health.v1.Health/Check", None, 200),
+                "grpc-health-404": ("/grpc.health.v1.Health/Check", None, 404)}
     for request_id, (rpc, model, status) in expected.items():
         [line] = wait_for(lambda: request_lines(server, request_id), message=f"no log line for {request_id}")  # noqa: B023 (waited for here)
-        assert (line["method"], line["path"], line["model"], line["status"]) == ("gRPC", service + rpc, model, status)
+        path = rpc if rpc.startswith("/") else service + rpc
+        assert (line["method"], line["path"], line["model"], line["status"]) == ("gRPC", path, model, status)
         assert line["duration_ms"] > 0 and line["level"] == "INFO"
 
 
