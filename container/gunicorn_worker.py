@@ -5,6 +5,7 @@ channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): i
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
 import atexit
+import logging
 import os
 import signal
 
@@ -19,7 +20,9 @@ from container.channel.server import STOPPING, ChannelServer
 from container.http_transport import Connections, HeadLimits
 from container.settings import Settings
 
+log = logging.getLogger(__name__)
 _METRICS_CONNECTIONS = 64  # scrapers at once on SERVE_METRICS_PORT
+_METRICS_RETRY = 1.0  # seconds between tries of a metrics port that another process holds
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 # From the master as the server starts to stop, while the front-ends drain (gunicorn_conf): the loads end
 STOP_LOADING = signal.SIGUSR2
@@ -74,7 +77,7 @@ class Worker(GeventWorker):
         self.stopping = Event()
         self.channel.start()
         if self.metrics_server is not None:
-            self.metrics_server.start()
+            gevent.spawn(self._serve_metrics)
         try:
             if self.settings.http_workers:
                 self._serve_channel_only()
@@ -82,6 +85,23 @@ class Worker(GeventWorker):
                 super().run()  # until SIGTERM, then until the HTTP connections have drained
         finally:
             self.channel.drain(self.cfg.graceful_timeout)
+
+    def _serve_metrics(self) -> None:
+        """SERVE_METRICS_PORT, once it can be had: a port another process holds must not keep the models from
+        being served (it restarted this process for ever), and `/metrics` is on the HTTP port meanwhile."""
+        told = False
+        while True:
+            try:
+                self.metrics_server.start()
+                break
+            except OSError as exc:
+                if not told:
+                    log.error("the metrics port is taken; set SERVE_METRICS_PORT to a free port, or off (trying it "
+                              "again each second)", extra={"fields": {"port": self.settings.metrics_port, "error": str(exc)}})
+                    told = True
+            gevent.sleep(_METRICS_RETRY)
+        if told:
+            log.info("metrics listening", extra={"fields": {"port": self.settings.metrics_port}})
 
     def _serve_channel_only(self) -> None:
         """The HTTP front-ends hold the listeners; this process answers their calls until told to stop. Its

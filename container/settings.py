@@ -215,7 +215,7 @@ class Settings:
         safe_ports = _port_range("SAGEMAKER_SAFE_PORT_RANGE", raw["safe_port_range"])
         if safe_ports is not None and not environ.get("SERVE_GRPC_PORT", "").strip():
             raw["grpc_port"] = "off"
-        return cls(
+        settings = cls(
             port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
             base_dir=raw["base_dir"],
@@ -273,6 +273,8 @@ class Settings:
             grpc_compression=_choice("SERVE_GRPC_COMPRESSION", raw["grpc_compression"], ("none", "gzip", "deflate")),
             inline_below_us=_inline_below(raw["inline_below_us"]),
         )
+        _check_distinct_ports(settings)
+        return settings
 
     @property
     def bodies_per_process(self) -> int:
@@ -468,6 +470,19 @@ def _listening_port(name: str, text: str, safe_ports: tuple[int, int] | None) ->
         raise SettingsError(f"{name}={text!r} is outside SAGEMAKER_SAFE_PORT_RANGE ({safe_ports[0]}-{safe_ports[1]}), the "
                             f"ports SageMaker lets this container listen on: choose one of them, or off")
     return port
+
+
+def _check_distinct_ports(settings: "Settings") -> None:
+    """HTTP, gRPC and metrics each on a port of its own: two on one port would leave one of them never
+    listening (the metrics port on the HTTP one restarted the model process for ever)."""
+    ports = {"SAGEMAKER_BIND_TO_PORT": settings.port, "SERVE_GRPC_PORT": settings.grpc_port,
+             "SERVE_METRICS_PORT": settings.metrics_port}
+    named: dict[int, str] = {}
+    for name, port in ports.items():
+        if port and port in named:
+            raise SettingsError(f"{name}={port} is {named[port]}'s port too: HTTP, gRPC and metrics each need a port "
+                                f"of their own")
+        named[port] = name
 
 
 def _choice(name: str, text: str, choices: tuple[str, ...]) -> str:

@@ -114,6 +114,35 @@ def request_lines(server, request_id=None):
             and (request_id is None or line["request_id"] == request_id)]
 
 
+def test_a_metrics_port_another_process_holds_keeps_no_model_from_serving(start_server, tmp_path):
+    """SERVE_METRICS_PORT taken (by another server, a sidecar): the model process died at its start and
+    was started again for ever, so no model ever served. Now the port is tried again each second, said
+    once in the log, while everything else serves (`/metrics` on the HTTP port too), and taken once free."""
+    fp32_model(tmp_path, "double")
+    holder = socket.create_server(("0.0.0.0", 0))
+    port = holder.getsockname()[1]
+    try:
+        server = start_server(tmp_path, SERVE_METRICS_PORT=str(port), SERVE_LOAD_MODELS="double")
+        wait_for(server.ready, message="the models named at start did not load")
+        answer = server.request("POST", "/v2/models/double/infer", json={
+            "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+        assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [2, 4, 6, 8]
+        assert "nv_inference_count" in server.request("GET", "/metrics").text
+        [line] = wait_for(lambda: [line for line in log_lines(server) if line["message"].startswith("the metrics port is taken")])
+        assert line["level"] == "ERROR" and line["port"] == port
+    finally:
+        holder.close()
+    scraped = wait_for(lambda: _scraped(port), message="the freed metrics port was not taken")
+    assert "nv_inference_count" in scraped
+
+
+def _scraped(port: int) -> str | None:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except requests.ConnectionError:  # not listening yet
+        return None
+
+
 def test_one_json_log_line_per_request(server):
     server.load("double")  # the cache test may have evicted it
     answer = server.invoke("double", [[1, 1, 1, 1]], headers={"X-Request-Id": "trace-42"})

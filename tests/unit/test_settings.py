@@ -86,6 +86,9 @@ def test_parse_size_refuses(text):
     ({"SAGEMAKER_SAFE_PORT_RANGE": "23000-23999", "SERVE_GRPC_PORT": "8001"},
      r"SERVE_GRPC_PORT='8001' is outside SAGEMAKER_SAFE_PORT_RANGE \(23000-23999\)"),
     ({"SAGEMAKER_SAFE_PORT_RANGE": "23000-23999", "SERVE_METRICS_PORT": "24000"}, "SERVE_METRICS_PORT='24000' is outside"),
+    ({"SERVE_METRICS_PORT": "8080"}, "SERVE_METRICS_PORT=8080 is SAGEMAKER_BIND_TO_PORT's port too"),
+    ({"SERVE_GRPC_PORT": "9000", "SAGEMAKER_BIND_TO_PORT": "9000"}, "SERVE_GRPC_PORT=9000 is SAGEMAKER_BIND_TO_PORT's"),
+    ({"SERVE_METRICS_PORT": "8001"}, "SERVE_METRICS_PORT=8001 is SERVE_GRPC_PORT's port too"),
 ])
 def test_bad_values_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=named):
