@@ -472,7 +472,7 @@ def _listening_port(name: str, text: str, safe_ports: tuple[int, int] | None) ->
     return port
 
 
-def _check_distinct_ports(settings: "Settings") -> None:
+def _check_distinct_ports(settings: Settings) -> None:
     """HTTP, gRPC and metrics each on a port of its own: two on one port would leave one of them never
     listening (the metrics port on the HTTP one restarted the model process for ever)."""
     ports = {"SAGEMAKER_BIND_TO_PORT": settings.port, "SERVE_GRPC_PORT": settings.grpc_port,
