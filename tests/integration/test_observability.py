@@ -166,6 +166,7 @@ def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
     RPC's path, the model, the status as HTTP would have answered, and the id (the client's `x-request-id`
     metadata, else the request's own id). gRPC once logged nothing of its requests, and later nothing of
     grpc.health.v1's checks."""
+    wait_for(server.grpc_ready, 60, "the gRPC front-ends did not answer ready")  # they listen once the model process is reached
     server.load("double")
     x = grpcclient.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
