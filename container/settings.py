@@ -216,7 +216,7 @@ class Settings:
         if safe_ports is not None and not environ.get("SERVE_GRPC_PORT", "").strip():
             raw["grpc_port"] = "off"
         settings = cls(
-            port=_integer("SAGEMAKER_BIND_TO_PORT", raw["port"]),
+            port=_port("SAGEMAKER_BIND_TO_PORT", raw["port"]),
             multi_model=multi_model,
             base_dir=raw["base_dir"],
             model_root=raw["model_root"],
@@ -441,10 +441,11 @@ def _integer(name: str, text: str) -> int:
     return value
 
 
-def _port(name: str, text: str) -> int:
-    value = _integer(name, text)
-    if not 0 < value < 65536:
-        raise SettingsError(f"{name}={text!r}: expected a TCP port (1-65535), or off")
+def _port(name: str, text: str, optional: bool = False) -> int:
+    """`optional`: the setting may be `off` instead."""
+    value = whole_number(text)
+    if value is None or not 0 < value < 65536:
+        raise SettingsError(f"{name}={text!r}: expected a TCP port (1-65535){', or off' if optional else ''}")
     return value
 
 
@@ -465,7 +466,7 @@ def _listening_port(name: str, text: str, safe_ports: tuple[int, int] | None) ->
     """The port `name` sets (None: off), which must be one of `safe_ports` where they are given."""
     if text.lower() == "off":
         return None
-    port = _port(name, text)
+    port = _port(name, text, optional=True)
     if safe_ports is not None and not safe_ports[0] <= port <= safe_ports[1]:
         raise SettingsError(f"{name}={text!r} is outside SAGEMAKER_SAFE_PORT_RANGE ({safe_ports[0]}-{safe_ports[1]}), the "
                             f"ports SageMaker lets this container listen on: choose one of them, or off")

@@ -164,10 +164,10 @@ def test_models_named_at_start_are_loaded(start_server, tmp_path_factory):
 
 @pytest.mark.parametrize("variable, value", [
     ("SERVE_MEMORY_LIMIT", "lots"), ("SERVE_EVICTION", "sometimes"), ("SAGEMAKER_MULTI_MODEL", "maybe"),
-    ("SAGEMAKER_SAFE_PORT_RANGE", "8000"),
+    ("SAGEMAKER_SAFE_PORT_RANGE", "8000"), ("SAGEMAKER_BIND_TO_PORT", "70000"),
 ])
 def test_bad_settings_stop_the_server_with_a_clear_message(tmp_path, variable, value):
-    env = {**os.environ, "SERVE_MODEL_ROOT": str(tmp_path), variable: value, "SAGEMAKER_BIND_TO_PORT": "0"}
+    env = {**os.environ, "SERVE_MODEL_ROOT": str(tmp_path), "SAGEMAKER_BIND_TO_PORT": str(free_port()), variable: value}
     env["PATH"] = f"{PROJECT / '.venv' / 'bin'}:{env['PATH']}"
     result = subprocess.run([str(PROJECT / "serve")], cwd=PROJECT, env=env, capture_output=True, timeout=60)
     assert result.returncode != 0 and f"{variable}={value!r}".encode() in result.stderr

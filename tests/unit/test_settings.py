@@ -75,6 +75,7 @@ def test_parse_size_refuses(text):
     ({"SERVE_EVICTION": "fifo"}, "SERVE_EVICTION"),
     ({"SAGEMAKER_MULTI_MODEL": "2"}, "SAGEMAKER_MULTI_MODEL"),
     ({"SAGEMAKER_BIND_TO_PORT": "http"}, "SAGEMAKER_BIND_TO_PORT"),
+    ({"SAGEMAKER_BIND_TO_PORT": "70000"}, "SAGEMAKER_BIND_TO_PORT='70000': expected a TCP port"),
     ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "0"}, "SAGEMAKER_MAX_PAYLOAD_IN_MB"),
     ({"SERVE_REPOSITORY_POLL_SECONDS": "soon"}, "SERVE_REPOSITORY_POLL_SECONDS"),
     ({"SERVE_REPOSITORY_POLL_SECONDS": "5", "SERVE_MODEL_ROOT": "s3://bucket/models"}, "local model root"),
