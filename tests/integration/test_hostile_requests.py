@@ -153,7 +153,8 @@ def test_requests_past_the_processes_share_wait_and_one_that_finds_no_room_is_re
     server = start_server(tmp_path / "models", SERVE_LOAD_MODELS="held,double", SERVE_HTTP_WORKERS=front_ends,
                           SERVE_MAX_BODIES_SIZE="1200KiB", SAGEMAKER_MODEL_SERVER_TIMEOUT="5",
                           SERVE_LOG_LEVEL="info")  # its log says when a request waits for room
-    wait_for(server.ready, 60, "the models did not load")
+    wait_for(lambda: server.ready() and (call is not grpc_infer or server.grpc_ready()), 60,
+             "the models did not load, or gRPC did not listen")
     with ThreadPoolExecutor(2) as pool:
         held = pool.submit(call, server, "held", -1.0)  # y = 2x, once through the gate
         try:
