@@ -56,14 +56,13 @@ class HandlerModel:
                   request_id: str | None = None) -> HandlerResponse:
         """One request through the handler chain. `content_type` is None when the request has none."""
         self.context.start(request_id, headers)
-        data = handler_defaults.text(body) if content_type in content.TEXT_TYPES else body
         user_accept = content.preferred(accept, self.default_accept)
         if "transform_fn" in self.functions:
-            result = self._call("transform_fn", self.model, data, content_type, user_accept)
+            result = self._call("transform_fn", self.model, _sagemaker_body(body, content_type), content_type, user_accept)
             return self._respond(*handler_defaults.as_response(result, user_accept))
         envelope = None
         if "input_fn" in self.functions:
-            decoded = self._call("input_fn", data, content_type)
+            decoded = self._call("input_fn", _sagemaker_body(body, content_type), content_type)
         else:
             decoded, envelope = handler_defaults.decode(body, content_type, self.device)
         if "predict_fn" in self.functions:
@@ -145,3 +144,11 @@ def _parameters(fn) -> int | None:
         return len(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # builtins without a signature: trust them
         return None
+
+
+def _sagemaker_body(body: bytes, content_type: str | None) -> str | bytearray:
+    """The body as SageMaker's container hands it to user code: JSON and CSV decoded (the toolkit's doing),
+    anything else a bytearray, as TorchServe's worker reads it off its socket. A bytearray is writable:
+    `np.frombuffer(body, …)` there gives an array the script may change in place, and torch.frombuffer
+    shares it without a warning; over bytes both are read-only."""
+    return handler_defaults.text(body) if content_type in content.TEXT_TYPES else bytearray(body)

@@ -187,6 +187,14 @@ class InferenceRequest:
         return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
+def received(name: str, array: np.ndarray) -> Tensor:
+    """A tensor that came from another process (a request's input, a BLS call's output) as Triton hands
+    it: an array of the model's own, which it may change in place. What crossed the pipe is read-only
+    (numpy over the message's bytes), and numpy's DLPack export, the way into torch without a copy
+    (`from_dlpack(tensor.to_dlpack())`), refuses a read-only array."""
+    return Tensor(name, array if array.flags.writeable else array.copy())
+
+
 def served_request(request_id: str, inputs: list, outputs, parameters: dict) -> InferenceRequest:
     """A request `execute` receives: the client's parameters but those Triton makes the request's own
     properties (a sequence's id and flags, its priority and timeout, the answer's encoding), which its
@@ -215,7 +223,7 @@ def _server_parameters(request: InferenceRequest) -> dict:
 def _response(outcome: "dict | TritonError") -> InferenceResponse:
     if isinstance(outcome, TritonError):
         return InferenceResponse(error=outcome)
-    return InferenceResponse([Tensor(name, array) for name, array in outcome.items()])
+    return InferenceResponse([received(name, array) for name, array in outcome.items()])
 
 
 class ModelConfig:

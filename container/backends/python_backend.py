@@ -336,7 +336,7 @@ def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, con
 
 def _wrap(requests: list[tuple], inbox: Inbox, number: int) -> list:
     """Message `number`'s requests as `execute` takes them, each knowing whether it was cancelled."""
-    wrapped = [pb_utils.served_request(request_id, [pb_utils.Tensor(n, a) for n, a in inputs.items()], outputs or (), parameters)
+    wrapped = [pb_utils.served_request(request_id, [pb_utils.received(n, a) for n, a in inputs.items()], outputs or (), parameters)
                for inputs, outputs, parameters, request_id in requests]
     for index, request in enumerate(wrapped):
         request._cancelled = functools.partial(inbox.cancelled, number, index)

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 def input_fn(body, content_type):
-    assert isinstance(body, bytes), "non-text bodies arrive as bytes"
+    assert isinstance(body, bytearray), "non-text bodies arrive as a bytearray, as TorchServe reads them"
     return torch.from_numpy(np.frombuffer(body, dtype=np.uint8).astype(np.float32))
 """
 
@@ -125,10 +125,10 @@ def test_default_handlers_like_the_sagemaker_toolkit(server):
     assert result.dtype == np.float64 and result.tolist() == [[3.0]]  # NPY keeps its dtype
 
 
-def test_transform_fn_gets_str_for_text_and_bytes_otherwise(server):
+def test_transform_fn_gets_str_for_text_and_a_bytearray_otherwise(server):
     assert post(server, "transform", b"[1]").text == "str:3:application/json:application/json"
     assert post(server, "transform", b"\x00\x01", "application/octet-stream", accept="text/plain").text == \
-        "bytes:2:application/octet-stream:text/plain"
+        "bytearray:2:application/octet-stream:text/plain"
 
 
 def test_model_fn_builds_the_model(server):

@@ -125,6 +125,17 @@ def test_a_python_model_answers_its_client_over_http_and_grpc(repository, module
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_model_may_change_its_inputs_and_bls_answers_in_place_as_in_triton(repository, module):
+    """Triton hands `execute` arrays of the model's own: numpy's DLPack export, the way into torch, and
+    in-place arithmetic both refuse a read-only array."""
+    url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
+    with _client(module, url) as client:
+        answer = client.infer("mix_in_place", tensors(module, AB))
+    assert answer.as_numpy("SUM").tolist() == [11, 22, 30, 30]
+    assert answer.as_numpy("PRODUCT").tolist() == [10, 40, 90, 160]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
 def test_configs_completed_by_the_model_are_served_as_its_config(repository, module):
     url = repository.url.removeprefix("http://") if module is httpclient else repository.grpc_url
     with _client(module, url) as client:

@@ -88,7 +88,7 @@ def toolkit(model_dir, body: bytes, content_type: str, accept: str) -> tuple[byt
         transformer = Transformer(default_inference_handler=DefaultPytorchInferenceHandler())
         context = Context(model_dir.name, str(model_dir), "cpu")
         context.start(None, {"Content-Type": content_type, "Accept": accept})
-        [response] = transformer.transform([{"body": body}], context)
+        [response] = transformer.transform([{"body": bytearray(body)}], context)  # as TorchServe's worker reads it
     finally:
         sys.path.remove(code)
         for name in ("inference", "net"):
