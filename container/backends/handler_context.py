@@ -3,6 +3,7 @@ context)`, `input_fn(data, content_type, context)`, …): TorchServe's `Context`
 code reads — system properties, the request's headers — and writes: response status, type, headers."""
 
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 
 @dataclass
@@ -32,7 +33,8 @@ class Context:
         gpu_id = int(device.partition(":")[2] or 0) if device.startswith("cuda") else None
         self.model_name = model_name
         self.system_properties = {"model_dir": model_dir, "gpu_id": gpu_id, "batch_size": 1,
-                                  "server_name": "container", "limit_max_image_pixels": True}
+                                  "server_name": "container", "server_version": version("container"),
+                                  "limit_max_image_pixels": True}
         self.manifest = {"model": {"modelName": model_name}}
         self.metrics = None
         self.start(None, {})

@@ -89,6 +89,7 @@ def predict_fn(data, model, context):
 
 def output_fn(prediction, accept, context):
     context.set_response_header(0, "X-Model", context.model_name)
+    context.set_response_header(0, "X-Properties", ",".join(sorted(context.system_properties)))
     return str(prediction.item())
 """
 
@@ -362,6 +363,8 @@ def test_a_config_json_of_the_models_own_does_not_make_it_triton(server):
 def test_handlers_that_take_the_context(server):
     answer = post(server, "context", b"", content_type=None, **{"X-Scale": "4"})
     assert answer.status_code == 200 and answer.text == "8.0" and answer.headers["X-Model"] == "context"
+    # the keys TorchServe 0.12.0 gives SageMaker's handler service
+    assert answer.headers["X-Properties"] == "batch_size,gpu_id,limit_max_image_pixels,model_dir,server_name,server_version"
 
 
 def test_pre_model_and_warmup_hooks_run_around_model_fn(server):
