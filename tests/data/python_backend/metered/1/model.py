@@ -6,10 +6,12 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.rows = pb_utils.MetricFamily(name="metered_rows", description="Rows this model has doubled",
-                                          kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
-        self.last = pb_utils.MetricFamily(name="metered_last_batch_rows", description="Rows in the last batch",
-                                          kind=pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
+        # the families are kept as long as their metrics: Triton ends a family's metrics with it
+        self.families = [pb_utils.MetricFamily(name="metered_rows", description="Rows this model has doubled",
+                                               kind=pb_utils.MetricFamily.COUNTER),
+                         pb_utils.MetricFamily(name="metered_last_batch_rows", description="Rows in the last batch",
+                                               kind=pb_utils.MetricFamily.GAUGE)]
+        self.rows, self.last = (family.Metric(labels=labels) for family in self.families)
 
     def execute(self, requests):
         responses, rows = [], 0
