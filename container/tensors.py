@@ -50,9 +50,17 @@ def from_config(enum_name: str) -> str:
 
 
 def datatype_of(array: np.ndarray) -> str:
+    """The array's Triton datatype; numpy's name for a dtype that has none (complex, say)."""
     if array.dtype.kind in "OSU":
         return "BYTES"
-    return _BY_NUMPY[array.dtype]
+    return _BY_NUMPY.get(array.dtype, str(array.dtype))
+
+
+def answered_as(array: np.ndarray, declared: str) -> str:
+    """The datatype an output is answered in: the declared one, or the array's own where the model gave
+    another (a python model's output goes out as it is, as Triton's python backend sends it; the
+    TorchScript backends refuse a mismatch, as Triton's libtorch backend does)."""
+    return declared if array.dtype == _TABLE[declared] else datatype_of(array)
 
 
 def as_datatype(name: str, value, datatype: str) -> np.ndarray:

@@ -68,6 +68,8 @@ class Tensor:
             raise TritonModelException(f"tensor '{name}' must be a numpy array, got {type(data).__name__}")
         if data.dtype.kind in "SU":
             data = data.astype(np.object_)
+        elif numpy_to_triton_type(data.dtype) is None:
+            raise TritonModelException(f"tensor '{name}' is {data.dtype}, which no Triton datatype holds")
         self._name, self._data = str(name), data
 
     def name(self) -> str:

@@ -25,6 +25,7 @@ from container.limits import boolean
 from container.models.cache import total_by_device
 from container.models.signature import Signature, TensorSpec
 from container.models.statistics import Phases
+from container.tensors import datatype_of
 
 _BF16 = "BF16"
 
@@ -288,8 +289,14 @@ def to_numpy(spec: TensorSpec, value, model: str, batch: int | None) -> np.ndarr
     if not value.is_cpu:
         value = value.cpu()
     if value.dtype == torch.bfloat16:
-        value = value.float()
-    return value.numpy()
+        provided, array = _BF16, value.float().numpy()
+    else:
+        array = value.numpy()
+        provided = datatype_of(array)
+    if provided != spec.datatype:  # Triton's libtorch backend refuses it too, in these words
+        raise ModelError(f"configuration expects datatype TYPE_{spec.datatype} for output '{spec.name}', "
+                         f"model provides TYPE_{provided}")
+    return array
 
 
 def reshaped(spec: TensorSpec, array: np.ndarray, batched: bool, to_model: bool, model: str) -> np.ndarray:

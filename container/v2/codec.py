@@ -10,7 +10,7 @@ from container import content
 from container.errors import InvalidInput, InvalidRequest
 from container.limits import MAX_DIMS, MAX_JSON_NESTING, Limits, too_deep, whole_number
 from container.models.signature import Signature, TensorSpec
-from container.tensors import DATATYPES, as_datatype, little_endian, numpy_dtype, pack_strings, unpack_strings
+from container.tensors import DATATYPES, answered_as, as_datatype, little_endian, numpy_dtype, pack_strings, unpack_strings
 
 _NUMERIC = frozenset(DATATYPES) - {"BYTES"}
 
@@ -148,7 +148,7 @@ def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None,
     for request in requested or [{"name": spec.name} for spec in signature.outputs]:
         name, parameters = request["name"], request.get("parameters", {})
         array = outputs[name]
-        datatype = next(s.datatype for s in signature.outputs if s.name == name)
+        datatype = answered_as(array, next(s.datatype for s in signature.outputs if s.name == name))
         if "classification" in parameters:
             array, datatype = classify(name, array, parameters["classification"], labels.get(name, []), signature), "BYTES"
         entry = {"name": name, "datatype": datatype, "shape": list(array.shape)}

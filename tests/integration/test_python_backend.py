@@ -270,6 +270,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "crashes", CRASHES_PY, scale_config(1))
     python_model(root, "describes", DESCRIBES_PY, {"input": [tensor("x", "TYPE_FP32", [4])],
                                                    "output": [tensor("about", "TYPE_STRING", [5])]})
+    python_model(root, "loose", LOOSE_PY, LOOSE_CONFIG)
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
@@ -297,7 +298,7 @@ def server(start_server, tmp_path_factory, gate_dir):
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,loose,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
     server.finalized = gate_dir / "pair.finalized"
@@ -388,6 +389,22 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", -pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
                 for r in requests]
 """
+
+# outputs of other types than the config's, as python models often give them (numpy's defaults are
+# float64 and int64); x[0] < 0: an array no Triton datatype holds
+LOOSE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "x").as_numpy()
+        scaled = x * 100.5 if x[0] >= 0 else x.astype(np.complex64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("scaled", scaled),
+                                            pb_utils.Tensor("words", np.array([b"one", b"two"], np.object_))])]
+"""
+LOOSE_CONFIG = {"input": [tensor("x", "TYPE_FP32", [4])],
+                "output": [tensor("scaled", "TYPE_INT8", [4]), tensor("words", "TYPE_INT32", [2])]}
 
 # x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error,
 # x[1] < -1: the first too
@@ -793,6 +810,33 @@ def test_a_python_model_serves_every_protocol(server):
         x = grpcclient.InferInput("x", [4], "FP32")
         x.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
         assert client.infer("double", [x]).as_numpy("y").tolist() == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("protocol", ["json", "binary", "grpc"])
+def test_outputs_of_other_types_than_declared_are_answered_as_the_model_made_them_as_in_triton(server, protocol):
+    """Triton's python backend sends an output in the type the model gave it; cast to the config's INT8,
+    302 wrapped to 46."""
+    x = np.array([1, 2, 3, 4], np.float32)
+    if protocol == "json":
+        answer = infer(server, "loose", x)
+        assert answer.status_code == 200, answer.text
+        kinds = {o["name"]: (o["datatype"], o["data"]) for o in answer.json()["outputs"]}
+        assert kinds == {"scaled": ("FP32", [100.5, 201.0, 301.5, 402.0]), "words": ("BYTES", ["one", "two"])}
+        return
+    module = httpclient if protocol == "binary" else grpcclient
+    with _client(module, server.url.removeprefix("http://") if module is httpclient else server.grpc_url) as client:
+        outputs = [module.InferRequestedOutput(name, **({"binary_data": True} if module is httpclient else {}))
+                   for name in ("scaled", "words")]
+        answer = client.infer("loose", tensors(module, {"x": x}), outputs=outputs)
+    assert answer.as_numpy("scaled").dtype == np.float32 and answer.as_numpy("scaled").tolist() == [100.5, 201.0, 301.5, 402.0]
+    assert answer.as_numpy("words").tolist() == [b"one", b"two"]
+
+
+def test_an_output_no_triton_datatype_holds_fails_its_request_naming_it(server):
+    answer = infer(server, "loose", [-1, 2, 3, 4])
+    assert answer.status_code == 500
+    assert "tensor 'scaled' is complex64, which no Triton datatype holds" in answer.json()["error"]
+    assert infer(server, "loose", [1, 2, 3, 4]).status_code == 200
 
 
 def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words(server):

@@ -302,6 +302,25 @@ def test_an_optional_input_forward_cannot_take_as_none_is_refused_at_load(server
                                                          "so forward()'s argument 'BIAS' must be Optional[Tensor] (it is Tensor)"})
 
 
+class Widens(torch.nn.Module):
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return INPUT0.double() * 100.5
+
+
+def test_an_output_of_another_type_than_declared_fails_in_tritons_words_never_cast(server):
+    """Cast to the config's INT8, 302 would have wrapped to 46."""
+    triton_model(server.model_root, "widens", Widens(), [tensor("INPUT0", "TYPE_FP32", [4])],
+                 [tensor("OUTPUT0", "TYPE_INT8", [4])], max_batch_size=0)
+    assert requests.post(f"{server.url}/v2/repository/models/widens/load", timeout=60).status_code == 200
+    with http.InferenceServerClient(server.url.removeprefix("http://")) as client:
+        values = http.InferInput("INPUT0", [4], "FP32")
+        values.set_data_from_numpy(np.array([1, 2, 3, 4], np.float32))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("widens", [values])
+    assert refused.value.status() == "500"
+    assert "configuration expects datatype TYPE_INT8 for output 'OUTPUT0', model provides TYPE_FP64" in refused.value.message()
+
+
 class RefusesZeros(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if bool((x == 0).all()):
