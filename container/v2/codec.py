@@ -147,6 +147,8 @@ def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None,
     entries, chunks = [], []
     for request in requested or [{"name": spec.name} for spec in signature.outputs]:
         name, parameters = request["name"], request.get("parameters", {})
+        if name not in outputs:  # a python model may leave an output out, as Triton's may
+            continue
         array = outputs[name]
         datatype = answered_as(array, next(s.datatype for s in signature.outputs if s.name == name))
         if "classification" in parameters:

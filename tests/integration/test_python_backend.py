@@ -271,6 +271,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "describes", DESCRIBES_PY, {"input": [tensor("x", "TYPE_FP32", [4])],
                                                    "output": [tensor("about", "TYPE_STRING", [5])]})
     python_model(root, "loose", LOOSE_PY, LOOSE_CONFIG)
+    python_model(root, "partial", PARTIAL_PY, PARTIAL_CONFIG)
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
@@ -298,7 +299,7 @@ def server(start_server, tmp_path_factory, gate_dir):
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,loose,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,loose,partial,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
     server.finalized = gate_dir / "pair.finalized"
@@ -405,6 +406,18 @@ class TritonPythonModel:
 """
 LOOSE_CONFIG = {"input": [tensor("x", "TYPE_FP32", [4])],
                 "output": [tensor("scaled", "TYPE_INT8", [4]), tensor("words", "TYPE_INT32", [2])]}
+
+# y as declared, `extra` (declared) left out, `undeclared` made though the config has no such output
+PARTIAL_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", v * 2), pb_utils.Tensor("undeclared", v)]) for v in x]
+"""
+PARTIAL_CONFIG = {"input": [tensor("x", "TYPE_FP32", [4])],
+                  "output": [tensor("y", "TYPE_FP32", [4]), tensor("extra", "TYPE_FP32", [4])]}
 
 # x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error,
 # x[1] < -1: the first too
@@ -830,6 +843,20 @@ def test_outputs_of_other_types_than_declared_are_answered_as_the_model_made_the
         answer = client.infer("loose", tensors(module, {"x": x}), outputs=outputs)
     assert answer.as_numpy("scaled").dtype == np.float32 and answer.as_numpy("scaled").tolist() == [100.5, 201.0, 301.5, 402.0]
     assert answer.as_numpy("words").tolist() == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_outputs_a_python_model_leaves_out_are_left_out_of_the_answer_as_in_triton(server, module):
+    """Triton answers with the outputs the model made: a declared one left out (asked for or not) is
+    absent, and one the config does not declare is dropped. The undeclared one was a 500 (a KeyError)."""
+    with _client(module, server.url.removeprefix("http://") if module is httpclient else server.grpc_url) as client:
+        made = client.infer("partial", tensors(module, {"x": np.array([1, 2, 3, 4], np.float32)}))
+        asked = client.infer("partial", tensors(module, {"x": np.array([1, 2, 3, 4], np.float32)}),
+                             outputs=[module.InferRequestedOutput("extra")])
+    named = [o["name"] for o in made.get_response()["outputs"]] if module is httpclient else \
+        [o.name for o in made.get_response().outputs]
+    assert named == ["y"] and made.as_numpy("y").tolist() == [2, 4, 6, 8]
+    assert asked.as_numpy("extra") is None and asked.as_numpy("y") is None
 
 
 def test_an_output_no_triton_datatype_holds_fails_its_request_naming_it(server):
