@@ -490,4 +490,4 @@ def _parameters_json(parameters) -> str:
     if isinstance(parameters, str):
         json.loads(parameters)  # a JSON object's text, as Triton takes it
         return parameters
-    return json.dumps(parameters)
+    return json.dumps(parameters, separators=(",", ":"))  # compact, as Triton writes it

@@ -272,8 +272,8 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
             return
         kind, requests, decoupled, number = message
         inbox.running(number)
-        wrapped = _wrap(requests, inbox, number)
         wanted = [outputs or declared for _, outputs, _, _ in requests]
+        wrapped = _wrap(requests, wanted, inbox, number)
         if decoupled:
             _execute_decoupled(name, model, wrapped, wanted, loop, connection, device)
             continue
@@ -335,10 +335,11 @@ def _execute_decoupled(name: str, model, requests: list, wanted: list, loop, con
         send(connection, ("ok", ("executed", _state(device), failure)))
 
 
-def _wrap(requests: list[tuple], inbox: Inbox, number: int) -> list:
-    """Message `number`'s requests as `execute` takes them, each knowing whether it was cancelled."""
-    wrapped = [pb_utils.served_request(request_id, [pb_utils.received(n, a) for n, a in inputs.items()], outputs or (), parameters)
-               for inputs, outputs, parameters, request_id in requests]
+def _wrap(requests: list[tuple], wanted: list[list[str]], inbox: Inbox, number: int) -> list:
+    """Message `number`'s requests as `execute` takes them, each knowing whether it was cancelled; a
+    request's requested_output_names() are those it asked for, else every declared one (Triton's)."""
+    wrapped = [pb_utils.served_request(request_id, [pb_utils.received(n, a) for n, a in inputs.items()], outputs, parameters)
+               for (inputs, _, parameters, request_id), outputs in zip(requests, wanted, strict=True)]
     for index, request in enumerate(wrapped):
         request._cancelled = functools.partial(inbox.cancelled, number, index)
     return wrapped
