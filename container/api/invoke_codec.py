@@ -29,7 +29,10 @@ def decode(body: bytes, media_type: str, signature: Signature) -> tuple[dict[str
         dtype = numpy_dtype(spec.datatype)
         if dtype == object:
             raise InvalidInput(f"input '{spec.name}' is BYTES; send it as JSON strings, not CSV")
-        return {spec.name: content.decode_csv(body, dtype)}, None
+        rows = content.decode_csv(body, dtype)
+        if len(spec.shape) == 1 and 1 in rows.shape:  # a vector input: one row or one column of values is it
+            rows = rows.reshape(-1)
+        return {spec.name: rows}, None
     if media_type == content.NPY:
         spec = _only_input(signature)
         return {spec.name: as_datatype(spec.name, content.decode_npy(body), spec.datatype)}, None

@@ -24,6 +24,7 @@ NPY = "application/x-npy"
 def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "double", config_format="pbtxt")
+    fp32_model(root, "vector", max_batch_size=0)  # x: FP32 [4], no batch dimension
     triton_model(root, "addsub", AddSub(), [tensor("INPUT0", "TYPE_INT64", [2]), tensor("INPUT1", "TYPE_INT64", [2])],
                  [tensor("OUTPUT0", "TYPE_INT64", [2]), tensor("OUTPUT1", "TYPE_INT64", [2])], max_batch_size=4)
     triton_model(root, "upper", Upper(), [tensor("TEXT", "TYPE_STRING", [-1])], [tensor("UPPER", "TYPE_STRING", [-1])])
@@ -34,7 +35,7 @@ def server(start_server, tmp_path_factory):
     triton_model(root, "positional", Positional(), pair, [tensor("OUT", "TYPE_INT64", [2])], 4)
     triton_model(root, "arity", Scale(), pair, [tensor("OUT", "TYPE_INT64", [2])], 4)
     server = start_server(root, SAGEMAKER_MAX_PAYLOAD_IN_MB="1")
-    for name in ("double", "addsub", "upper", "versioned", "reordered", "positional"):
+    for name in ("double", "vector", "addsub", "upper", "versioned", "reordered", "positional"):
         assert server.load(name).status_code == 200
     return server
 
@@ -93,6 +94,14 @@ def test_csv_and_npy_in_and_out(server):
     answer = post(server, "double", npy(np.ones((2, 4), np.float32)), NPY, accept=NPY)
     assert answer.headers["Content-Type"] == NPY
     assert np.load(io.BytesIO(answer.content)).tolist() == [[2.0] * 4] * 2
+
+
+@pytest.mark.parametrize("body", [b"1,2,3,4\n", b"1\n2\n3\n4\n"], ids=["row", "column"])
+def test_csv_of_one_row_or_column_is_the_vector_a_model_without_batching_takes(server, body):
+    """As a JSON array of four is; it was refused as the shape [1, 4] (or [4, 1])."""
+    answer = post(server, "vector", body, "text/csv", accept="application/json")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [2, 4, 6, 8] == post(server, "vector", b"[1, 2, 3, 4]").json()
 
 
 @pytest.mark.parametrize("accept, media_type", [
