@@ -53,7 +53,8 @@ def datatype_of(array: np.ndarray) -> str:
     """The array's Triton datatype; numpy's name for a dtype that has none (complex, say)."""
     if array.dtype.kind in "OSU":
         return "BYTES"
-    return _BY_NUMPY.get(array.dtype, str(array.dtype))
+    name = _BY_NUMPY.get(array.dtype)
+    return str(array.dtype) if name is None else name  # not .get's default: str() of a dtype takes microseconds
 
 
 def answered_as(array: np.ndarray, declared: str) -> str:
