@@ -28,7 +28,8 @@ def test_every_scenario_runs_and_reports_a_table():
     assert "In-process torch" in stdout
     soak = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \|.*\| (yes|no.*) \|$", stdout, re.MULTILINE)
     requests, wrong, unexpected, lost, healthy = soak.groups()
-    assert int(requests.replace(",", "")) > 0 and (wrong, unexpected, lost, healthy) == ("0", "0", "0", "yes"), soak[0]
+    assert int(requests.replace(",", "")) > 0 and (wrong, unexpected, lost, healthy) == ("0", "0", "0", "yes"), \
+        stdout[soak.start():soak.start() + 3000]  # the row, each call's answers, the unexpected ones' bodies
     chaos = re.search(r"^\| ([\d,]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| [\d /]+ \| \d+ \| (yes|no) \| (\d+) \| (\d+) \|$",
                       stdout, re.MULTILINE)
     calls, unexpected, unanswered, stuck, cut, healthy, faults, left = chaos.groups()
