@@ -319,6 +319,7 @@ def test_an_output_of_another_type_than_declared_fails_in_tritons_words_never_ca
             client.infer("widens", [values])
     assert refused.value.status() == "500"
     assert "configuration expects datatype TYPE_INT8 for output 'OUTPUT0', model provides TYPE_FP64" in refused.value.message()
+    assert requests.get(f"{server.url}/v2/models/widens/ready", timeout=30).status_code == 200  # the model serves on
 
 
 class RefusesZeros(torch.nn.Module):
