@@ -182,13 +182,22 @@ class Core:
 
     def lease_loading(self, name: str, url: str, client: Client | None = None) -> Lease:
         """`lease(name)`, loading `url` as `name` first when it is not loaded (concurrent first uses share
-        one load). A model evicted or unloaded after its load and before this request could hold it is
-        loaded again: the caller asked for exactly that."""
-        for _ in range(3):
-            model = self._ensure_loaded(name, url)
-            if self._record(model.view) is model:  # still serving; nothing yields from here until the lease holds it
-                return Lease(self._registry, model, max(model.versions), client)
-        raise Unavailable(f"model '{name}' was evicted three times before it could serve; retry")
+        one load). A request that waits for a load under way is in flight from then on: the model it
+        waits for is neither evicted nor unloaded before it is served (an unload sent meanwhile waits for
+        it, as for any request it found in flight)."""
+        model = self._registry.current(name)
+        if model is None:
+            self.counters.misses += 1
+            model = self._load(name, url)
+        else:
+            self.counters.hits += 1
+            if model.state is State.LOADING:  # not logged, as a load's wait is: a burst of requests may wait so
+                self._registry.hold(model)
+                try:
+                    model.loaded.get()
+                finally:
+                    self._registry.release(model)  # the lease holds it again before anything yields
+        return Lease(self._registry, model, max(model.versions), client)
 
     def leases(self, name: str, version: int | None, clients: list[Client | None], *,
                not_found: Callable[..., Exception] | None = None, loading: str | None = None) -> list[Lease]:
@@ -626,16 +635,6 @@ class Core:
         current = self._registry.models.get(name)
         if (current is not None and not current.uploaded) or any(n == name for n, _ in self._registry.entries()):
             raise Forbidden(f"model '{name}' comes from the model root; uploaded files may not replace it")
-
-    def _ensure_loaded(self, name: str, url: str) -> Model:
-        """The model under `name`, loading it on first use; concurrent first uses share one load. A
-        model being unloaded or evicted is waited for, then loaded again."""
-        model = self._registry.current(name)
-        if model is None:
-            self.counters.misses += 1
-            return self._load(name, url)
-        self.counters.hits += 1
-        return model.loaded.get()  # not logged, as a load's wait is: a burst of requests may wait so
 
     def unload(self, name: str, dependents: bool = False) -> None:
         """Unload `name`; with `dependents`, the models an ensemble's load loaded along with it too. A load

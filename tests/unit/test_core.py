@@ -289,26 +289,41 @@ def test_a_sticky_device_error_turns_health_red_and_asks_for_a_fresh_process(tmp
         core.check_health()
 
 
-def test_a_first_use_that_waited_for_a_load_unloaded_before_it_could_hold_it_loads_again(tmp_path):
-    """Two first uses of a model share its load. Before the one that waited resumes, the model is
-    unloaded; it must not be handed a lease on what is being freed, but the model loaded again."""
+def test_a_use_waiting_for_a_load_is_served_by_it_though_an_unload_was_sent_first(tmp_path):
+    """A first use loads a model; an unload is sent, then a second use comes: both wait for the load. When
+    it ends, the unload's turn comes first, and the cache may look for room: the waiting use is a request in
+    flight, so the unload waits for it and the model is not idle to the cache. (The use found it unloading,
+    loaded it again, and after three such turns under churn answered 503.)"""
     fp32_model(tmp_path, "m")
     core = make_core(tmp_path)
     registry, serve = core._registry, core._registry.serve
+    serving, answer, idle = gevent.event.Event(), gevent.event.Event(), []
 
-    def serve_then_unload(model):  # an unload lands between the load's end and the waiting use's turn
-        gevent.spawn(core.unload, model.name)
+    def gated_serve(model):
+        serving.wait()
         serve(model)
-    registry.serve = serve_then_unload
-    first = gevent.spawn(core.lease_loading, "m", "m")
-    waiting = gevent.spawn(core.lease_loading, "m", "m")
-    with first.get(timeout=30) as held:
-        registry.serve = serve  # the next load is a plain one
-        take_turns()  # the unload waits for this lease; the waiting use resumes and must not take it
-    lease = waiting.get(timeout=30)
-    assert lease.view is not held.view and core.model_is_current(lease.view)
-    with lease:
-        assert core.infer(lease, InferRequest({"x": np.ones((1, 4), np.float32)})).outputs["y"].tolist() == [[2.0] * 4]
+        idle.append(registry._evictable(model))
+    registry.serve = gated_serve
+
+    def use():
+        with core.lease_loading("m", "m") as lease:
+            answer.wait()
+            return lease.view, core.infer(lease, InferRequest({"x": np.ones((1, 4), np.float32)})).outputs["y"].tolist()
+    uses = [gevent.spawn(use)]
+    poll(lambda: core.state("m") is State.LOADING and registry.under_way("m").versions, message="the load did not run")
+    unloading = gevent.spawn(core.unload, "m")
+    take_turns()
+    uses.append(gevent.spawn(use))
+    take_turns()
+    serving.set()
+    poll(lambda: idle, message="the load did not end")
+    take_turns()
+    assert not unloading.ready() and idle == [False]
+    answer.set()
+    (first, y), (second, z) = (use.get(timeout=30) for use in uses)
+    assert first is second and y == z == [[2.0] * 4]
+    unloading.get(timeout=30)
+    assert core.state("m") is None and core.counters.loads == 1
 
 
 def test_a_stop_ends_every_load_under_way_with_a_retry_and_refuses_later_ones(tmp_path):
