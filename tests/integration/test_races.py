@@ -127,6 +127,29 @@ def test_an_unload_sent_during_the_load_undoes_it_once_the_load_ends(start_serve
     assert server.invoke("slow", [[1.0]]).status_code == 404
 
 
+def test_an_invocation_waiting_for_its_model_s_load_is_served_by_it_though_an_unload_came_first(start_server, tmp_path):
+    """`/invocations` loads its target on first use. An unload is sent during that load, then a second
+    invocation: both wait for it. The second is in flight from then on, so it is served by that load and
+    the unload waits for it (it was handed nothing, and loaded the model again)."""
+    gate = Gate(tmp_path, "load")
+    handler_model(tmp_path / "models", "slow", gated_load(gate), Scale())
+    server = start_server(tmp_path / "models", SERVE_LOG_LEVEL="info")
+
+    def invoke() -> requests.Response:
+        return server.request("POST", "/invocations", json=[[1.0]], headers={"X-Amzn-SageMaker-Target-Model": "slow"})
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(invoke)
+        gate.wait_entered()
+        unloading = pool.submit(server.request, "DELETE", "/models/slow")
+        wait_for(lambda: joined_a_load(server, "slow"), message="the unload did not wait for the load")
+        second = pool.submit(invoke)
+        wait_for(lambda: server.metrics()[("serve_cache_hits_total", ())] == 1, message="the second invocation never came")
+        gate.release()
+        assert first.result().json() == second.result().json() == [[2.0]]
+        assert unloading.result().status_code == 200
+    assert server.loaded() == [] and server.metrics()[("serve_model_loads_total", (("outcome", "success"),))] == 1
+
+
 def test_the_repository_index_and_load_agree(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("index")
     archive(fp32_model(tmp_path_factory.mktemp("src"), "packed"), root / "packed.tar.gz")
