@@ -120,7 +120,7 @@ class Client:
 
 
 def _percentile(values: list[float], percent: float) -> float:
-    return statistics.quantiles(values, n=100)[int(percent) - 1] if len(values) > 1 else (values or [0.0])[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(percent) - 1] if len(values) > 1 else (values or [0.0])[0]
 
 
 def run(seconds: float, smoke: bool) -> list[str]:
