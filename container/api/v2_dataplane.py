@@ -52,15 +52,11 @@ def model_metadata(core: Core, name: str, version: str | None) -> dict:
 
 
 def model_config(core: Core, name: str, version: str | None):
-    """The model's ModelConfig message as Triton serves it: a copy, with its name and platform."""
+    """The model's ModelConfig message as Triton serves it, normalised at load (read it, never change it)."""
     view, _ = model(core, name, version)
     if view.config is None:
         raise InvalidRequest(f"model '{view.name}' is a SageMaker handler model; it has no Triton config")
-    config = type(view.config)()
-    config.CopyFrom(view.config)
-    config.name = view.name
-    config.platform = platform(view)
-    return config
+    return view.config
 
 
 def statistics(core: Core, name: str | None = None, version: str | None = None) -> dict:

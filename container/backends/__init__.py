@@ -22,7 +22,7 @@ from container.backends.ensemble import Ensemble
 from container.backends.handler_worker import HandlerWorker
 from container.backends.pytorch import Replicas, Switches, TorchScriptModel
 from container.backends.worker_process import WorkerOptions
-from container.models.config import ENSEMBLE_PLATFORM, PT2, PYTHON_BACKEND, instance_gpus
+from container.models.config import ENSEMBLE_PLATFORM, PT2, PYTHON_BACKEND, instance_gpus, normalize
 from container.models.source import ModelSource, TritonLayout
 from container.models.warmup import warm, warmup_samples
 
@@ -30,20 +30,31 @@ log = logging.getLogger(__name__)
 
 
 def load_backends(name: str, source: ModelSource, device: str, options: WorkerOptions) -> dict[int, object]:
-    """Every served version of the model at `source`, loaded on `device`. Blocking: run it on a thread."""
+    """Every served version of the model at `source`, loaded on `device`, its config completed (by the
+    model, where it completes its own) and normalised as Triton's is before any version loads. Blocking:
+    run it on a thread."""
     layout = source.layout
-    if isinstance(layout, TritonLayout) and layout.kind in (ENSEMBLE_PLATFORM, PYTHON_BACKEND) and layout.config.model_warmup:
+    if not isinstance(layout, TritonLayout):
+        return {1: HandlerWorker(name, source.directory, device, options)}
+    if layout.kind in (ENSEMBLE_PLATFORM, PYTHON_BACKEND) and layout.config.model_warmup:
         log.warning("model_warmup runs for TorchScript and .pt2 models only; this model serves without it",
                     extra={"fields": {"model": name, "kind": layout.kind}})
-    if isinstance(layout, TritonLayout) and layout.kind == ENSEMBLE_PLATFORM:
+    latest = layout.versions[max(layout.versions)]
+    if layout.kind == PYTHON_BACKEND:  # its `auto_complete_config`, with the latest version's `model.py`, as Triton runs it
+        layout.complete(python_backend.complete_config(name, latest, layout.config, options))
+    elif layout.kind == PT2:
+        pt2.prepare_runtime(layout.versions.values())
+        if layout.signature is None:  # from the latest version's recorded tensors
+            layout.complete(pt2.completed(layout.config, latest))
+    normalize(layout.config, name, device)
+    if layout.kind == ENSEMBLE_PLATFORM:
         return {version: Ensemble(name, layout.config) for version in layout.versions}
-    if isinstance(layout, TritonLayout) and layout.kind == PYTHON_BACKEND:
-        return _python_versions(name, layout, device, options)
-    if isinstance(layout, TritonLayout) and layout.kind == PT2:
+    if layout.kind == PYTHON_BACKEND:
+        return _each_version(layout, lambda version, path: python_backend.PythonBackend(name, version, path, layout.config,
+                                                                                      device, options))
+    if layout.kind == PT2:
         return _pt2_versions(name, source, device)
-    if isinstance(layout, TritonLayout):
-        return _torchscript_versions(name, source, device)
-    return {1: HandlerWorker(name, source.directory, device, options)}
+    return _torchscript_versions(name, source, device)
 
 
 def server_memory() -> dict[str, dict[str, int]]:
@@ -88,12 +99,7 @@ def _torchscript_versions(name: str, source: ModelSource, device: str) -> dict[i
 
 
 def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, object]:
-    """A `.pt2` model's versions, its config completed from the latest one's recorded tensors first
-    where it leaves them out."""
     layout = source.layout
-    pt2.prepare_runtime(layout.versions.values())
-    if layout.signature is None:
-        layout.complete(pt2.completed(layout.config, layout.versions[max(layout.versions)]))
     samples = warmup_samples(source.directory, layout.config)
 
     def program(version: int, path) -> object:
@@ -102,14 +108,6 @@ def _pt2_versions(name: str, source: ModelSource, device: str) -> dict[int, obje
         return loaded
 
     return _each_version(layout, program)
-
-
-def _python_versions(name: str, layout: TritonLayout, device: str, options: WorkerOptions) -> dict[int, object]:
-    """A python model's versions, once its `auto_complete_config` has completed the config (with the
-    latest version's `model.py`, as Triton does)."""
-    layout.complete(python_backend.complete_config(name, layout.versions[max(layout.versions)], layout.config, options))
-    return _each_version(layout, lambda version, path: python_backend.PythonBackend(name, version, path, layout.config,
-                                                                                  device, options))
 
 
 def _each_version(layout: TritonLayout, load) -> dict[int, object]:

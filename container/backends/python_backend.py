@@ -80,11 +80,8 @@ class PythonBackend:
         self._options = options
         self._decoupled = config.model_transaction_policy.decoupled
         document = config_document(config)
-        kinds = [group.kind for group in config.instance_group] or [pb.ModelInstanceGroup.KIND_CPU]
-        kind = "GPU" if device.startswith("cuda") and pb.ModelInstanceGroup.KIND_GPU in kinds else "CPU"
-        count = max(sum(group.count or 1 for group in config.instance_group), 1)
-        self._workers = [WorkerProcess(name, serve, (name, version, str(path), document, device, kind, options))
-                         for _ in range(count)]
+        self._workers = [WorkerProcess(name, serve, (name, version, str(path), document, device, instance, options))
+                         for instance in _instances(config, device)]
         self._reported: dict[WorkerProcess, tuple] = {}  # each instance's last (GPU bytes, custom metrics)
         self._free = SimpleQueue()
         try:
@@ -226,10 +223,18 @@ def serve_auto_complete(connection: Connection, name: str, path: str, document: 
     send(connection, reply)
 
 
-def serve(connection: Connection, name: str, version: int, path: str, document: dict, device: str, kind: str,
-          options: WorkerOptions) -> None:
+def _instances(config, device: str) -> list[tuple[str, str]]:
+    """(name, kind) of each instance of a normalised config's groups, as Triton names them to the model:
+    `<group>_<n>`, and "GPU" for a GPU group's on `device`."""
+    on_gpu = device.startswith("cuda")
+    return [(f"{group.name}_{n}", "GPU" if on_gpu and group.kind == pb.ModelInstanceGroup.KIND_GPU else "CPU")
+            for group in config.instance_group for n in range(group.count)]
+
+
+def serve(connection: Connection, name: str, version: int, path: str, document: dict, device: str,
+          instance: tuple[str, str], options: WorkerOptions) -> None:
     """An instance's life: import `model.py`, `initialize`, then run `execute` on each batch until
-    told to stop (then `finalize`) or the server goes away."""
+    told to stop (then `finalize`) or the server goes away. `instance`: its name and kind."""
     isolate(options.torch_threads)
     configure_logging(options.log_level)
     pb_utils._model_name = name
@@ -244,9 +249,10 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
 
             torch.cuda.set_device(device)
         if hasattr(model, "initialize"):
+            instance_name, kind = instance
             model.initialize({
-                "model_config": json.dumps(document), "model_instance_kind": kind,
-                "model_instance_device_id": device.partition(":")[2] or "0",
+                "model_config": json.dumps(document), "model_instance_kind": kind, "model_instance_name": instance_name,
+                "model_instance_device_id": (device.partition(":")[2] or "0") if kind == "GPU" else "0",
                 "model_repository": str(Path(path).parent.parent), "model_version": str(version),
                 "model_name": name})
         footprint.reset_host_peak()  # from here, the high-water mark is what requests add

@@ -19,6 +19,7 @@ PT2 = "pt2"
 ENSEMBLE_PLATFORM = "ensemble"
 DEFAULT_MODEL_FILENAME = "model.pt"
 DEFAULT_FILENAMES = {"pytorch": DEFAULT_MODEL_FILENAME, PT2: "model.pt2", PYTHON_BACKEND: "model.py", ENSEMBLE_PLATFORM: ""}
+DEFAULT_SEQUENCE_IDLE_US = 1_000_000  # Triton's max_sequence_idle_microseconds when a config gives none
 MAX_PATH_BYTES = 1024  # well under PATH_MAX with the model root in front
 
 
@@ -86,6 +87,53 @@ def config_document(config: pb.ModelConfig) -> dict:
     control's `kind` of CONTROL_SEQUENCE_START is the enum's zero), 64-bit integers as numbers."""
     return _int64_as_numbers(json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True), config.DESCRIPTOR)
+
+
+def normalize(config: pb.ModelConfig, name: str, device: str) -> None:
+    """Fill in what Triton fills in a loaded model's config, so that the model's `initialize` and
+    /config over HTTP and gRPC read what Triton's do: the backend's platform and file name, the latest
+    version, a dynamic batch's preferred size (its largest), a sequence's idle time, pinned memory, and
+    each instance group's name, kind and count. A group's kind says where the model runs here: on
+    `device` (a GPU's index its `gpus`), KIND_AUTO resolved, and a GPU group on CPU where this server
+    has no GPU (the model's placement says why). `name`: the name it serves under."""
+    config.name = name
+    if config.platform in (*PYTORCH_PLATFORMS, *PT2_PLATFORMS) and not config.backend:
+        config.backend = "pytorch"
+    if config.backend == "pytorch" and not config.platform:
+        config.platform = PYTORCH_PLATFORMS[0]
+        config.default_model_filename = config.default_model_filename or DEFAULT_FILENAMES["pytorch"]
+    elif config.platform in PT2_PLATFORMS or config.backend == PYTHON_BACKEND:
+        config.default_model_filename = config.default_model_filename or DEFAULT_FILENAMES[kind_of(config)]
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if config.max_batch_size > 0:
+        if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size:
+            config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+        if config.sequence_batching.HasField("oldest") and not config.sequence_batching.oldest.preferred_batch_size:
+            config.sequence_batching.oldest.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching") and not config.sequence_batching.max_sequence_idle_microseconds:
+        config.sequence_batching.max_sequence_idle_microseconds = DEFAULT_SEQUENCE_IDLE_US
+    if config.platform == ENSEMBLE_PLATFORM:
+        return
+    for pinned in ("input_pinned_memory", "output_pinned_memory"):
+        if not config.optimization.HasField(pinned):
+            getattr(config.optimization, pinned).enable = True
+    _normalize_groups(config, device)
+
+
+def _normalize_groups(config: pb.ModelConfig, device: str) -> None:
+    on_gpu = device.startswith("cuda")
+    if not config.instance_group:
+        config.instance_group.add(name=config.name)
+    for index, group in enumerate(config.instance_group):
+        group.name = group.name or f"{config.name}_{index}"
+        group.count = group.count or 1
+        if group.kind == pb.ModelInstanceGroup.KIND_AUTO or (group.kind == pb.ModelInstanceGroup.KIND_GPU and not on_gpu):
+            group.kind = pb.ModelInstanceGroup.KIND_GPU if on_gpu else pb.ModelInstanceGroup.KIND_CPU
+        if group.kind == pb.ModelInstanceGroup.KIND_CPU:
+            del group.gpus[:]
+        elif group.kind == pb.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            group.gpus.append(int(device.partition(":")[2] or 0))
 
 
 _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64,

@@ -24,6 +24,7 @@ from gevent.event import Event
 
 from container.errors import Cancelled, InvalidRequest, QueueTimeout
 from container.inference import Cancellable
+from container.models.config import DEFAULT_SEQUENCE_IDLE_US
 from container.models.recovery import Recover, execute
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
@@ -31,8 +32,6 @@ from container.scheduling.base import Scheduler
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, run_jobs
 from container.tensors import datatype_of, numpy_dtype, zeros
-
-DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
 
 class Turn:
@@ -126,7 +125,7 @@ class SequenceBatcher(Scheduler):
         self.model_name = model_name
         self._recover = recover
         self.signature = signature
-        self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) / 1e6
+        self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_SEQUENCE_IDLE_US) / 1e6
         self.direct = oldest is None
         self.max_batch_size = max(config.max_batch_size, 1)
         self.preferred = sorted(s for s in oldest.preferred_batch_size if s <= self.max_batch_size) if oldest else []

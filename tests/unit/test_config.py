@@ -1,7 +1,15 @@
 import pytest
 
 from container.errors import InvalidModel
-from container.models.config import instance_count, instance_gpus, parse_json_config, read_config, selected_versions
+from container.models.config import (
+    config_document,
+    instance_count,
+    instance_gpus,
+    normalize,
+    parse_json_config,
+    read_config,
+    selected_versions,
+)
 from container.models.signature import Signature
 
 BASE = b'''{"platform": "pytorch_libtorch", "max_batch_size": 4,
@@ -77,3 +85,61 @@ def test_a_python_backend_config_may_leave_its_tensors_to_auto_complete(tmp_path
     (tmp_path / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 4\n')
     config, _ = read_config(tmp_path)
     assert config.backend == "python" and not config.input
+
+
+GROUP_DEFAULTS = {"gpus": [], "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}
+
+
+def normalized(extra: bytes, device: str = "cpu") -> dict:
+    parsed, _ = config(extra)
+    normalize(parsed, "m", device)
+    return config_document(parsed)
+
+
+def groups(*shown: dict) -> list[dict]:
+    return [{**GROUP_DEFAULTS, **group} for group in shown]
+
+
+@pytest.mark.parametrize("extra, device, field, expected", [
+    # a group's name, kind and count as Triton's NormalizeInstanceGroup fills them; its kind says where it runs
+    (b"", "cpu", "instance_group", groups({"name": "m", "kind": "KIND_CPU", "count": 1})),
+    (b"", "cuda:1", "instance_group", groups({"name": "m", "kind": "KIND_GPU", "count": 1, "gpus": [1]})),
+    (b', "instance_group": [{"count": 2}, {"name": "g"}]', "cpu", "instance_group",
+     groups({"name": "m_0", "kind": "KIND_CPU", "count": 2}, {"name": "g", "kind": "KIND_CPU", "count": 1})),
+    (b', "instance_group": [{"kind": "KIND_GPU", "gpus": [0, 1]}]', "cuda:0", "instance_group",
+     groups({"name": "m_0", "kind": "KIND_GPU", "count": 1, "gpus": [0, 1]})),
+    (b', "instance_group": [{"kind": "KIND_GPU", "gpus": [0]}]', "cpu", "instance_group",  # no GPU here: it runs on CPU
+     groups({"name": "m_0", "kind": "KIND_CPU", "count": 1})),
+    (b', "instance_group": [{"kind": "KIND_CPU", "count": 3}]', "cuda:0", "instance_group",
+     groups({"name": "m_0", "kind": "KIND_CPU", "count": 3})),
+    # the rest of NormalizeModelConfig
+    (b"", "cpu", "version_policy", {"latest": {"num_versions": 1}}),
+    (b', "version_policy": {"all": {}}', "cpu", "version_policy", {"all": {}}),
+    (b', "dynamic_batching": {}', "cpu", "dynamic_batching", {"preferred_batch_size": [4], "max_queue_delay_microseconds": 0,
+                                                            "preserve_ordering": False, "priority_levels": 0,
+                                                            "default_priority_level": 0, "priority_queue_policy": {}}),
+    (b', "dynamic_batching": {"preferred_batch_size": [2]}', "cpu", "dynamic_batching.preferred_batch_size", [2]),
+    (b', "sequence_batching": {}', "cpu", "sequence_batching.max_sequence_idle_microseconds", 1_000_000),
+    (b', "sequence_batching": {"oldest": {}}', "cpu", "sequence_batching.oldest.preferred_batch_size", [4]),
+    (b', "optimization": {"input_pinned_memory": {"enable": false}}', "cpu", "optimization.input_pinned_memory", {"enable": False}),
+    (b"", "cpu", "optimization.output_pinned_memory", {"enable": True}),
+    # the backend's platform and file (AutoCompleteBackendFields)
+    (b"", "cpu", "default_model_filename", ""),  # a platform written in the config: Triton leaves the file name out
+    (b', "platform": "", "backend": "pytorch"', "cpu", "platform", "pytorch_libtorch"),
+    (b', "platform": "", "backend": "pytorch"', "cpu", "default_model_filename", "model.pt"),
+    (b', "platform": "torch_aoti"', "cpu", "default_model_filename", "model.pt2"),
+    (b', "platform": "torch_aoti"', "cpu", "backend", "pytorch"),
+    (b', "platform": "", "backend": "python"', "cpu", "default_model_filename", "model.py"),
+    (b', "platform": "", "backend": "python"', "cpu", "platform", ""),
+])
+def test_a_loaded_config_is_normalised_as_triton_normalises_it(extra, device, field, expected):
+    document = normalized(extra, device)
+    for key in field.split("."):
+        document = document[key]
+    assert document == expected
+
+
+def test_an_ensemble_s_config_gets_a_version_policy_and_no_instances_or_pinned_memory():
+    document = normalized(b', "platform": "ensemble", "ensemble_scheduling": {"step": []}')
+    assert document["version_policy"] == {"latest": {"num_versions": 1}}
+    assert document["instance_group"] == [] and "optimization" not in document
