@@ -231,8 +231,7 @@ class Core:
         for position, request in enumerate(requests):
             try:
                 job = self._job(signature, backend, statistics, request)
-            except Exception as exc:
-                self._failed(statistics, start, exc)
+            except Exception as exc:  # refused before its scheduler saw it: not a failed inference, as Triton counts
                 yield position, exc
                 continue
             if request.ticket is not None:
@@ -387,7 +386,7 @@ class Core:
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the
         counters (a 507) or as the process's fault (a sticky device error)."""
-        statistics.record_failure(time.perf_counter_ns() - start)
+        statistics.record_failure(time.perf_counter_ns() - start, exc)
         self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
         self._registry.note_fault(exc)
 

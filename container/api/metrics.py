@@ -17,7 +17,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PER_VERSION = (
     # (name, help, value from a version's Statistics)
     ("nv_inference_request_success", "Number of successful inference requests", lambda s: s.success.count),
-    ("nv_inference_request_failure", "Number of failed inference requests", lambda s: s.fail.count),
+    ("nv_inference_request_failure", "Number of failed inference requests", lambda s: s.failures),  # by reason
     ("nv_inference_count", "Number of inferences performed (batch items)", lambda s: s.inference_count),
     ("nv_inference_exec_count", "Number of model executions performed", lambda s: s.execution_count),
     ("nv_inference_request_duration_us", "Cumulative successful request duration in microseconds",
@@ -58,7 +58,11 @@ class ServerCollector:
         for name, documentation, value in _PER_VERSION:
             lines += [f"# HELP {name} {documentation}", f"# TYPE {name} counter"]
             for model, version, statistics in self.core.stats():
-                lines.append(f'{name}{{model="{_escape(model.name)}",version="{version}"}} {value(statistics)}')
+                counted, labels = value(statistics), f'model="{_escape(model.name)}"'
+                if isinstance(counted, dict):  # one line a reason, as Triton labels them
+                    lines += [f'{name}{{{labels},reason="{reason}",version="{version}"}} {n}' for reason, n in counted.items()]
+                else:
+                    lines.append(f'{name}{{{labels},version="{version}"}} {counted}')
         return "\n".join(lines) + "\n"
 
     def custom(self) -> str:

@@ -3,7 +3,9 @@
 import time
 from dataclasses import dataclass, field
 
-from container.errors import Cancelled
+from container.errors import Cancelled, Unavailable
+
+FAILURE_REASONS = ("OTHER", "REJECTED", "BACKEND", "CANCELED")  # Triton's `reason` label of its failure counter
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Statistics:
     last_inference_ms: int = 0  # wall clock, milliseconds since the epoch
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
     responses: dict[int, ResponseStatistics] = field(default_factory=dict)  # a decoupled model's, by place
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))  # `fail`, by reason
 
     def record_success(self, items: int, total_ns: int, phases: Phases) -> None:
         """One request answered: its items, its own time, and the compute time of the execution it rode."""
@@ -103,6 +106,18 @@ class Statistics:
             return
         (counts.fail if isinstance(outcome, Exception) else counts.success).add(ns)
 
-    def record_failure(self, total_ns: int) -> None:
+    def record_failure(self, total_ns: int, exc: BaseException) -> None:
+        """A request that reached its model's scheduler and failed with `exc` (one its signature refused
+        never did, and is not counted, as Triton counts none)."""
         self.fail.add(total_ns)
+        self.failures[failure_reason(exc)] += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Triton's reason for a failed request: CANCELED (by its client, or its caller went away), REJECTED
+    by the scheduler (a full queue, a queue timeout) or the server (stopping), else BACKEND: the model,
+    or the execution, failed it."""
+    if isinstance(exc, Cancelled) or not isinstance(exc, Exception):
+        return "CANCELED"
+    return "REJECTED" if isinstance(exc, Unavailable) else "BACKEND"

@@ -23,6 +23,7 @@ from tests.builders import Scale, fp32_model, handler_model, python_model, sized
 def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     fp32_model(root, "double")
+    fp32_model(root, "refuses", Refuses())
     for name in ("small1", "small2", "small3"):
         sized_model(root, name, 8)
     sized_model(root, "huge", 40)
@@ -47,21 +48,32 @@ def delta(before, after, name, **labels) -> float:
 
 
 def test_inference_metrics_follow_successes_and_failures(server):
-    assert server.load("double").status_code == 200
+    """A request its model's signature refuses never reached the model: no failed inference, as Triton
+    counts (it was counted where the core checked it, and not where a front-end did). A failure is
+    counted under Triton's reason for it."""
+    assert server.load("double").status_code == 200 and server.load("refuses").status_code == 200
     before = scrape(server)
     assert server.invoke("double", [[1, 2, 3, 4], [5, 6, 7, 8]]).status_code == 200
     assert server.invoke("double", [[1, 2, 3, 4]]).status_code == 200
     assert server.invoke("double", [[1, 2, 3]]).status_code == 400
+    assert server.request("POST", "/v2/models/double/infer", json={"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP64", "data": [1, 2, 3, 4]}]}).status_code == 400
+    assert server.invoke("refuses", [[-1, 0, 0, 0]]).status_code == 500
     after = scrape(server)
     model = {"model": "double", "version": "1"}
     assert delta(before, after, "nv_inference_request_success_total", **model) == 2
-    assert delta(before, after, "nv_inference_request_failure_total", **model) == 1
+    for reason in ("OTHER", "REJECTED", "BACKEND", "CANCELED"):
+        assert delta(before, after, "nv_inference_request_failure_total", reason=reason, **model) == 0
+        assert delta(before, after, "nv_inference_request_failure_total", model="refuses", reason=reason,
+                     version="1") == (reason == "BACKEND")
     assert delta(before, after, "nv_inference_count_total", **model) == 3
     assert delta(before, after, "nv_inference_exec_count_total", **model) == 2
     for phase in ("request", "compute_infer"):
         assert delta(before, after, f"nv_inference_{phase}_duration_us_total", **model) > 0
     assert after[("serve_queue_depth", (("model", "double"),))] == 0
     assert after[("nv_cpu_memory_total_bytes", ())] > 0
+    [stats] = server.request("GET", "/v2/models/double/stats").json()["model_stats"]
+    assert stats["inference_stats"]["fail"]["count"] == 0
 
 
 def test_the_executions_the_event_loop_ran_are_counted_apart(start_server, tmp_path):
