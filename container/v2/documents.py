@@ -41,9 +41,10 @@ def decode_request(document: dict, binary, signature: Signature, shared_memory, 
 def answer(document: dict, request: InferRequest, name: str, version: int, outputs: dict, requested,
            signature: Signature, labels, shared_memory) -> tuple[dict, list[bytes]]:
     """The answer's document and the binary chunks after it; `labels`: the model's output labels."""
-    head = {"model_name": name, "model_version": str(version)}
-    if "id" in document:
-        head["id"] = document["id"]
+    if "id" in document:  # first, where Triton writes it
+        head = {"id": document["id"], "model_name": name, "model_version": str(version)}
+    else:
+        head = {"model_name": name, "model_version": str(version)}
     binary = request.parameters.get("binary_data_output", False)
     entries, chunks = codec.encode_outputs(outputs, requested, binary, signature, labels, shared_memory)
     return {**head, "outputs": entries}, chunks

@@ -113,6 +113,7 @@ def test_infer_json_and_binary(client, binary):
     assert np.array_equal(result.as_numpy("OUTPUT0"), a + b) and np.array_equal(result.as_numpy("OUTPUT1"), a - b)
     response = result.get_response()
     assert response["id"] == "req-7" and response["model_name"] == "addsub" and response["model_version"] == "1"
+    assert list(response) == ["id", "model_name", "model_version", "outputs"]  # in Triton's order
 
 
 @pytest.mark.parametrize("datatype, binary", [(d, b) for d in DATATYPES for b in (True, False) if (d, b) != ("BF16", False)])
