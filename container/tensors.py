@@ -87,6 +87,8 @@ def as_datatype(name: str, value, datatype: str) -> np.ndarray:
         raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got strings")
     if kind not in "biuf":  # complex would lose its imaginary part; dates, records and raw bytes mean nothing
         raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got {_kind_of(array.dtype)} values")
+    if kind == "b" and target.kind != "b":  # as Triton refuses them (numpy would read true as 1)
+        raise InvalidInput(f"input '{name}' is {datatype}: send numbers, got true/false")
     if kind == "f" and target.kind in "iub":
         raise InvalidInput(f"input '{name}' is {datatype}: got floating-point values")
     if kind in "iu" and target.kind == "b":

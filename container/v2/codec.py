@@ -133,8 +133,11 @@ def requested_outputs(document: dict) -> list[dict] | None:
         raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
     seen = set()
     for entry in entries:
-        if not isinstance(entry.get("parameters", {}), dict):
+        parameters = entry.get("parameters", {})
+        if not isinstance(parameters, dict):
             raise InvalidRequest(f"output '{entry['name']}': 'parameters' must be an object")
+        if not isinstance(parameters.get("binary_data", False), bool):
+            raise InvalidRequest(f"output '{entry['name']}': 'binary_data' must be true or false")
         if entry["name"] in seen:
             raise InvalidRequest(f"output '{entry['name']}' already exists in request")
         seen.add(entry["name"])

@@ -35,7 +35,9 @@ def decode_request(document: dict, binary, signature: Signature, shared_memory, 
     requested = codec.requested_outputs(document)
     names = [r["name"] for r in requested] if requested else None
     request_id = document.get("id", "")
-    return InferRequest(inputs, names, parameters, request_id=request_id if isinstance(request_id, str) else ""), requested
+    if not isinstance(request_id, str):  # the spec's `$string`: echoed as a number, it broke clients that read it
+        raise InvalidRequest("'id' must be a string")
+    return InferRequest(inputs, names, parameters, request_id=request_id), requested
 
 
 def answer(document: dict, request: InferRequest, name: str, version: int, outputs: dict, requested,
@@ -64,6 +66,9 @@ def request_parameters(document: dict) -> dict:
             raise InvalidRequest(f"parameter '{key}' must not be negative")
     if not isinstance(parameters.get("binary_data_output", False), bool):
         raise InvalidRequest("parameter 'binary_data_output' must be true or false")
+    for key, value in parameters.items():
+        if not isinstance(value, (str, int, float)):  # bool is an int; the types a parameter has, over gRPC too
+            raise InvalidRequest(f"parameter '{key}' must be a string, a number or true/false")
     if any(key.startswith("triton_") for key in parameters):
         raise InvalidRequest("parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified.")
     return parameters

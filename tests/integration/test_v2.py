@@ -241,6 +241,18 @@ JSON_X = '{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}'
     ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}], "parameters": {{"priority": "high"}}}}', 400, "'priority' must be int"),
     ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}], "parameters": {{"sequence_start": 1}}}}', 400, "'sequence_start' must be bool"),
     ("/v2/models/strings/infer", '{"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": [1]}]}', 400, "BYTES: send strings"),
+    # values of a type the spec does not give them, which Triton refuses: accepted, a number id was echoed as a
+    # number, true was read as 1.0, "yes" as binary, and an object handed to a python model as a parameter
+    ("/v2/models/echo_fp32/infer", f'{{"id": 7, "inputs": [{JSON_X}]}}', 400, "'id' must be a string"),
+    ("/v2/models/echo_fp32/infer", f'{{"id": null, "inputs": [{JSON_X}]}}', 400, "'id' must be a string"),
+    ("/v2/models/echo_fp32/infer", '{"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [true, false]}]}', 400,
+     "FP32: send numbers, got true/false"),
+    ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}], "outputs": [{{"name": "y", "parameters": {{"binary_data": "yes"}}}}]}}',
+     400, "'binary_data' must be true or false"),
+    ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}], "parameters": {{"custom": {{"a": 1}}}}}}', 400,
+     "parameter 'custom' must be a string, a number or true/false"),
+    ("/v2/models/echo_fp32/infer", f'{{"inputs": [{JSON_X}], "parameters": {{"custom": [1]}}}}', 400,
+     "parameter 'custom' must be a string, a number or true/false"),
     ("/v2/models/handler/infer", f'{{"inputs": [{JSON_X}]}}', 400, "SageMaker handler model"),
 ])
 def test_bad_requests_are_4xx_with_a_message_and_the_next_request_works(server, path, body, status, message):

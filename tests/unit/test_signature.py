@@ -76,7 +76,7 @@ def test_unknown_outputs():
 
 
 @pytest.mark.parametrize("value, datatype, expected", [
-    ([[1, 2]], "FP32", np.float32), ([1, 0], "BOOL", np.bool_), ([True], "INT8", np.int8),
+    ([[1, 2]], "FP32", np.float32), ([1, 0], "BOOL", np.bool_), ([True], "BOOL", np.bool_),
     (["a", "b"], "BYTES", object), ([1.5], "FP16", np.float16), ([7], "UINT64", np.uint64),
 ])
 def test_as_datatype(value, datatype, expected):
@@ -95,6 +95,7 @@ def test_an_infinity_sent_as_such_is_kept_and_only_an_overflow_refused():
 @pytest.mark.parametrize("value, datatype, message", [
     ([1.5], "INT32", "floating-point"), ([300], "UINT8", "outside"), ([-1], "UINT32", "outside"),
     (["x"], "FP32", "send numbers"), ([1], "BYTES", "send strings"), ([2], "BOOL", "true/false"),
+    ([True], "INT8", "send numbers, got true/false"),  # as Triton refuses: it was read as 1
     ([[1], [1, 2]], "FP32", "input 't'"), ([1.0, 1e300], "FP32", "outside its range"), ([70000], "FP16", "outside its range"),
 ])
 def test_as_datatype_refuses_lossy_casts(value, datatype, message):
