@@ -212,21 +212,23 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
         raise InvalidModel(f"backend {config.backend!r} is not served here; use 'pytorch' or 'python'")
     if config.max_batch_size < 0:
         raise InvalidModel("max_batch_size must be 0 (no batching) or positive")
+    _check_groups(config)
     if (config.batch_input or config.batch_output) and kind_of(config) in (PYTHON_BACKEND, ENSEMBLE_PLATFORM):
         raise InvalidModel(f"batch_input and batch_output are for TorchScript and PyTorch 2 models, which run a batch as "
                            f"one call; {'an ensemble' if kind_of(config) == ENSEMBLE_PLATFORM else 'a python model'} "
                            f"gets each request's own tensors")
     if not complete:
         return
+    _check_preferred_sizes(config)
     if not config.input or not config.output:
         missing = "inputs" if not config.input else "outputs"
         raise InvalidModel(f"the config declares no {missing}: declare them (a TorchScript model records no tensor "
                            f"types to complete them from, and a load's config override replaces the whole config)")
     if config.response_cache.enable and config.HasField("sequence_batching"):  # Triton's words
-        raise InvalidModel(f"Response Cache does not currently support model {config.name} with sequence batching "
+        raise InvalidModel(f"Response Cache does not currently support model{_named(config)} with sequence batching "
                            f"scheduler. Please disable the response cache.")
     if config.response_cache.enable and config.model_transaction_policy.decoupled:
-        raise InvalidModel(f"Response Cache does not currently support model {config.name} with 'decoupled' "
+        raise InvalidModel(f"Response Cache does not currently support model{_named(config)} with 'decoupled' "
                            f"transaction policy. Please disable the response cache.")
     for kind, tensors in (("input", config.input), ("output", config.output)):
         names = [t.name for t in tensors]
@@ -237,8 +239,32 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
                 raise InvalidModel(f"an {kind} has no name")
             if tensor.data_type == pb.TYPE_INVALID:
                 raise InvalidModel(f"{kind} '{tensor.name}' has no data_type")
+            if not tensor.dims:  # Triton's rule: a scalar is dims [1]
+                raise InvalidModel(f"{kind} '{tensor.name}' has no dims; a single value is dims [1]")
             if any(d < -1 or d == 0 for d in tensor.dims):
                 raise InvalidModel(f"{kind} '{tensor.name}': dims must be positive or -1, got {list(tensor.dims)}")
+
+
+def _check_preferred_sizes(config: pb.ModelConfig) -> None:
+    """A preferred batch size the batcher could never make, refused as Triton refuses it."""
+    for what, sizes in (("dynamic_batching", config.dynamic_batching.preferred_batch_size),
+                        ("sequence_batching oldest", config.sequence_batching.oldest.preferred_batch_size)):
+        for size in sizes:
+            if not 0 < size <= config.max_batch_size:
+                raise InvalidModel(f"{what}: preferred_batch_size {size} must be within 1..{config.max_batch_size} "
+                                   f"(max_batch_size)")
+
+
+def _check_groups(config: pb.ModelConfig) -> None:
+    for index, group in enumerate(config.instance_group):
+        if group.kind == pb.ModelInstanceGroup.KIND_CPU and group.gpus:  # Triton's words
+            raise InvalidModel(f"instance group {group.name or index} of model{_named(config)} has kind KIND_CPU but "
+                               f"specifies one or more GPUs")
+
+
+def _named(config: pb.ModelConfig) -> str:
+    """The model's name for a message, a space before it, where the config gives one (a load names the rest)."""
+    return f" {config.name}" if config.name else ""
 
 
 def instance_count(config: pb.ModelConfig) -> int:
@@ -287,7 +313,9 @@ def selected_versions(config: pb.ModelConfig, available: list[int], filename: st
         chosen = sorted(policy.specific.versions)
     else:
         count = policy.latest.num_versions if choice == "latest" else 1
-        chosen = sorted(available)[-max(count, 1):]
+        if count < 1:
+            raise InvalidModel("version_policy latest num_versions must be at least 1: no version would serve")
+        chosen = sorted(available)[-count:]
     if not chosen:
         raise InvalidModel(f"no version directory holds a model file (looked for <version>/{filename})")
     return chosen

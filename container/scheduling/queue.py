@@ -35,6 +35,9 @@ class JobQueue:
         default = Policy.from_config(config.default_queue_policy)
         self.policies = {level: default for level in range(1, self.levels + 1)}
         for level, policy in config.priority_queue_policy.items():
+            if not 1 <= level <= self.levels:  # a policy no request could be queued under: a mistake, as Triton says
+                raise InvalidModel(f"priority_queue_policy names priority level {level}; levels are 1..{self.levels} "
+                                   f"(priority_levels)")
             self.policies[level] = Policy.from_config(policy)
         self._queues = {level: deque() for level in range(1, self.levels + 1)}
         self.nonempty = Event()

@@ -50,6 +50,14 @@ def test_pbtxt_config(tmp_path):
     (b'{"input": [{"name": "x", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "no data_type"),
     (b'{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [0]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "dims"),
     (b'{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}, {"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "duplicate"),
+    # configs Triton refuses (measured on tritonserver 2.51), which loaded here
+    (b'{"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [8]}, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "preferred_batch_size 8 must be within 1..4"),
+    (b'{"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [0]}, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "preferred_batch_size 0 must be within 1..4"),
+    (b'{"dynamic_batching": {"preferred_batch_size": [2]}, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "preferred_batch_size 2 must be within 1..0"),
+    (b'{"max_batch_size": 4, "sequence_batching": {"oldest": {"preferred_batch_size": [5]}}, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "sequence_batching oldest"),
+    (b'{"instance_group": [{"kind": "KIND_CPU", "gpus": [0]}], "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}', "has kind KIND_CPU but specifies one or more GPUs"),
+    (b'{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": []}], "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}',
+     "input 'x' has no dims"),
 ])
 def test_invalid_configs(tmp_path, text, message):
     (tmp_path / "config.json").write_bytes(text)
@@ -68,6 +76,8 @@ def test_version_policy(policy, expected):
 
 
 def test_version_policy_errors():
+    with pytest.raises(InvalidModel, match="num_versions must be at least 1"):
+        selected_versions(config(b', "version_policy": {"latest": {"num_versions": 0}}')[0], [1])
     with pytest.raises(InvalidModel, match=r"\[4\]"):
         selected_versions(config(b', "version_policy": {"specific": {"versions": [4]}}')[0], [1])
     with pytest.raises(InvalidModel, match="no version directory"):

@@ -175,12 +175,17 @@ def test_an_unload_waits_for_the_lease_and_then_closes_the_scheduler(tmp_path):
     assert core.state("m") is None
 
 
-def test_a_config_the_scheduler_refuses_fails_the_load_and_frees_it(tmp_path):
-    fp32_model(tmp_path, "bad", dynamic_batching={"priority_levels": 2, "default_priority_level": 3})
+@pytest.mark.parametrize("batching, message", [
+    ({"priority_levels": 2, "default_priority_level": 3}, "default_priority_level must be within 1..2"),
+    ({"priority_levels": 2, "default_priority_level": 1, "priority_queue_policy": {"5": {"max_queue_size": 1}}},
+     "priority_queue_policy names priority level 5; levels are 1..2"),  # as Triton refuses it
+])
+def test_a_config_the_scheduler_refuses_fails_the_load_and_frees_it(tmp_path, batching, message):
+    fp32_model(tmp_path, "bad", dynamic_batching=batching)
     core = make_core(tmp_path)
-    with pytest.raises(InvalidModel, match="default_priority_level must be within 1..2"):
+    with pytest.raises(InvalidModel, match=message):
         core.load("bad", "bad")
-    assert core.state("bad") is None and "default_priority_level" in core.failure("bad")
+    assert core.state("bad") is None and message in core.failure("bad")
     assert core.memory()["cpu"][1] == 0
 
 
