@@ -94,6 +94,14 @@ class Scheduler:
         return 0
 
 
+def preferred_sizes(sizes, max_batch_size: int) -> list[int]:
+    """A batcher's preferred batch sizes, ascending. `[max_batch_size]` alone (what Triton's normalised
+    config holds where the config gives none) cuts no batch, which is never larger: left out, so that
+    the batcher takes each batch as it is, as with none."""
+    preferred = sorted(sizes)
+    return [] if preferred == [max_batch_size] else preferred
+
+
 def as_done(function: Callable, items: list) -> Iterator[tuple[int, object]]:
     """(position, `function(item)` or the Exception it raised) for each of `items`, as each returns: each
     called in a greenlet of its own, so that they wait for what they wait for together."""

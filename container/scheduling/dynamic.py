@@ -20,7 +20,7 @@ from gevent.lock import Semaphore
 from container.errors import Cancelled, QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases
-from container.scheduling.base import Scheduler, as_done
+from container.scheduling.base import Scheduler, as_done, preferred_sizes
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
@@ -37,7 +37,7 @@ class DynamicBatcher(Scheduler):
         self.model_name = model_name
         self._recover = recover
         self.max_batch_size = config.max_batch_size
-        self.preferred = sorted(s for s in batching.preferred_batch_size if s <= self.max_batch_size)
+        self.preferred = preferred_sizes(batching.preferred_batch_size, self.max_batch_size)
         self.preserve_ordering = batching.preserve_ordering
         self.queue = JobQueue(batching)
         self._threads = Instances(instances)

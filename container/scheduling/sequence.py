@@ -28,7 +28,7 @@ from container.models.config import DEFAULT_SEQUENCE_IDLE_US
 from container.models.recovery import Recover, execute
 from container.models.signature import ControlSpec, Signature
 from container.models.statistics import Phases
-from container.scheduling.base import Scheduler
+from container.scheduling.base import Scheduler, preferred_sizes
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, run_jobs
 from container.tensors import datatype_of, numpy_dtype, zeros
@@ -128,7 +128,7 @@ class SequenceBatcher(Scheduler):
         self.idle_limit = (batching.max_sequence_idle_microseconds or DEFAULT_SEQUENCE_IDLE_US) / 1e6
         self.direct = oldest is None
         self.max_batch_size = max(config.max_batch_size, 1)
-        self.preferred = sorted(s for s in oldest.preferred_batch_size if s <= self.max_batch_size) if oldest else []
+        self.preferred = preferred_sizes(oldest.preferred_batch_size, self.max_batch_size) if oldest else []
         self.candidates = (oldest.max_candidate_sequences if oldest else 0) or None  # None: every sequence
         self.sequences: dict[object, Sequence] = {}  # in the order they started: the oldest first
         self._ready: list[tuple[Job, Sequence]] = []  # the next request of each sequence that has one

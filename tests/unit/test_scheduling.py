@@ -15,6 +15,7 @@ from container.inference import Client
 from container.models.statistics import Statistics
 from container.models.triton_schema import model_config_pb2 as pb
 from container.scheduling import direct, dynamic, scheduler_for
+from container.scheduling.base import preferred_sizes
 from container.scheduling.inline import INLINE_WINDOW
 from container.scheduling.job import Job
 from container.scheduling.sequence import Turn
@@ -920,3 +921,10 @@ def test_a_worker_takes_about_chunk_ns_of_a_groups_requests_at_a_time_and_never_
     assert run(1, direct.CHUNK_NS * 2, 3) == [1, 1, 1]
     chunks = run(2, direct.CHUNK_NS // 100, 10)  # two threads take turns at one group: at most half of those left each
     assert sum(chunks) == 10 and max(chunks) <= 5
+
+
+@pytest.mark.parametrize("sizes, expected", [([8], []), ([], []), ([8, 4], [4, 8]), ([4], [4])])
+def test_the_preferred_size_a_normalised_config_adds_cuts_nothing_and_is_left_out(sizes, expected):
+    """`[max_batch_size]` alone is what Triton's normalisation writes where a config gives no size; beside
+    smaller sizes it still counts (a full batch then stays whole rather than being cut to the next size)."""
+    assert preferred_sizes(sizes, 8) == expected
