@@ -44,6 +44,11 @@ class BlsClient:
             elif isinstance(value, pb_utils.TritonError):
                 yield value, True
 
+    def control(self, op: str, model: str, args: list):
+        """A control-plane call (`model_ready`, `load`, `unload`): its answer, or a TritonError."""
+        *_, (_, answer) = self._call(op, model, args, 0)
+        return answer
+
     def _call(self, op: str, model: str, args: list, timeout_us: int):
         """The call's frames as (kind, value): its items, then its answer, or a TritonError for an error
         answer or a failed call. A connection is kept for the next call once its answer is read."""

@@ -62,6 +62,48 @@ class TritonModelException(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_GPU = 0, 2  # TRITONSERVER_MemoryType's values
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs. Accepted for Triton's models' sake: outputs here are
+    numpy arrays in the worker's memory, whatever is preferred."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0):
+        self.preferred_memory_type, self.preferred_device_id = preferred_memory_type, preferred_device_id
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the server serves `model_name` (at `model_version`; "" its latest), as a BLS caller asks."""
+    return not isinstance(_control("model_ready", model_name, [model_name, model_version or None]), TritonError)
+
+
+def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
+    """Load or reload `model_name` from the model root, as the repository API's load does: `config` the
+    config as JSON, `files` its files as {"file:<path>": bytes} (those only where the server allows model
+    files). A load that fails raises TritonModelException with why."""
+    parameters = {**({"config": config} if config else {}), **(files or {})}
+    answer = _control("load", model_name, [model_name, parameters])
+    if isinstance(answer, TritonError):  # Triton's words first
+        raise TritonModelException(f"Failed to load model: {answer.message()}")
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload `model_name` once its requests are done; one that is not loaded is no error, as in Triton."""
+    answer = _control("unload", model_name, [model_name, {"unload_dependents": unload_dependents}])
+    if isinstance(answer, TritonError):
+        raise TritonModelException(f"Failed to unload model: {answer.message()}")
+
+
+def _control(op: str, model_name: str, args: list):
+    """A call to the server's control plane over the worker's BLS connection: its answer, or the
+    TritonError it failed with."""
+    if _bls is None:
+        raise TritonModelException("the model loading API is for initialize and execute of a served model")
+    return _bls.control(op, _text(model_name), args)
+
+
+
 class Tensor:
     def __init__(self, name: str, data):
         if not isinstance(data, np.ndarray):
@@ -153,8 +195,9 @@ class InferenceRequest:
         """Microseconds the request may wait in the model's queue (its `timeout` parameter), 0 for none."""
         return self._timeout
 
-    def requested_output_names(self) -> list[str]:
-        return self._outputs
+    def requested_output_names(self) -> set[str]:
+        """A set, as Triton's is."""
+        return set(self._outputs)
 
     def parameters(self) -> str:
         return _parameters_json(self._given_parameters)

@@ -1029,3 +1029,48 @@ def test_a_python_model_is_charged_its_process_and_evicted_under_pressure(bounde
     assert bounded.load("big_b").status_code == 200  # only one fits: the idle big_a makes room
     assert "big_a" not in bounded.loaded() and "big_b" in bounded.loaded()
     assert infer(bounded, "big_a", [1, 0, 0, 0]).status_code == 404
+
+
+# Triton's model loading API for BLS, its steps' answers in order (as tritonserver 2.51 answers them)
+LOADS_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        steps = [pb_utils.is_model_ready("target")]
+        pb_utils.load_model("target")
+        steps += [pb_utils.is_model_ready("target"), pb_utils.is_model_ready("target", "7")]
+        try:
+            pb_utils.load_model("absent")
+        except pb_utils.TritonModelException as exc:
+            steps.append(str(exc))
+        pb_utils.unload_model("target")
+        pb_utils.unload_model("absent")  # not loaded: no error
+        steps.append(pb_utils.is_model_ready("target"))
+        request = requests[0]
+        steps.append(sorted(request.requested_output_names()))
+        pb_utils.InferenceRequest(model_name="target", requested_output_names=["y"], inputs=[],
+                                  preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([json.dumps(steps).encode()], np.object_))])]
+"""
+
+
+def test_a_python_model_loads_unloads_and_asks_after_models_as_triton_s_bls_api_does(start_server, tmp_path):
+    """pb_utils.load_model, unload_model, is_model_ready and PreferredMemory did not exist: a model that
+    used them failed with AttributeError; and requested_output_names() is a set, as Triton's is."""
+    python_model(tmp_path, "loader", LOADS_PY, {"max_batch_size": 0, "input": [tensor("x", "TYPE_FP32", [1])],
+                                                "output": [tensor("y", "TYPE_STRING", [1])]})
+    python_model(tmp_path, "target", SCALE_PY.replace("{gate}", "pass"), scale_config(2))
+    server = start_server(tmp_path, SERVE_LOAD_MODELS="loader")
+    wait_for(server.ready, 60, "the model did not load")
+    answer = server.request("POST", "/v2/models/loader/infer", json={
+        "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "outputs": [{"name": "y"}]})
+    assert answer.status_code == 200, answer.text
+    steps = json.loads(answer.json()["outputs"][0]["data"][0])
+    assert steps[:3] == [False, True, False]
+    assert steps[3].startswith("Failed to load model: ") and "failed to load 'absent', failed to poll from model repository" in steps[3]
+    assert steps[4:] == [False, ["y"]]
+    assert server.loaded() == ["loader"]
