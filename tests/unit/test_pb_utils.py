@@ -67,7 +67,7 @@ def test_tensor_and_request_accessors():
                                         parameters={"k": 1})
     assert pb_utils.get_input_tensor_by_name(request, "x") is tensor
     assert pb_utils.get_input_tensor_by_name(request, "nope") is None
-    assert request.requested_output_names() == ["y"] and request.model_name == "m"
+    assert request.requested_output_names() == {"y"} and request.model_name == "m"  # a set, as Triton's is
     assert json.loads(request.parameters()) == {"k": 1}
     assert pb_utils.Tensor.from_dlpack("x", tensor.to_dlpack()).as_numpy().tolist() == [0, 1, 2, 3]
     assert pb_utils.Tensor("s", np.array(["a"])).as_numpy().dtype == np.object_
