@@ -103,7 +103,6 @@ def _control(op: str, model_name: str, args: list):
     return _bls.control(op, _text(model_name), args)
 
 
-
 class Tensor:
     def __init__(self, name: str, data):
         if not isinstance(data, np.ndarray):

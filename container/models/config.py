@@ -97,13 +97,14 @@ def normalize(config: pb.ModelConfig, name: str, device: str) -> None:
     `device` (a GPU's index its `gpus`), KIND_AUTO resolved, and a GPU group on CPU where this server
     has no GPU (the model's placement says why). `name`: the name it serves under."""
     config.name = name
-    if config.platform in (*PYTORCH_PLATFORMS, *PT2_PLATFORMS) and not config.backend:
-        config.backend = "pytorch"
-    if config.backend == "pytorch" and not config.platform:
+    kind = kind_of(config)
+    if kind in ("pytorch", PT2):
+        config.backend = config.backend or "pytorch"
+    if kind == "pytorch" and not config.platform:  # TorchScript, as Triton names it
         config.platform = PYTORCH_PLATFORMS[0]
         config.default_model_filename = config.default_model_filename or DEFAULT_FILENAMES["pytorch"]
-    elif config.platform in PT2_PLATFORMS or config.backend == PYTHON_BACKEND:
-        config.default_model_filename = config.default_model_filename or DEFAULT_FILENAMES[kind_of(config)]
+    elif kind in (PT2, PYTHON_BACKEND):
+        config.default_model_filename = config.default_model_filename or DEFAULT_FILENAMES[kind]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if config.max_batch_size > 0:
@@ -127,7 +128,7 @@ def _normalize_groups(config: pb.ModelConfig, device: str) -> None:
         config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         group.name = group.name or f"{config.name}_{index}"
-        group.count = group.count or 1
+        group.count = max(group.count, 1)  # Triton's default for every count below one
         if group.kind == pb.ModelInstanceGroup.KIND_AUTO or (group.kind == pb.ModelInstanceGroup.KIND_GPU and not on_gpu):
             group.kind = pb.ModelInstanceGroup.KIND_GPU if on_gpu else pb.ModelInstanceGroup.KIND_CPU
         if group.kind == pb.ModelInstanceGroup.KIND_CPU:

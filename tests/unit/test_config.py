@@ -122,6 +122,7 @@ def groups(*shown: dict) -> list[dict]:
      groups({"name": "m_0", "kind": "KIND_CPU", "count": 1})),
     (b', "instance_group": [{"kind": "KIND_CPU", "count": 3}]', "cuda:0", "instance_group",
      groups({"name": "m_0", "kind": "KIND_CPU", "count": 3})),
+    (b', "instance_group": [{"count": -1}]', "cpu", "instance_group", groups({"name": "m_0", "kind": "KIND_CPU", "count": 1})),
     # the rest of NormalizeModelConfig
     (b"", "cpu", "version_policy", {"latest": {"num_versions": 1}}),
     (b', "version_policy": {"all": {}}', "cpu", "version_policy", {"all": {}}),
@@ -136,6 +137,8 @@ def groups(*shown: dict) -> list[dict]:
     # the backend's platform and file (AutoCompleteBackendFields)
     (b"", "cpu", "default_model_filename", ""),  # a platform written in the config: Triton leaves the file name out
     (b', "platform": "", "backend": "pytorch"', "cpu", "platform", "pytorch_libtorch"),
+    (b', "platform": ""', "cpu", "platform", "pytorch_libtorch"),  # neither named: a TorchScript model's files
+    (b', "platform": ""', "cpu", "backend", "pytorch"),
     (b', "platform": "", "backend": "pytorch"', "cpu", "default_model_filename", "model.pt"),
     (b', "platform": "torch_aoti"', "cpu", "default_model_filename", "model.pt2"),
     (b', "platform": "torch_aoti"', "cpu", "backend", "pytorch"),
