@@ -1052,6 +1052,10 @@ class TritonPythonModel:
         steps.append(pb_utils.is_model_ready("target"))
         request = requests[0]
         steps.append(sorted(request.requested_output_names()))
+        try:  # model files from a model's code need what a client's need (Triton has no such rule)
+            pb_utils.load_model("target", config="{}", files={"file:1/model.py": b"print('hi')"})
+        except pb_utils.TritonModelException as exc:
+            steps.append(str(exc))
         pb_utils.InferenceRequest(model_name="target", requested_output_names=["y"], inputs=[],
                                   preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([json.dumps(steps).encode()], np.object_))])]
@@ -1072,5 +1076,6 @@ def test_a_python_model_loads_unloads_and_asks_after_models_as_triton_s_bls_api_
     steps = json.loads(answer.json()["outputs"][0]["data"][0])
     assert steps[:3] == [False, True, False]
     assert steps[3].startswith("Failed to load model: ") and "failed to load 'absent', failed to poll from model repository" in steps[3]
-    assert steps[4:] == [False, ["y"]]
+    assert steps[4:6] == [False, ["y"]]
+    assert "may not carry model files" in steps[6] and "SERVE_ALLOW_MODEL_FILES" in steps[6]
     assert server.loaded() == ["loader"]
