@@ -3,8 +3,8 @@ model through the core, as a client's would be, started as soon as every tensor 
 that can run together (a fan-out) each run in a greenlet of their own, so they run at once; the one step
 that can run (a chain) runs in the request's own greenlet, since a greenlet and the wait for it cost
 ~16 µs. A step that reads several (a fan-in) waits for all of them. The first step to fail fails the
-request with its own error; the steps still running are stopped. `max_inflight_requests` bounds each
-step's requests under way."""
+request with its own error, which names the ensemble as Triton's does ("in ensemble 'e', …"); the
+steps still running are stopped. `max_inflight_requests` bounds each step's requests under way."""
 
 from typing import Callable
 
@@ -12,7 +12,7 @@ import gevent
 from gevent.lock import BoundedSemaphore
 
 from container.backends.ensemble import Ensemble, Step
-from container.errors import ModelError
+from container.errors import ModelError, ServeError
 
 InferStep = Callable[[Step, dict], dict]  # (step, the model's inputs) → the model's outputs
 
@@ -51,6 +51,8 @@ def _take(ensemble: Ensemble, step: Step, result: tuple[bool, object], values: d
     """A step's outputs into `values`, or its error raised."""
     ok, outputs = result
     if not ok:
+        if isinstance(outputs, ServeError):  # its status stays the step's
+            outputs.message = f"in ensemble '{ensemble.name}', {outputs.message}"
         raise outputs
     for model_output, tensor in step.outputs.items():
         if model_output not in outputs:

@@ -115,6 +115,7 @@ def normalize(config: pb.ModelConfig, name: str, device: str) -> None:
     if config.HasField("sequence_batching") and not config.sequence_batching.max_sequence_idle_microseconds:
         config.sequence_batching.max_sequence_idle_microseconds = DEFAULT_SEQUENCE_IDLE_US
     if config.platform == ENSEMBLE_PLATFORM:
+        config.model_transaction_policy.SetInParent()  # shown, as Triton shows an ensemble's
         return
     for pinned in ("input_pinned_memory", "output_pinned_memory"):
         if not config.optimization.HasField(pinned):

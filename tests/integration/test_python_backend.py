@@ -754,7 +754,7 @@ def test_ensemble_runs_independent_steps_at_once_and_joins_them(server):
 def test_an_ensemble_step_error_answers_the_request_with_it(server):
     answer = server.request("POST", "/v2/models/fan/infer", json={
         "inputs": [{"name": "RAW", "datatype": "FP32", "shape": [4], "data": [-7, 2, 3, 4]}]})
-    assert answer.status_code == 400 and answer.json() == {"error": "x must not be negative"}
+    assert answer.status_code == 400 and answer.json() == {"error": "in ensemble 'fan', x must not be negative"}  # Triton's words
     assert server.request("GET", "/v2/models/fan/ready").status_code == 200
 
 

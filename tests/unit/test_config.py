@@ -156,3 +156,4 @@ def test_an_ensemble_s_config_gets_a_version_policy_and_no_instances_or_pinned_m
     document = normalized(b', "platform": "ensemble", "ensemble_scheduling": {"step": []}')
     assert document["version_policy"] == {"latest": {"num_versions": 1}}
     assert document["instance_group"] == [] and "optimization" not in document
+    assert document["model_transaction_policy"] == {"decoupled": False}
