@@ -100,6 +100,31 @@ def test_config_override_of_a_model_in_the_root(server, client):
     assert answer.status_code == 400 and "outside 1..2" in answer.json()["error"]
 
 
+ALPHA = {"name": "alpha", "backend": "pytorch", "max_batch_size": 4,
+         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"dynamic_batching": {"preferred_batch_size": [8]}}, "preferred_batch_size 8 must be within 1..4"),
+    ({"instance_group": [{"kind": "KIND_CPU", "gpus": [0]}]}, "has kind KIND_CPU but specifies one or more GPUs"),
+    ({"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": []}]}, "input 'x' has no dims"),
+    ({"dynamic_batching": {"priority_levels": 2, "default_priority_level": 1,
+                           "priority_queue_policy": {"3": {"max_queue_size": 1}}}}, "names priority level 3; levels are 1..2"),
+    ({"version_policy": {"latest": {"num_versions": 0}}}, "num_versions must be at least 1"),
+])
+def test_a_config_override_triton_refuses_is_a_400_and_the_model_serves_on(server, override, message):
+    """A client's load may carry a config: one Triton refuses (measured on tritonserver 2.51) was served."""
+    assert server.request("POST", "/v2/repository/models/alpha/load").status_code == 200  # as the model root holds it
+    answer = server.request("POST", "/v2/repository/models/alpha/load",
+                            json={"parameters": {"config": json.dumps({**ALPHA, **override})}})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("failed to load 'alpha', "), answer.text
+    assert message in answer.json()["error"]
+    served = server.request("POST", "/v2/models/alpha/infer", json={"inputs": [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    assert served.status_code == 200, served.text
+
+
 def test_model_built_from_files_lives_in_server_storage(server, client):
     client.load_model("fromfiles", config=json.dumps(CONFIG), files={"file:1/model.pt": scripted_bytes(Scale(5.0))})
     tensor_in = http.InferInput("x", [1, 1], "FP32")
