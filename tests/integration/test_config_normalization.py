@@ -59,10 +59,7 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     python_model(root, "groups", REPORTS_ARGS_PY, {"max_batch_size": 8, "dynamic_batching": {}, "input": [X], "output": [Y],
                                                     "instance_group": [{"count": 2}, {"name": "named", "kind": "KIND_CPU"}]})
-    triton_model_dir = fp32_model(root, "torchscript", max_batch_size=8)
-    document = json.loads((triton_model_dir / "config.json").read_text())
-    del document["platform"]
-    (triton_model_dir / "config.json").write_text(json.dumps({**document, "backend": "pytorch"}))
+    fp32_model(root, "torchscript", max_batch_size=8, platform="", backend="pytorch")  # no platform: Triton names it
     ensemble(root, "pipeline", [X], [Y], [ensemble_step("torchscript", {"x": "x"}, {"y": "y"})], {"max_batch_size": 8})
     return root
 
