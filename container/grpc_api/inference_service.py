@@ -105,7 +105,9 @@ class InferenceService:
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream start in the order they arrive (a sequence's order holds) and may overlap;
         each answer, or its error in `error_message`, goes back as it is ready, and the stream lives on. A
-        decoupled model's request gets each of its responses as the model sends it."""
+        decoupled model's request gets each of its responses as the model sends it. The answers of one
+        sequence's requests go in the order the requests came, which is the order they ran (as Triton's
+        stream sends them, and as clients read them back)."""
         try:
             check_restricted(self.restrictions, "inference", context)
         except ServeError as exc:
@@ -130,19 +132,26 @@ class InferenceService:
             await context.abort(code_of(stopped), str(stopped))
 
     async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore, reader: "_Reader") -> None:
+        latest: dict[tuple, asyncio.Task] = {}  # each sequence's latest request on this stream, while under way
         try:
             async for request in request_iterator:
                 await slots.acquire()
-                reader.started(asyncio.create_task(self._stream_answer(request, answers, slots)))
+                sequence = _sequence_of(request)
+                task = asyncio.create_task(self._stream_answer(request, answers, slots, latest.get(sequence)))
+                if sequence is not None:
+                    latest[sequence] = task
+                    task.add_done_callback(partial(_forget, latest, sequence))
+                reader.started(task)
             if reader.under_way:
                 await asyncio.wait(set(reader.under_way))
         finally:  # ended early, the stream was cancelled or its client went away: so are its requests under way
             for task in list(reader.under_way):
                 task.cancel()
 
-    async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore) -> None:
+    async def _stream_answer(self, request, answers: asyncio.Queue, slots: asyncio.Semaphore, after: asyncio.Task | None) -> None:
         """One request of a stream, logged as its last answer goes (an error a decoupled model sent in one of
-        its responses leaves the request itself answered)."""
+        its responses leaves the request itself answered); `after`: the request of its sequence before it,
+        whose answers go first."""
         started, status = time.perf_counter(), 200
         try:
             if isinstance(request, Malformed):
@@ -152,7 +161,7 @@ class InferenceService:
                 del request.parameters[_FINAL]
             size = await self._room(request)
             try:
-                await self._answer_in_stream(request, marked, answers)
+                await self._answer_in_stream(request, marked, answers, after)
             finally:
                 self._bodies.give(size)
         except ServeError as exc:
@@ -169,10 +178,13 @@ class InferenceService:
             slots.release()
             logged(f"/{self.SERVICE}/ModelStreamInfer", request, status, started)
 
-    async def _answer_in_stream(self, request, marked: bool, answers: asyncio.Queue) -> None:
+    async def _answer_in_stream(self, request, marked: bool, answers: asyncio.Queue, after: asyncio.Task | None) -> None:
         document, binary = messages.infer_document(request)
         async for answer, chunks, final, error in self.channel.stream(
                 "infer_stream", request.model_name, request.model_version, document, large(binary)):
+            if after is not None:  # it ran after the request before it, whose answer the model process may send later
+                await asyncio.wait([after])
+                after = None
             if error is not None:  # one response of a decoupled model carried an error
                 answers.put_nowait(pb.ModelStreamInferResponse(error_message=error))
                 continue
@@ -311,6 +323,19 @@ def _trace_value(key: str, values: list[str]):
 def _one_repository(name: str) -> None:
     if name:
         raise InvalidRequest(f"repository '{name}' is not this server's: it has one model repository; leave the name empty")
+
+
+def _sequence_of(request) -> tuple | None:
+    """The model, version and sequence a stream's request belongs to; None outside a sequence."""
+    if isinstance(request, Malformed) or "sequence_id" not in request.parameters:
+        return None
+    sequence_id = messages.parameter_value(request.parameters["sequence_id"])
+    return (request.model_name, request.model_version, sequence_id) if sequence_id else None
+
+
+def _forget(latest: dict, sequence: tuple, task: asyncio.Task) -> None:
+    if latest.get(sequence) is task:
+        del latest[sequence]
 
 
 def _empty(request, document: dict) -> dict:
