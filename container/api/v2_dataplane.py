@@ -11,7 +11,7 @@ from container import errors
 from container.api import offload
 from container.api.leased import serve_leased
 from container.core import Core, ModelView, State
-from container.errors import InvalidRequest, ModelNotFound, Unavailable
+from container.errors import InvalidRequest, ModelNotFound, Unavailable, Unsupported
 from container.inference import Client, InferResponse, Ticket
 from container.limits import check_name, whole_number
 from container.models.statistics import Duration, Statistics
@@ -64,7 +64,8 @@ def statistics(core: Core, name: str | None = None, version: str | None = None) 
     return {"model_stats": [_model_statistics(m, v, s, core.version_memory(m, v)) for m, v, s in selected]}
 
 
-HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"  # Triton's words
+# Triton's words and status (501, gRPC's UNIMPLEMENTED: measured on tritonserver 2.51)
+HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
 GRPC_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
@@ -91,7 +92,7 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
     try:
         leases = _leases(core, name, version, [client for _, client in requests])
         if leases[0].view.decoupled:
-            raise InvalidRequest(decoupled)
+            raise Unsupported(decoupled)
     except Exception as exc:  # the model, or the version, is not there: each request is told
         yield from ((position, exc) for position in range(len(requests)))
         return

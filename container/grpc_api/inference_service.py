@@ -190,8 +190,7 @@ class InferenceService:
                 continue
             if answer is None and not marked:  # a final flag alone: the client did not ask to see it
                 continue
-            answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks,
-                                                       final if marked else None, stream=True))
+            answers.put_nowait(messages.infer_response(answer or _empty(request, document), chunks, final, stream=True))
 
     async def _infer(self, request, peer: str) -> bytes:
         """The requests for one model that arrive together cross the channel as one group

@@ -309,6 +309,11 @@ def test_a_stream_carries_sequences_in_order_and_survives_a_failed_request(clien
     totals = {r.get_response().id: float(r.as_numpy("OUTPUT")[0, 0]) for r, error in answers if error is None}
     assert totals == {"21-1.0": 1.0, "22-10.0": 10.0, "21-2.0": 3.0, "22-20.0": 30.0, "21-3.0": 6.0,
                       "22-30.0": 60.0, "after": 5.0}
+    ids = [r.get_response().id for r, error in answers if error is None]
+    assert [i for i in ids if i.startswith("21-")] == ["21-1.0", "21-2.0", "21-3.0"]  # each sequence's in its order
+    assert [i for i in ids if i.startswith("22-")] == ["22-10.0", "22-20.0", "22-30.0"]
+    # each answer is its request's last, and says so as Triton's do, though the client did not ask
+    assert {r.get_response().parameters["triton_final_response"].bool_param for r, error in answers if error is None} == {True}
 
 
 def test_a_stream_that_never_sends_holds_nothing_up(server, client):
