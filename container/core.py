@@ -27,6 +27,7 @@ from container.errors import (
     InvalidModel,
     InvalidRequest,
     ModelNotFound,
+    QueueFull,
     ServeError,
     Unavailable,
 )
@@ -385,7 +386,10 @@ class Core:
 
     def _failed(self, statistics: Statistics, start: int, exc: BaseException) -> None:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the
-        counters (a 507) or as the process's fault (a sticky device error)."""
+        counters (a 507) or as the process's fault (a sticky device error). One refused by a full queue as it
+        came was never taken: no failed inference, as Triton counts it (its stats and metrics, measured)."""
+        if isinstance(exc, QueueFull):
+            return
         statistics.record_failure(time.perf_counter_ns() - start, exc)
         self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
         self._registry.note_fault(exc)

@@ -17,6 +17,7 @@ ServeError (500)
 ├── UnsupportedMediaType (415)
 ├── NotAcceptable (406)
 ├── Unavailable (503)                   a server state: not ready, shutting down (has Retry-After)
+│   ├── QueueFull (503)                 a request found its priority level's queue full: refused as it came
 │   └── QueueTimeout (503)              a request waited out its queue timeout, or for a sequence slot
 ├── Cancelled (499)                    the client cancelled the request, or its gRPC stream ended: nobody hears
 │                                       the answer (gRPC's CANCELLED; 499 as nginx logs a client that left)
@@ -104,6 +105,10 @@ class UnsupportedMediaType(ServeError):
 class Unavailable(ServeError):
     status = 503
     headers = {"Retry-After": "1"}
+
+
+class QueueFull(Unavailable):
+    pass
 
 
 class QueueTimeout(Unavailable):

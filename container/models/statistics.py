@@ -116,7 +116,7 @@ class Statistics:
 
 def failure_reason(exc: BaseException) -> str:
     """Triton's reason for a failed request: CANCELED (by its client, or its caller went away), REJECTED
-    by the scheduler (a full queue, a queue timeout) or the server (stopping), else BACKEND: the model,
+    by the scheduler (a queue timeout) or the server (stopping), else BACKEND: the model,
     or the execution, failed it."""
     if isinstance(exc, Cancelled) or not isinstance(exc, Exception):
         return "CANCELED"

@@ -91,7 +91,8 @@ class DynamicBatcher(Scheduler):
                 return job.result.get(timeout=timeout)
             except Timeout:
                 if job.stage is Stage.QUEUED and self.queue.expire(job):
-                    raise QueueTimeout("the request waited out its queue timeout and was not executed") from None
+                    raise QueueTimeout("Request timeout expired: the request waited out its queue timeout and was not "
+                                       "executed") from None  # Triton's words, then ours
                 return job.result.get()
         except BaseException:  # rejected, or the client went away
             if job.stage is Stage.QUEUED:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gevent.event import Event
 
-from container.errors import InvalidModel, Unavailable
+from container.errors import InvalidModel, QueueFull
 from container.scheduling.job import Job, Stage
 
 REJECT, DELAY = 0, 1  # ModelQueuePolicy.TimeoutAction
@@ -50,7 +50,8 @@ class JobQueue:
         level = self.level_of(job)
         policy = self.policies[level]
         if policy.max_queue_size and len(self._queues[level]) >= policy.max_queue_size:
-            raise Unavailable(f"the queue for priority {level} is full ({policy.max_queue_size} requests); retry later")
+            raise QueueFull(f"Exceeds maximum queue size: the queue for priority {level} holds its most "
+                            f"({policy.max_queue_size} requests); retry later")  # Triton's words, then ours
         self._queues[level].append(job)
         self.nonempty.set()
         timeout_us = policy.default_timeout_us

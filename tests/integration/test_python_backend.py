@@ -248,12 +248,15 @@ def gate_dir(tmp_path_factory):
 def server(start_server, tmp_path_factory, gate_dir):
     root = tmp_path_factory.mktemp("python-models")
     batched_gate, fan_gate, drip_gate = Gate(gate_dir, "batched"), Gate(gate_dir, "fan_out"), Gate(gate_dir, "drip")
+    bounded_gate = Gate(gate_dir, "bounded")
     pair_gates = [Gate(gate_dir, "pair1"), Gate(gate_dir, "pair2")]
     python_model(root, "pair", PAIR_PY.replace("{gates}", repr([g.code() for g in pair_gates]))
                  .replace("{finalized}", repr(str(gate_dir / "pair.finalized"))),
                  scale_config(1, instance_group=[{"kind": "KIND_CPU", "count": 2}]))
     python_model(root, "batched", SCALE_PY.replace("{gate}", batched_gate.code()),
                  scale_config(2, max_batch_size=8, dynamic_batching={"max_queue_delay_microseconds": 0}))
+    python_model(root, "bounded", SCALE_PY.replace("{gate}", bounded_gate.code()),
+                 scale_config(2, max_batch_size=1, dynamic_batching={"default_queue_policy": {"max_queue_size": 1}}))
     python_model(root, "double", SCALE_PY.replace("{gate}", fan_gate.code()), scale_config(2))
     python_model(root, "triple", SCALE_PY.replace("{gate}", "pass"), scale_config(3))
     python_model(root, "pre", SCALE_PY.replace("{gate}", "pass"), scale_config(1))
@@ -298,10 +301,10 @@ def server(start_server, tmp_path_factory, gate_dir):
     ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
-    server = start_server(root, SERVE_LOAD_MODELS="batched,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
+    server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
                                                   "counted,decoupled,fan,negate,loose,partial,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
-    server.gates = {"batched": batched_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
+    server.gates = {"batched": batched_gate, "bounded": bounded_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
     server.finalized = gate_dir / "pair.finalized"
     wait_for(server.ready, 60, "the models did not load")
     return server
@@ -566,6 +569,23 @@ def test_a_batch_reaches_execute_as_a_list_and_a_bad_request_fails_alone(server)
     assert [output(a)[0][0] for a in good] == [2, 4, 6]
     assert answers[2].status_code == 400 and answers[2].json() == {"error": "x must not be negative"}
     assert stats(server, "batched")["fail"]["count"] == 1
+
+
+def test_a_full_queue_refuses_in_tritons_words_and_counts_no_failed_inference_as_triton_does(server):
+    gate = server.gates["bounded"]
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(infer, server, "bounded", [[-1, 0, 0, 0]])
+        gate.wait_entered()
+        queued = pool.submit(infer, server, "bounded", [[1, 1, 1, 1]])
+        wait_for(lambda: server.metrics().get(("serve_queue_depth", (("model", "bounded"),))) == 1, 30,
+                 "the second request did not queue behind the gated one")
+        refused = infer(server, "bounded", [[2, 2, 2, 2]])
+        gate.release()
+        assert [running.result().status_code, queued.result().status_code] == [200, 200]
+    assert refused.status_code == 503 and refused.headers["Retry-After"]
+    assert refused.json()["error"].startswith("Exceeds maximum queue size: the queue for priority 1 holds its most")
+    assert {k: stats(server, "bounded")[k]["count"] for k in ("success", "fail")} == {"success": 2, "fail": 0}
+    assert server.metrics()[("nv_inference_request_failure_total", (("model", "bounded"), ("reason", "REJECTED"), ("version", "1")))] == 0
 
 
 @pytest.mark.parametrize("target", ["scale_ts", "double", "scale_sm"])

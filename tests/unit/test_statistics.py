@@ -8,7 +8,7 @@ from container.models.statistics import FAILURE_REASONS, Statistics, failure_rea
 @pytest.mark.parametrize("exc, reason", [
     (Cancelled(), "CANCELED"),
     (gevent.GreenletExit(), "CANCELED"),  # its caller went away
-    (Unavailable("the queue for priority 1 is full (4 requests); retry later"), "REJECTED"),
+    (Unavailable("the server is shutting down"), "REJECTED"),
     (QueueTimeout("the request waited out its queue timeout and was not executed"), "REJECTED"),
     (ModelError("execute of model 'm' raised ValueError: no"), "BACKEND"),
     (WorkerLost("the worker died"), "BACKEND"),
