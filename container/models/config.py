@@ -222,7 +222,11 @@ def check_config(config: pb.ModelConfig, complete: bool = True) -> None:
     if not complete:
         return
     _check_preferred_sizes(config)
-    if not config.input or not config.output:
+    if kind_of(config) == PYTHON_BACKEND:  # its code may take no tensors, or answer none, as on Triton
+        if config.max_batch_size and not config.input:
+            raise InvalidModel("a batching model takes each request's batch size from its inputs: declare one, or "
+                               "set max_batch_size 0")
+    elif not config.input or not config.output:
         missing = "inputs" if not config.input else "outputs"
         raise InvalidModel(f"the config declares no {missing}: declare them (a TorchScript model records no tensor "
                            f"types to complete them from, and a load's config override replaces the whole config)")

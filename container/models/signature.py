@@ -143,7 +143,7 @@ class Signature:
 
     @staticmethod
     def _names(specs) -> str:
-        return ", ".join(f"'{s.name}' {s.summary()}" for s in specs)
+        return ", ".join(f"'{s.name}' {s.summary()}" for s in specs) or "none"
 
 
 def _control(name: str, control, spec) -> ControlSpec:

@@ -258,6 +258,10 @@ def server(start_server, tmp_path_factory, gate_dir):
     python_model(root, "bounded", SCALE_PY.replace("{gate}", bounded_gate.code()),
                  scale_config(2, max_batch_size=1, dynamic_batching={"default_queue_policy": {"max_queue_size": 1}}))
     python_model(root, "double", SCALE_PY.replace("{gate}", fan_gate.code()), scale_config(2))
+    python_model(root, "source", SOURCE_PY, {"output": [tensor("n", "TYPE_INT32", [1])]})
+    python_model(root, "sink", SINK_PY, {"input": [tensor("x", "TYPE_FP32", [4])]})
+    python_model(root, "configless", SOURCE_PY)  # no config.pbtxt: a model.py is a python model, as Triton takes it
+    python_model(root, "batching_source", SOURCE_PY, {"max_batch_size": 4, "output": [tensor("n", "TYPE_INT32", [1])]})
     python_model(root, "triple", SCALE_PY.replace("{gate}", "pass"), scale_config(3))
     python_model(root, "pre", SCALE_PY.replace("{gate}", "pass"), scale_config(1))
     python_model(root, "post", SCALE_PY.replace("{gate}", "pass"), scale_config(1))
@@ -301,7 +305,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
-    server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
+    server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,source,sink,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
                                                   "counted,decoupled,fan,negate,loose,partial,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "bounded": bounded_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
@@ -892,6 +896,51 @@ def test_an_output_no_triton_datatype_holds_fails_its_request_naming_it(server):
     assert answer.status_code == 500
     assert "tensor 'scaled' is complex64, which no Triton datatype holds" in answer.json()["error"]
     assert infer(server, "loose", [1, 2, 3, 4]).status_code == 200
+
+
+SOURCE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("n", np.array([len(r.inputs())], np.int32))]) for r in requests]
+"""
+SINK_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+def test_a_python_model_may_take_no_tensors_or_answer_none_as_on_triton(server):
+    """As tritonserver 2.51 serves them: a config without inputs, or without outputs, is a python model's own
+    business; a request to the first sends none, the second answers none."""
+    assert server.request("POST", "/v2/models/source/infer", json={"inputs": []}).json()["outputs"] == [
+        {"name": "n", "datatype": "INT32", "shape": [1], "data": [0]}]
+    assert server.request("POST", "/v2/models/sink/infer", json={
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}).json()["outputs"] == []
+    assert server.request("GET", "/v2/models/source").json()["inputs"] == []
+    with grpc_clients.InferenceServerClient(server.grpc_url) as client:
+        assert client.infer("source", []).as_numpy("n").tolist() == [0]
+        assert client.infer("sink", tensors(grpcclient, {"x": np.ones(4, np.float32)})).get_response().outputs == []
+    refused = server.request("POST", "/v2/models/source/infer", json={
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]})
+    assert refused.status_code == 400 and refused.json() == {"error": "unknown input 'x'; the model takes none"}
+    assert server.request("POST", "/v2/models/sink/infer", json={"inputs": []}).json() == {
+        "error": "missing input(s) ['x']; the model takes 'x' FP32[4]"}
+
+
+def test_a_python_model_without_a_config_loads_and_a_batching_one_without_inputs_is_refused(server):
+    assert server.request("POST", "/v2/repository/models/configless/load").status_code == 200
+    answer = server.request("POST", "/v2/models/configless/infer", json={"inputs": []})
+    assert answer.status_code == 200 and answer.json()["outputs"] == []  # what no config declares is not sent, as on Triton
+    refused = server.request("POST", "/v2/repository/models/batching_source/load")
+    assert refused.status_code == 400 and refused.json() == {"error": (
+        "failed to load 'batching_source', a batching model takes each request's batch size from its inputs: "
+        "declare one, or set max_batch_size 0")}  # Triton loads it, then fails each request: out of bounds index 0
 
 
 def test_a_decoupled_model_is_refused_over_unary_endpoints_in_tritons_words_and_status(server):

@@ -214,7 +214,8 @@ JSON_X = '{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}'
 
 
 @pytest.mark.parametrize("path, body, status, message", [
-    ("/v2/models/echo_fp32/infer", "", 400, "'inputs' must be a non-empty list"),
+    ("/v2/models/echo_fp32/infer", "", 400, "'inputs' must be a list of tensors"),
+    ("/v2/models/echo_fp32/infer", '{"inputs": []}', 400, "missing input(s) ['x']; the model takes 'x' FP32[-1, -1]"),
     ("/v2/models/echo_fp32/infer", "{", 400, "malformed JSON"),
     ("/v2/models/echo_fp32/infer", "[]", 400, "JSON object"),
     ("/v2/models/nobody/infer", f'{{"inputs": [{JSON_X}]}}', 404, "Request for unknown model: 'nobody' is not found"),
