@@ -213,8 +213,9 @@ def test_when_memory_runs_out_the_kernel_takes_a_front_end_before_the_model_proc
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len(server.http_pids()) == len(server.grpc_pids()) == 2 and victim not in server.http_pids(), 30,
              "the front-ends were not all running")
-    front_ends = [*server.http_pids(), *server.grpc_pids()]
-    assert {oom_score_adj(pid) for pid in front_ends} == {1000}
+    # the master marks a front-end right after spawning it (posix_spawn runs no code in the child before its exec)
+    wait_for(lambda: {oom_score_adj(pid) for pid in [*server.http_pids(), *server.grpc_pids()]} == {1000}, 30,
+             "a front-end was not marked to be killed first")
     assert oom_score_adj(server.worker_pid()) == oom_score_adj(server.process.pid) == oom_score_adj(os.getpid())
 
 

@@ -24,6 +24,7 @@ from container.grpc_api.clients import Clients
 from container.grpc_api.inference_service import InferenceService
 from container.grpc_api.services import generic_handler
 from container.settings import Settings
+from tests import grpc_clients
 from tests.builders import wait_for
 
 DEADLINE = 10  # seconds
@@ -106,7 +107,7 @@ def servers(tmp_path):
 @pytest.fixture
 def stream(servers):
     """Send (request id, sequence id) on one stream; `answers` gets each answer's id as it comes."""
-    client = triton.InferenceServerClient(f"127.0.0.1:{servers[1].port}")
+    client = grpc_clients.InferenceServerClient(f"127.0.0.1:{servers[1].port}")
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(error or result.get_response().id),
                         stream_timeout=DEADLINE)
