@@ -254,8 +254,7 @@ class Core:
                 client.under_way(job)
         pending = set(range(len(jobs)))
         run = model.scheduler.infer_all if not isinstance(backend, Ensemble) else \
-            (lambda batch: as_done(lambda job: (ensembles.run(backend, job.inputs, job.outputs,
-                                                              functools.partial(self._infer_step, job)), Phases()), batch))
+            (lambda batch: as_done(functools.partial(self._run_ensemble, backend, statistics), batch))
         try:
             for index, result in run(jobs):
                 pending.discard(index)
@@ -328,6 +327,13 @@ class Core:
             running.kill(block=False)
         if isinstance(ended := running.get(), Exception):
             raise ended
+
+    def _run_ensemble(self, ensemble: Ensemble, statistics: Statistics, job: Job) -> tuple[dict, Phases]:
+        """An ensemble's request through its steps: one execution of the ensemble, of the request's batch
+        size, as Triton counts it (its steps count their own)."""
+        outputs = ensembles.run(ensemble, job.inputs, job.outputs, functools.partial(self._infer_step, job))
+        statistics.record_execution(job.items, Phases())
+        return outputs, Phases()
 
     def _infer_step(self, job: Job, step: Step, inputs: dict) -> dict:
         """One step of an ensemble's request (`job`): a request to its model, loaded again first if it was

@@ -775,6 +775,19 @@ def test_ensemble_runs_independent_steps_at_once_and_joins_them(server):
     assert memory["fan"] == memory["double"] + memory["triple"] + memory["add_sub_ts"] > 0  # counted in the ensemble's
 
 
+def test_an_ensemble_counts_an_execution_for_each_request_it_ran_as_triton_does(server):
+    def executions() -> tuple[int, int]:
+        [entry] = server.request("GET", "/v2/models/fan/stats").json()["model_stats"]
+        ones = [b["compute_infer"]["count"] for b in entry["batch_stats"] if b["batch_size"] == 1]
+        return entry["execution_count"], sum(ones)
+
+    before = executions()
+    for first in (1, -7):  # the second fails in a step: no execution of the ensemble
+        server.request("POST", "/v2/models/fan/infer", json={
+            "inputs": [{"name": "RAW", "datatype": "FP32", "shape": [4], "data": [first, 2, 3, 4]}]})
+    assert [after - earlier for after, earlier in zip(executions(), before, strict=True)] == [1, 1]
+
+
 def test_an_ensemble_step_error_answers_the_request_with_it(server):
     answer = server.request("POST", "/v2/models/fan/infer", json={
         "inputs": [{"name": "RAW", "datatype": "FP32", "shape": [4], "data": [-7, 2, 3, 4]}]})
