@@ -217,7 +217,10 @@ def classify(name: str, array: np.ndarray, count, labels: list[str], signature: 
     if array.dtype == object:
         raise InvalidRequest(f"output '{name}' is BYTES; only numeric outputs can be classified")
     rows = array.reshape(len(array), -1) if signature.max_batch_size else array.reshape(1, -1)
-    top = np.argsort(rows, axis=1, kind="stable")[:, ::-1][:, : min(count, rows.shape[1])]
+    # highest first, and of equal values the lowest index first, as Triton picks them (a stable sort of the
+    # reversed row, read backwards; negating would wrap unsigned values)
+    last = rows.shape[1] - 1
+    top = (last - np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1])[:, : min(count, rows.shape[1])]
     values = np.take_along_axis(rows, top, axis=1)
     named = np.array([b":" + label.encode() for label in labels] + [b""]) if labels else None  # the last: no label
     # Fixed-width byte strings, narrowed to their longest, built a column at a time: a Python object
