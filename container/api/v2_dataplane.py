@@ -149,11 +149,11 @@ def repository_index(core: Core, ready_only) -> list[dict]:
         raise InvalidRequest("'ready' must be true or false")
     entries = []
     for entry in core.index(ready_only):
+        reason = {"reason": entry.reason} if entry.reason else {}  # none when empty, as Triton writes it
         if entry.state == "READY":
-            entries += [{"name": entry.name, "version": str(v), "state": "READY", "reason": entry.reason}
-                        for v in entry.versions]
+            entries += [{"name": entry.name, "version": str(v), "state": "READY", **reason} for v in entry.versions]
         else:
-            entries.append({"name": entry.name, "state": entry.state, "reason": entry.reason})
+            entries.append({"name": entry.name, "state": entry.state, **reason})
     return entries
 
 
