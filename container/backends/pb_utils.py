@@ -208,8 +208,9 @@ class InferenceRequest:
 
     def get_response_sender(self):
         if self._sender is None:
-            raise TritonModelException("get_response_sender is for decoupled models (model_transaction_policy "
-                                       "{ decoupled: true })")
+            raise TritonModelException("get_response_sender is for the requests execute receives, not for one the "
+                                       "model makes")
+        self._sender._take()
         return self._sender
 
     def exec(self, decoupled: bool = False):
@@ -334,10 +335,16 @@ class ModelConfig:
 
 
 class InferenceResponseSender:
-    """A decoupled model's way to answer a request with any number of responses, then the final flag."""
+    """A decoupled model's way to answer a request with any number of responses, then the final flag;
+    another model's, with one. `taken`: an Event set when the model asks for it."""
 
-    def __init__(self, send, is_cancelled):
+    def __init__(self, send, is_cancelled, taken=None):
         self._send, self._closed, self._is_cancelled = send, False, is_cancelled
+        self._taken = taken
+
+    def _take(self) -> None:
+        if self._taken is not None:
+            self._taken.set()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:

@@ -294,11 +294,23 @@ def serve(connection: Connection, name: str, version: int, path: str, document: 
 
 
 def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple]:
-    """Each request's (True, outputs) or (False, error as plain values)."""
+    """Each request's (True, outputs) or (False, error as plain values): the responses `execute` returns,
+    or, where it returns None having taken the requests' response senders, the one each request was sent
+    through its sender (from `execute` or a thread of the model after it), as Triton's python backend lets
+    a model that is not decoupled answer. The instance waits for them (SERVE_PYTHON_RESPONSE_TIMEOUT)."""
+    answers = [_OneResponse(name, outputs) for outputs in wanted]
+    for request, answer in zip(requests, answers, strict=True):
+        request._sender = pb_utils.InferenceResponseSender(answer.send, request.is_cancelled, answer.taken)
     try:
         responses = _call_execute(model, requests, loop)
     except Exception as exc:
-        failure = (False, _user_error(name, exc))
+        responses = exc
+    if responses is None and any(answer.taken.is_set() for answer in answers):
+        return [answer.wait() for answer in answers]
+    for answer in answers:  # a response sent from now on is refused in the model: its request is answered
+        answer.close()
+    if isinstance(responses, Exception):
+        failure = (False, _user_error(name, responses))
         return [failure] * len(requests)
     if not isinstance(responses, list) or len(responses) != len(requests):
         got = f"{len(responses)} responses" if isinstance(responses, list) else type(responses).__name__
@@ -306,6 +318,41 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
                                          f"per request: {len(requests)} requests, {got}", 500, None))
         return [failure] * len(requests)
     return [_outcome(name, response, outputs) for response, outputs in zip(responses, wanted, strict=True)]
+
+
+class _OneResponse:
+    """What a request to a model that is not decoupled is sent through its response sender: one response,
+    with the final flag or before it alone, as Triton's python backend takes them (in its words when not).
+    `taken`: set once the model has asked for the sender."""
+
+    def __init__(self, name: str, wanted: list[str]):
+        self._name, self._wanted = name, wanted
+        self._reply, self._closed = None, False
+        self._lock, self._final, self.taken = threading.Lock(), threading.Event(), threading.Event()
+
+    def send(self, response, flags: int) -> None:
+        with self._lock:
+            if self._closed:
+                raise pb_utils.TritonModelException("the response sender is closed: the request was answered")
+            if response is not None:
+                if self._reply is not None:
+                    raise pb_utils.TritonModelException("Unable to send response. Non-decoupled model cannot send more "
+                                                        "than one response.")
+                self._reply = _outcome(self._name, response, self._wanted)
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                if self._reply is None:
+                    raise pb_utils.TritonModelException("Unable to send response. Non-decoupled model cannot send "
+                                                        "complete final before sending a response.")
+                self._closed = True
+                self._final.set()
+
+    def wait(self) -> tuple:
+        self._final.wait()
+        return self._reply
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
 
 
 _CANCELLED = error_reply(Cancelled())

@@ -259,6 +259,7 @@ def server(start_server, tmp_path_factory, gate_dir):
                  scale_config(2, max_batch_size=1, dynamic_batching={"default_queue_policy": {"max_queue_size": 1}}))
     python_model(root, "double", SCALE_PY.replace("{gate}", fan_gate.code()), scale_config(2))
     python_model(root, "source", SOURCE_PY, {"output": [tensor("n", "TYPE_INT32", [1])]})
+    python_model(root, "sends", SENDS_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "sink", SINK_PY, {"input": [tensor("x", "TYPE_FP32", [4])]})
     python_model(root, "configless", SOURCE_PY)  # no config.pbtxt: a model.py is a python model, as Triton takes it
     python_model(root, "batching_source", SOURCE_PY, {"max_batch_size": 4, "output": [tensor("n", "TYPE_INT32", [1])]})
@@ -305,7 +306,7 @@ def server(start_server, tmp_path_factory, gate_dir):
     ensemble(root, "chain", [tensor("x", "TYPE_FP32", [4])], [tensor("y", "TYPE_FP32", [4])],
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
-    server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,source,sink,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
+    server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,source,sink,sends,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
                                                   "counted,decoupled,fan,negate,loose,partial,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "bounded": bounded_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
@@ -926,6 +927,57 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([]) for _ in requests]
 """
+
+
+SENDS_PY = """
+import threading
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    \"\"\"Not decoupled, answering through each request's response sender as x[0] says: 0 the response with the
+    final flag, 1 the response then the flag alone, 2 from a thread once execute has returned, 3 the flag
+    alone, 4 two responses, 5 nothing, and returns None (a model that forgot to return its responses).\"\"\"
+
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            how = int(x[0])
+            if how == 5:
+                continue
+            sender = request.get_response_sender()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)])
+            if how == 0:
+                sender.send(response, flags=FINAL)
+            elif how == 1:
+                sender.send(response)
+                sender.send(flags=FINAL)
+            elif how == 2:
+                threading.Thread(target=sender.send, args=(response, FINAL)).start()
+            elif how == 3:
+                sender.send(flags=FINAL)
+            elif how == 4:
+                sender.send(response)
+                sender.send(response, flags=FINAL)
+        return None
+"""
+
+
+@pytest.mark.parametrize("how, status, answer", [
+    (0, 200, [0, 2, 4, 6]),
+    (1, 200, [2, 2, 4, 6]),
+    (2, 200, [4, 2, 4, 6]),
+    (3, 500, "Unable to send response. Non-decoupled model cannot send complete final before sending a response."),
+    (4, 500, "Unable to send response. Non-decoupled model cannot send more than one response."),
+    (5, 500, "execute of model 'sends' must return a list of one InferenceResponse per request: 1 requests, NoneType"),
+])
+def test_a_model_that_is_not_decoupled_may_answer_through_its_response_sender_as_on_triton(server, how, status, answer):
+    """As tritonserver 2.51 answers each (Triton's python backend allows it since 23.10), in its words."""
+    response = infer(server, "sends", [how, 1, 2, 3])
+    assert response.status_code == status
+    assert (output(response).tolist() if status == 200 else response.json()["error"]) == answer
 
 
 def test_a_python_model_may_take_no_tensors_or_answer_none_as_on_triton(server):
