@@ -301,16 +301,17 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
     answers = [_OneResponse(name, outputs) for outputs in wanted]
     for request, answer in zip(requests, answers, strict=True):
         request._sender = pb_utils.InferenceResponseSender(answer.send, request.is_cancelled, answer.taken)
+    raised = None
     try:
         responses = _call_execute(model, requests, loop)
     except Exception as exc:
-        responses = exc
-    if responses is None and any(answer.taken.is_set() for answer in answers):
+        responses, raised = None, exc
+    if raised is None and responses is None and any(answer.taken.is_set() for answer in answers):
         return [answer.wait() for answer in answers]
     for answer in answers:  # a response sent from now on is refused in the model: its request is answered
         answer.close()
-    if isinstance(responses, Exception):
-        failure = (False, _user_error(name, responses))
+    if raised is not None:
+        failure = (False, _user_error(name, raised))
         return [failure] * len(requests)
     if not isinstance(responses, list) or len(responses) != len(requests):
         got = f"{len(responses)} responses" if isinstance(responses, list) else type(responses).__name__
