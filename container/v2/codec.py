@@ -230,13 +230,18 @@ def classify(name: str, array: np.ndarray, count, labels: list[str], signature: 
     blocks = []
     for start in range(0, top.shape[1], _CLASSES_PER_CALL):
         columns = slice(start, start + _CLASSES_PER_CALL)
-        # each value as str() writes it: a float32 at its own precision
-        block = np.char.add(np.char.add(_narrow(values[:, columns].astype("S")), b":"), _narrow(top[:, columns].astype("S")))
+        block = np.char.add(np.char.add(_narrow(_value_texts(values[:, columns])), b":"), _narrow(top[:, columns].astype("S")))
         if named is not None:
             block = np.char.add(block, named[np.minimum(top[:, columns], len(labels))])
         blocks.append(block)
     result = np.concatenate(blocks, axis=1) if blocks else np.empty((len(rows), 0), "S1")
     return result if signature.max_batch_size else result[0]
+
+
+def _value_texts(values: np.ndarray) -> np.ndarray:
+    """Each class's value as Triton writes it (std::to_string): a float with six decimals (`8.000000`, measured
+    on tritonserver 2.51), an integer as itself. numpy's "%f" is as fast as its plain text of a float."""
+    return np.char.mod(b"%f", values.astype(np.float64)) if values.dtype.kind == "f" else values.astype("S")
 
 
 def _narrow(strings: np.ndarray) -> np.ndarray:

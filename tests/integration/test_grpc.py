@@ -180,7 +180,7 @@ def test_classification_as_over_http(client, web):
     over_grpc = client.infer("scores", [_input("x", scores)], outputs=[triton_grpc.InferRequestedOutput("y", class_count=2)])
     over_http = web.infer("scores", [_http_input("x", scores)], outputs=[http.InferRequestedOutput("y", class_count=2)])
     assert over_grpc.as_numpy("y").tolist() == over_http.as_numpy("y").tolist() == [
-        [b"3.3:1:pear", b"2.4:3:fig"], [b"4.0:0:apple", b"3.0:1:pear"]]
+        [b"3.300000:1:pear", b"2.400000:3:fig"], [b"4.000000:0:apple", b"3.000000:1:pear"]]
 
 
 def _http_input(name: str, array: np.ndarray) -> http.InferInput:

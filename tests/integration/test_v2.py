@@ -159,11 +159,11 @@ def test_classification_with_labels(client):
     tensor_in = http.InferInput("x", [2, 4], "FP32")
     tensor_in.set_data_from_numpy(np.array([[1.1, 3.3, 0.5, 2.4], [4, 3, 2, 1]], np.float32))
     result = client.infer("scores", [tensor_in], outputs=[http.InferRequestedOutput("y", class_count=2)])
-    assert result.as_numpy("y").tolist() == [[b"3.3:1:pear", b"2.4:3:fig"], [b"4.0:0:apple", b"3.0:1:pear"]]
+    assert result.as_numpy("y").tolist() == [[b"3.300000:1:pear", b"2.400000:3:fig"], [b"4.000000:0:apple", b"3.000000:1:pear"]]
     unbatched = http.InferInput("x", [2, 2], "FP32")
     unbatched.set_data_from_numpy(np.array([[1, 5], [10, 4]], np.float32))
     top = client.infer("nobatch", [unbatched], outputs=[http.InferRequestedOutput("y", class_count=9)])
-    assert top.as_numpy("y").tolist() == [b"20.0:2", b"10.0:1", b"8.0:3", b"2.0:0"]  # min(k, n), no labels
+    assert top.as_numpy("y").tolist() == [b"20.000000:2", b"10.000000:1", b"8.000000:3", b"2.000000:0"]  # min(k, n), no labels
 
 
 def test_versions_route_and_async_requests(client):

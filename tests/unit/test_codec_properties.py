@@ -245,7 +245,8 @@ def test_tfserving_bodies_parse_or_are_client_errors(body):
 def test_a_classification_is_each_class_written_alone_in_triton_order(classes, batched, labels):
     """Top classes by value, of equal values the lower index first (as tritonserver 2.51 orders them in an
     output of up to 16 values, where its sort keeps their order; past that its order of equal values is its
-    sort's), as "<value>:<index>[:<label>]", however many blocks of classes the answer is written in."""
+    sort's), as "<value>:<index>[:<label>]", a float's value with six decimals as Triton's std::to_string writes
+    it, however many blocks of classes the answer is written in."""
     rows = np.random.default_rng(classes).integers(-50, 50, (2 if batched else 1, classes)).astype(np.float32) / 4
     count = max(classes - 3, 1)
     answer = codec.classify("y", rows if batched else rows[0], count, labels,
@@ -253,7 +254,7 @@ def test_a_classification_is_each_class_written_alone_in_triton_order(classes, b
 
     def written(row, index):
         label = f":{labels[index]}" if index < len(labels) else ""
-        return f"{np.float32(row[index])}:{index}{label}".encode()
+        return f"{float(row[index]):f}:{index}{label}".encode()
 
     expected = [[written(row, i) for i in sorted(range(classes), key=lambda i: (-row[i], i))[:count]]
                 for row in rows]
