@@ -73,4 +73,4 @@ _INFER_DOCUMENT = object_schema({
 _INFER = operation("inference; JSON, or JSON followed by binary tensor data", V2, json_content(_INFER_DOCUMENT),
                    json_content(_INFER_DOCUMENT),
                    [{"name": "Inference-Header-Content-Length", "in": "header", "schema": {"type": "string", "pattern": "^[0-9]+$"}}],
-                   errors=(400, 404, 413, 507))
+                   errors=(400, 404, 413, 501, 507))
