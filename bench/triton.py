@@ -192,8 +192,9 @@ class Triton:
     """tritonserver on free ports serving `models` ({name: (TorchScript module, config as a dict in
     the shape of config.json)}), each through the python backend, with dynamic batching where the config asks."""
 
-    def __init__(self, models: dict, cores=SERVER_CORES):
-        """`cores`: where it starts (Server's)."""
+    def __init__(self, models: dict, cores=SERVER_CORES, repository: Path | None = None, arguments=()):
+        """`cores`: where it starts (Server's); `repository`: a model repository to serve as it is, instead of
+        `models`; `arguments`: tritonserver's own, added."""
         self._scratch = tempfile.TemporaryDirectory(prefix="bench-triton-")
         scratch, package = Path(self._scratch.name), _package()
         backends = scratch / "backends"
@@ -202,6 +203,7 @@ class Triton:
         shutil.copy(package / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub", backends / "python")
         for name, (module, config) in models.items():
             self._write_model(scratch / "models" / name, module, config)
+        repository = repository or scratch / "models"
         ports = [free_port() for _ in range(3)]
         self.url = f"http://127.0.0.1:{ports[0]}"
         self.grpc_url = f"http://127.0.0.1:{ports[1]}"
@@ -211,8 +213,9 @@ class Triton:
         environment = {**os.environ, "LD_LIBRARY_PATH": ":".join(libraries)}
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [str(tritonserver()), f"--model-repository={scratch / 'models'}", f"--backend-directory={backends}",
-                 f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}", "--log-verbose=0"],
+                [str(tritonserver()), f"--model-repository={repository}", f"--backend-directory={backends}",
+                 f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}", "--log-verbose=0",
+                 *arguments],
                 env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=starting_on(cores))
         wait_ready(self, self.log)
