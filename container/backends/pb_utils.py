@@ -336,7 +336,7 @@ class ModelConfig:
 
 class InferenceResponseSender:
     """A decoupled model's way to answer a request with any number of responses, then the final flag;
-    another model's, with one. `taken`: an Event set when the model asks for it."""
+    another model's, with one. `taken`: called when the model asks for it."""
 
     def __init__(self, send, is_cancelled, taken=None):
         self._send, self._closed, self._is_cancelled = send, False, is_cancelled
@@ -344,7 +344,7 @@ class InferenceResponseSender:
 
     def _take(self) -> None:
         if self._taken is not None:
-            self._taken.set()
+            self._taken()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:

@@ -300,13 +300,13 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
     a model that is not decoupled answer. The instance waits for them (SERVE_PYTHON_RESPONSE_TIMEOUT)."""
     answers = [_OneResponse(name, outputs) for outputs in wanted]
     for request, answer in zip(requests, answers, strict=True):
-        request._sender = pb_utils.InferenceResponseSender(answer.send, request.is_cancelled, answer.taken)
+        request._sender = pb_utils.InferenceResponseSender(answer.send, request.is_cancelled, answer.take)
     raised = None
     try:
         responses = _call_execute(model, requests, loop)
     except Exception as exc:
         responses, raised = None, exc
-    if raised is None and responses is None and any(answer.taken.is_set() for answer in answers):
+    if raised is None and responses is None and any(answer.taken for answer in answers):
         return [answer.wait() for answer in answers]
     for answer in answers:  # a response sent from now on is refused in the model: its request is answered
         answer.close()
@@ -324,12 +324,18 @@ def _execute(name: str, model, requests: list, wanted: list, loop) -> list[tuple
 class _OneResponse:
     """What a request to a model that is not decoupled is sent through its response sender: one response,
     with the final flag or before it alone, as Triton's python backend takes them (in its words when not).
-    `taken`: set once the model has asked for the sender."""
+    `taken`: whether the model asked for the sender; its lock and event are made only then, as every request
+    has one of these and few models ask (they cost 3.4 µs a request)."""
+
+    __slots__ = ("_name", "_wanted", "_reply", "_closed", "_lock", "_final", "taken")
 
     def __init__(self, name: str, wanted: list[str]):
         self._name, self._wanted = name, wanted
-        self._reply, self._closed = None, False
-        self._lock, self._final, self.taken = threading.Lock(), threading.Event(), threading.Event()
+        self._reply, self._closed, self.taken = None, False, False
+
+    def take(self) -> None:
+        if not self.taken:
+            self._lock, self._final, self.taken = threading.Lock(), threading.Event(), True
 
     def send(self, response, flags: int) -> None:
         with self._lock:
@@ -352,8 +358,9 @@ class _OneResponse:
         return self._reply
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
+        if self.taken:
+            with self._lock:
+                self._closed = True
 
 
 _CANCELLED = error_reply(Cancelled())
