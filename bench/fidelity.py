@@ -91,7 +91,8 @@ def _tensor(name: str, datatype: str, dims: list) -> str:
 
 
 def _config(name: str, inputs: list, outputs: list, extra: str = "", backend: str = 'backend: "python"') -> str:
-    return (f'name: "{name}"\n{backend}\n{extra}\ninput [ {", ".join(inputs)} ]\noutput [ {", ".join(outputs)} ]\n'
+    tensors = "".join(f'{kind} [ {", ".join(declared)} ]\n' for kind, declared in (("input", inputs), ("output", outputs)) if declared)
+    return (f'name: "{name}"\n{backend}\n{extra}\n{tensors}'
             f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{VENV}" }} }}\n')
 
 
@@ -105,7 +106,7 @@ REPOSITORY = {  # name: (config.pbtxt, model.py or None), in version 1
                       "max_batch_size: 4\nsequence_batching { max_sequence_idle_microseconds: 5000000 }"), TOTAL_PY),
     "latest": (_config("latest", [_tensor("x", "TYPE_FP32", [-1])], [_tensor("y", "TYPE_FP32", [-1])]), DOUBLE_PY),
     "sends": (_config("sends", [_tensor("x", "TYPE_FP32", [4])], [_tensor("y", "TYPE_FP32", [4])]), SENDS_PY),
-    "source": (_config("source", [], [_tensor("n", "TYPE_INT32", [1])]).replace("input [  ]\n", ""), SOURCE_PY),
+    "source": (_config("source", [], [_tensor("n", "TYPE_INT32", [1])]), SOURCE_PY),
     "twice": (_config("twice", [_tensor("x", "TYPE_FP32", [4])], [_tensor("y", "TYPE_FP32", [4])],
                       'max_batch_size: 8\nensemble_scheduling { step [\n'
                       '  { model_name: "double" model_version: -1 input_map { key: "x" value: "x" } output_map { key: "y" value: "mid" } },\n'

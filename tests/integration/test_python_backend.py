@@ -997,6 +997,7 @@ def test_a_python_model_may_take_no_tensors_or_answer_none_as_on_triton(server):
     assert refused.status_code == 400 and refused.json() == {"error": "unknown input 'x'; the model takes none"}
     assert server.request("POST", "/v2/models/sink/infer", json={"inputs": []}).json() == {
         "error": "missing input(s) ['x']; the model takes 'x' FP32[4]"}
+    assert server.request("POST", "/v2/models/source/infer", json={"inputs": []}).status_code == 200  # and serves on
 
 
 def test_a_python_model_without_a_config_loads_and_a_batching_one_without_inputs_is_refused(server):
