@@ -35,7 +35,7 @@ from container.inference import Client, InferRequest, InferResponse, Ticket, Tra
 from container.models.cache import total_by_device
 from container.models.config import instance_count
 from container.models.downloads import DownloadCounters
-from container.models.registry import Model, Registry, State
+from container.models.registry import Model, Registry, State, versions_of
 from container.models.response_cache import ResponseCache
 from container.models.signature import Signature
 from container.models.statistics import Phases, Statistics
@@ -95,10 +95,11 @@ class DownloadCacheState:
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """A model of the repository, loaded or not: its versions when ready, else why not."""
+    """A model of the repository, loaded or not: its versions (served, or last served), and why it is not
+    ready."""
 
     name: str
-    state: str  # READY, LOADING, UNLOADING or UNAVAILABLE
+    state: str = ""  # READY, LOADING, UNLOADING or UNAVAILABLE; none for a model never loaded
     versions: tuple[int, ...] = ()
     reason: str = ""
 
@@ -453,9 +454,12 @@ class Core:
             elif ready_only:
                 continue
             elif model is not None:
-                entries.append(IndexEntry(name, model.state.value))
-            else:
-                entries.append(IndexEntry(name, "UNAVAILABLE", reason=self._registry.failures.get(name, "unloaded")))
+                entries.append(IndexEntry(name, model.state.value, versions_of(model)))
+            elif name in self._registry.last_versions:  # unloaded, evicted, or its load failed
+                entries.append(IndexEntry(name, "UNAVAILABLE", self._registry.last_versions[name],
+                                          self._registry.failures.get(name, "unloaded")))
+            else:  # never loaded: its name alone, as Triton writes it
+                entries.append(IndexEntry(name))
         return entries
 
     def stats(self, model: ModelView | None = None, version: int | None = None) -> list[tuple[ModelView, int, Statistics]]:

@@ -149,11 +149,10 @@ def repository_index(core: Core, ready_only) -> list[dict]:
         raise InvalidRequest("'ready' must be true or false")
     entries = []
     for entry in core.index(ready_only):
-        reason = {"reason": entry.reason} if entry.reason else {}  # none when empty, as Triton writes it
-        if entry.state == "READY":
-            entries += [{"name": entry.name, "version": str(v), "state": "READY", **reason} for v in entry.versions]
-        else:
-            entries.append({"name": entry.name, "state": entry.state, **reason})
+        # as Triton writes them: an entry a version, none for a model never loaded, no empty state or reason
+        said = {key: value for key, value in (("state", entry.state), ("reason", entry.reason)) if value}
+        entries += [{"name": entry.name, **({"version": str(v)} if v is not None else {}), **said}
+                    for v in entry.versions or (None,)]
     return entries
 
 

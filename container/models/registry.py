@@ -134,6 +134,7 @@ class Registry:
         self.runtime = runtime
         self.models: dict[str, Model] = {}
         self.failures: dict[str, str] = {}  # name → why its last load failed
+        self.last_versions: dict[str, tuple[int, ...]] = {}  # name → what its last load served, or was to serve
         self.counters = Counters()
         self._loading: dict[str, Model] = {}  # name → the model its load under way loads (a first load or a reload)
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
@@ -193,6 +194,7 @@ class Registry:
         model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures.pop(name, None)
+        self.last_versions[name] = versions_of(model)
         self.counters.loads += 1
         model.state, model.replaces = State.READY, None
         self.models[name] = model
@@ -219,6 +221,7 @@ class Registry:
         model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures[model.name] = str(exc)
+        self.last_versions[model.name] = versions_of(model)
         self.counters.load_failures += 1
         self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
         model.replaces = None
@@ -492,6 +495,15 @@ def place(config, cache: MemoryCache) -> tuple[str, str]:
     if absent:
         raise InvalidModel(f"instance_group names {absent}; this server has {gpus}")
     return max(named or gpus, key=lambda d: cache.budgets[d] - cache.used(d)), ""
+
+
+def versions_of(model: Model) -> tuple[int, ...]:
+    """The versions `model` serves; before it serves, those its layout names (none for a handler model,
+    or for files that could not be read)."""
+    if model.versions:
+        return tuple(sorted(model.versions))
+    layout = model.source.layout if model.source is not None else None
+    return tuple(sorted(layout.versions)) if isinstance(layout, TritonLayout) else ()
 
 
 def _memory(backends: list) -> dict[str, int]:

@@ -10,12 +10,20 @@ import torch
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.builders import Gate, Scale, fp32_model, handler_model
+from tests.builders import Gate, Scale, fp32_model, handler_model, python_model
 from tests.integration.test_observability import log_lines
 
 CONFIG = {"name": "fromfiles", "backend": "pytorch", "max_batch_size": 4,
           "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
           "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}
+FAULTY_PY = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("no weights")
+
+    def execute(self, requests):
+        return []
+"""
 
 
 def scripted_bytes(module) -> bytes:
@@ -29,6 +37,8 @@ def server(start_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     for name in ("alpha", "beta", "base"):
         fp32_model(root, name)
+    fp32_model(root, "gone", versions=(2,))
+    python_model(root, "faulty", FAULTY_PY)
     (root / "broken").mkdir()
     handler_model(root, "swap", "def predict_fn(data, model):\n    return model(data)\n", Scale())
     return start_server(root, SERVE_ALLOW_MODEL_FILES="true")  # the relaxation under test; test_trust.py has the default
@@ -46,13 +56,23 @@ def sagemaker_invoke(server, name):
 
 
 def test_index_lists_every_model_with_state_and_reason(server, client):
+    """Each entry as tritonserver 2.51 writes it (measured beside it): a model never loaded by its name
+    alone; one unloaded, or whose load failed, with the version it served or was to serve."""
     client.load_model("alpha")
     with pytest.raises(InferenceServerException):
         client.load_model("broken")
+    with pytest.raises(InferenceServerException, match="no weights"):
+        client.load_model("faulty")
+    client.load_model("gone")
+    client.unload_model("gone")
     index = {entry["name"]: entry for entry in client.get_model_repository_index()}
     assert index["alpha"] == {"name": "alpha", "version": "1", "state": "READY"}  # no empty reason, as Triton writes it
-    assert index["beta"] == {"name": "beta", "state": "UNAVAILABLE", "reason": "unloaded"}
-    assert index["broken"]["state"] == "UNAVAILABLE" and "no model in 'broken'" in index["broken"]["reason"]
+    assert index["beta"] == {"name": "beta"}
+    assert index["gone"] == {"name": "gone", "version": "2", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert index["faulty"] == {"name": "faulty", "version": "1", "state": "UNAVAILABLE",
+                               "reason": "initialize of model 'faulty' raised RuntimeError: no weights"}
+    assert index["broken"] == {"name": "broken", "state": "UNAVAILABLE", "reason": index["broken"]["reason"]}
+    assert "no model in 'broken'" in index["broken"]["reason"]  # no version: its directory holds none
     ready = server.request("POST", "/v2/repository/index", json={"ready": True}).json()
     assert {e["name"] for e in ready} == {m for m in server.loaded()}
 
