@@ -87,6 +87,8 @@ class ServerCollector:
         return "".join(line + "\n" for line in lines)
 
     def _memory(self):
+        # the machine's busy share of its CPUs since the last scrape (0 at the first), as Triton's reads /proc/stat
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=psutil.cpu_percent() / 100)
         yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "Host memory in bytes", value=resources.memory_limit())
         yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "Host memory in use in bytes", value=resources.memory_used())
         gpus = self.gpus.usage()
@@ -124,6 +126,10 @@ class ServerCollector:
         per_kind = GaugeMetricFamily("serve_model_measured_bytes", "What each model's accounting rests on: its weights, "
                                      "the growth its load measured, its activation peak", labels=["model", "device", "kind"])
         depth = GaugeMetricFamily("serve_queue_depth", "Requests waiting in the model's scheduler", labels=["model"])
+        # Triton's name for it, as autoscalers set up for Triton read it. A model's versions share one scheduler
+        # here (each has its own on Triton), so a model's waiting requests count on its latest version.
+        pending = GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests "
+                                    "awaiting execution per-model", labels=["model", "version"])
         sequences = GaugeMetricFamily("serve_sequences_active", "Sequences holding state", labels=["model"])
         for model in self.core.ready():
             for device, size in self.core.model_memory(model).items():
@@ -133,10 +139,13 @@ class ServerCollector:
                     per_kind.add_metric([model.name, device, kind], size)
             waiting, active = self.core.queue(model)
             depth.add_metric([model.name], waiting)
+            for version in model.versions:
+                pending.add_metric([model.name, str(version)], waiting if version == model.versions[-1] else 0)
             sequences.add_metric([model.name], active)
         yield per_model
         yield per_kind
         yield depth
+        yield pending
         yield sequences
 
     def _held(self, own: int) -> dict[str, int]:

@@ -192,7 +192,11 @@ def cancelled_responses(server, name: str) -> int:
 
 
 def queue_depth(server, name: str) -> float:
-    return server.metrics().get(("serve_queue_depth", (("model", name),)), 0)
+    """The model's waiting requests, under this server's name and Triton's (which autoscalers read)."""
+    metrics = server.metrics()
+    depth = metrics.get(("serve_queue_depth", (("model", name),)), 0)
+    assert metrics.get(("nv_inference_pending_request_count", (("model", name), ("version", "1")))) == depth
+    return depth
 
 
 @pytest.mark.parametrize(("name", "inputs", "how"), [("queued", x_batched, "cancel"), ("direct", x_input, "cancel"),

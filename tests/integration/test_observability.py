@@ -72,6 +72,7 @@ def test_inference_metrics_follow_successes_and_failures(server):
         assert delta(before, after, f"nv_inference_{phase}_duration_us_total", **model) > 0
     assert after[("serve_queue_depth", (("model", "double"),))] == 0
     assert after[("nv_cpu_memory_total_bytes", ())] > 0
+    assert 0 <= after[("nv_cpu_utilization", ())] <= 1
     [stats] = server.request("GET", "/v2/models/double/stats").json()["model_stats"]
     assert stats["inference_stats"]["fail"]["count"] == 0
 
