@@ -207,6 +207,7 @@ class Triton:
         ports = [free_port() for _ in range(3)]
         self.url = f"http://127.0.0.1:{ports[0]}"
         self.grpc_url = f"http://127.0.0.1:{ports[1]}"
+        self.metrics_url = f"http://127.0.0.1:{ports[2]}/metrics"
         self.log = scratch / "triton.log"
         # the wheel's libraries first; then any the environment names (bench/device/run: the stub's libpython)
         libraries = [str(package.parent / "nvidia_pytriton.libs"), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
