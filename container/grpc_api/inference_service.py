@@ -28,7 +28,6 @@ from container.v2.views import TensorView
 
 log = logging.getLogger(__name__)
 _STREAM_IN_FLIGHT = 64  # requests of one stream under way at once; the stream reads no more meanwhile
-_FINAL = "triton_enable_empty_final_response"  # a stream's request asks its answer be marked final
 
 
 class InferenceService:
@@ -156,9 +155,7 @@ class InferenceService:
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest(request.why)
-            marked = _FINAL in request.parameters and request.parameters[_FINAL].bool_param
-            if _FINAL in request.parameters:  # tritonclient's own flag; the model never sees it
-                del request.parameters[_FINAL]
+            marked = messages.FINAL_FLAG in request.parameters and request.parameters[messages.FINAL_FLAG].bool_param
             size = await self._room(request)
             try:
                 await self._answer_in_stream(request, marked, answers, after)

@@ -13,6 +13,9 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
              "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 # what the gRPC front-end decides itself: a client may not set these on a tensor
 _TRANSPORT = ("binary_data_size", "binary_data")
+# tritonclient's flag, on any request (perf_analyzer sends it on ModelInfer too): a stream's request asks its
+# answer be marked final; the model never sees it
+FINAL_FLAG = "triton_enable_empty_final_response"
 
 
 def parameters_of(parameters) -> dict:
@@ -46,7 +49,9 @@ def infer_document(request: pb.ModelInferRequest) -> tuple[dict, bytes]:
     """The V2 document of a ModelInferRequest and its binary data: each input's raw contents in turn (an
     input in shared memory or with typed `contents` takes none), every output as binary."""
     raw = request.raw_input_contents
-    document = {"parameters": {**parameters_of(request.parameters), "binary_data_output": True}, "inputs": []}
+    parameters = parameters_of(request.parameters)
+    parameters.pop(FINAL_FLAG, None)
+    document = {"parameters": {**parameters, "binary_data_output": True}, "inputs": []}
     if request.id:
         document["id"] = request.id
     chunks = []
@@ -86,13 +91,18 @@ def infer_response(answer: dict, chunks: list, final: bool | None = None, stream
     `triton_final_response` parameter; `stream`: wrapped as a ModelStreamInferResponse's answer."""
     response = pb.ModelInferResponse(model_name=answer["model_name"], model_version=answer["model_version"],
                                      id=answer.get("id", ""))
+    contents, remaining = [], iter(chunks)
     for entry in answer["outputs"]:
         output = response.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
-        set_parameters(output.parameters, {k: v for k, v in entry.get("parameters", {}).items() if k not in _TRANSPORT})
+        parameters = entry.get("parameters", {})
+        set_parameters(output.parameters, {k: v for k, v in parameters.items() if k not in _TRANSPORT})
+        # one raw content an output, as Triton's: empty for one written to shared memory (perf_analyzer reads the
+        # i-th output's contents at i, and crashed without it)
+        contents.append(next(remaining) if "binary_data_size" in parameters else b"")
     if final is not None:
         response.parameters["triton_final_response"].bool_param = final
     parts = [response.SerializeToString(deterministic=True)]  # map entries in key order, whatever the process
-    for chunk in chunks:
+    for chunk in contents:
         parts += [_field_head(_RAW_OUTPUT_CONTENTS, len(chunk)), chunk]
     if stream:
         parts.insert(0, _field_head(_STREAM_INFER_RESPONSE, sum(map(len, parts))))

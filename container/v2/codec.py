@@ -157,11 +157,9 @@ def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None,
         if "classification" in parameters:
             array, datatype = classify(name, array, parameters["classification"], labels.get(name, []), signature), "BYTES"
         entry = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if "shared_memory_region" in parameters:
-            region, region_offset, size = _shared_memory_parameters(parameters, name)
-            raw = to_binary(array, datatype)
-            shared_memory.write(region, region_offset, size, raw)
-            entry["parameters"] = {"shared_memory_region": region, "shared_memory_byte_size": len(raw)}
+        if "shared_memory_region" in parameters:  # no parameters, as Triton writes it: perf_analyzer's HTTP client
+            region, region_offset, size = _shared_memory_parameters(parameters, name)  # reads any as binary data's
+            shared_memory.write(region, region_offset, size, to_binary(array, datatype))
         elif parameters.get("binary_data", binary_default):
             chunks.append(to_binary(array, datatype))
             entry["parameters"] = {"binary_data_size": len(chunks[-1])}

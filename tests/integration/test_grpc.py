@@ -168,6 +168,10 @@ def test_typed_contents_decode_as_raw_contents(server):
         strings.inputs.add(name="TEXT", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b"a", b"bc"])
         raw = stub.ModelInfer(strings, timeout=10).raw_output_contents[0]
         assert raw == b"\x01\x00\x00\x00A\x02\x00\x00\x00BC"
+        flagged = pb.ModelInferRequest()
+        flagged.CopyFrom(request)  # tritonclient's stream flag, which perf_analyzer sends on ModelInfer too
+        flagged.parameters["triton_enable_empty_final_response"].bool_param = False
+        assert np.frombuffer(stub.ModelInfer(flagged, timeout=10).raw_output_contents[0], "<i4").tolist() == [11, 22, 33, 44]
         request.raw_input_contents.append(b"\0" * 16)  # contents and raw contents both: Triton's words
         with pytest.raises(grpc.RpcError) as raised:
             stub.ModelInfer(request, timeout=10)
@@ -424,9 +428,12 @@ def test_system_shared_memory_registered_over_grpc_serves_both_protocols(server,
         tensor_in.set_shared_memory("grpc_region", 16)
         wanted = triton_grpc.InferRequestedOutput("y")
         wanted.set_shared_memory("grpc_region", 16, offset=32)
-        client.infer("scores", [tensor_in], outputs=[wanted])
+        answer = client.infer("scores", [tensor_in], outputs=[wanted]).get_response()
         out = shared_memory.get_contents_as_numpy(handle, np.float32, [1, 4], offset=32)
         np.testing.assert_array_equal(out, [[0, 1, 2, 3]])
+        # as tritonserver answers it: no parameters, and an empty raw content in the output's place (perf_analyzer
+        # reads an output's contents at its index, and crashed without it)
+        assert list(answer.raw_output_contents) == [b""] and not answer.outputs[0].parameters
         error = _grpc_error(client.register_system_shared_memory, "grpc_region", key, 64)
         assert error.status() == "StatusCode.INVALID_ARGUMENT" and "already in manager" in error.message()
         assert _grpc_error(client.register_cuda_shared_memory, "gpu", b"\0" * 64, 0, 16).status() == "StatusCode.INVALID_ARGUMENT"
