@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXAMPLES := examples/models/mlp/1/model.pt examples/models/lengths/1/model.pt examples/models/sentiment/model.pt \
 	examples/models/half_plus_three/123/model.pt examples/models/mlp_export/1/model.pt2
 
-.PHONY: install lock tools serve lint test examples bench bench-triton bench-torchserve image clean
+.PHONY: install lock tools serve lint test examples bench bench-triton bench-perf-analyzer bench-torchserve image clean
 
 install: $(VENV)/.installed
 
@@ -79,6 +79,18 @@ TRITON_VENV ?= bench/.triton
 bench-triton: install tools
 	test -x $(TRITON_VENV)/bin/python || $(BIN)/python -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/pip install --quiet nvidia-pytriton==0.7.0 torch==2.13.0
+
+# perf_analyzer, Triton's load generator, for the bench's perf_analyzer scenario: the binary the tritonclient
+# 2.41 wheel carries (later wheels carry none), with the CUDA runtime it links from pip and libb64 from the
+# machine's apt archive, unpacked beside it (no package is installed). Optional, as Triton is.
+PERF_ANALYZER_DIR ?= bench/.perf_analyzer
+bench-perf-analyzer: install
+	mkdir -p $(PERF_ANALYZER_DIR)/lib $(PERF_ANALYZER_DIR)/downloads
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --dest $(PERF_ANALYZER_DIR)/downloads \
+		tritonclient==2.41.0 nvidia-cuda-runtime-cu12==12.9.79
+	$(BIN)/python -m bench.perf_analyzer_install $(PERF_ANALYZER_DIR)
+	cd $(PERF_ANALYZER_DIR)/downloads && apt-get download libb64-0d && dpkg -x libb64-0d_*.deb libb64
+	cp $(PERF_ANALYZER_DIR)/downloads/libb64/usr/lib/*/libb64.so.0d $(PERF_ANALYZER_DIR)/lib/
 
 # SageMaker's PyTorch serving stack for the bench's handler scenario: TorchServe (whose workers import
 # yaml without declaring it) and the toolkit's handler service; Java comes from the machine.

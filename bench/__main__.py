@@ -1,6 +1,6 @@
 """Run benchmark scenarios and print their tables as Markdown (for BENCHMARKS.md).
 
-    python -m bench [tiny mlp grpc frontends payload churn cold_load memory handler soak s3_load attacks classification burst python_backend pt2 handler_pool gpu response_cache chaos flood fidelity] [--seconds N] [--smoke]
+    python -m bench [tiny mlp grpc frontends payload churn cold_load memory handler soak s3_load attacks classification burst python_backend pt2 handler_pool gpu response_cache chaos flood fidelity perf_analyzer] [--seconds N] [--smoke]
 
 --smoke runs everything briefly on small models: the test suite does that so the scripts cannot rot;
 its numbers mean nothing.
@@ -15,7 +15,8 @@ import torch
 from container import resources
 
 SCENARIOS = ("tiny", "mlp", "grpc", "frontends", "payload", "churn", "cold_load", "memory", "handler", "soak", "s3_load", "attacks", "classification",
-             "burst", "python_backend", "pt2", "handler_pool", "gpu", "response_cache", "chaos", "flood", "fidelity")
+             "burst", "python_backend", "pt2", "handler_pool", "gpu", "response_cache", "chaos", "flood", "fidelity",
+             "perf_analyzer")
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from bench.fidelity_models import REPOSITORY
+from bench.fidelity_models import REPOSITORY, write_repository
 from bench.harness import Server
 from bench.triton import MISSING, Triton, tritonserver
 
@@ -299,12 +299,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
         return [MISSING]
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        for name, (config, model_py) in REPOSITORY.items():
-            (root / name / "1").mkdir(parents=True)
-            (root / name / "config.pbtxt").write_text(config)
-            if model_py is not None:
-                (root / name / "1" / "model.py").write_text(model_py)
-        shutil.copytree(root / "latest" / "1", root / "latest" / "2")  # the default policy serves version 2 alone
+        write_repository(root, REPOSITORY)
         region = shared_memory.SharedMemory(create=True, size=64)
         server = Server(root, SERVE_ALLOW_CLIENT_SHM="true")
         try:  # past the model that fails its load: it is one of the calls

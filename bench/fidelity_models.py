@@ -1,6 +1,9 @@
 """The repository bench/fidelity.py serves on tritonserver and here alike: python models and an ensemble,
 each written to run unchanged on both (tritonserver's python backend finds numpy in `EXECUTION_ENV_PATH`)."""
 
+import shutil
+from pathlib import Path
+
 from bench.triton import VENV
 
 DOUBLE_PY = '''
@@ -148,3 +151,15 @@ REPOSITORY = {  # name: (config.pbtxt, model.py or None), in version 1
                          "max_batch_size: 2\n" + CONTROLS), CONTROLS_PY),
     "broken": (_config("broken", [_tensor("x", "TYPE_FP32", [1])], [_tensor("y", "TYPE_FP32", [1])]), BROKEN_PY),
 }
+
+
+def write_repository(root: Path, models: dict) -> None:
+    """`models` ({name: (config.pbtxt, model.py or None)}) under `root`, each in version 1; `latest` in
+    version 2 as well (the default policy serves version 2 alone)."""
+    for name, (config, model_py) in models.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
+        if model_py is not None:
+            (root / name / "1" / "model.py").write_text(model_py)
+    if "latest" in models:
+        shutil.copytree(root / "latest" / "1", root / "latest" / "2")
