@@ -134,7 +134,7 @@ class Registry:
         self.runtime = runtime
         self.models: dict[str, Model] = {}
         self.failures: dict[str, str] = {}  # name → why its last load failed
-        self.last_versions: dict[str, tuple[int, ...]] = {}  # name → what its last load served, or was to serve
+        self.last_versions: dict[str, tuple[int, ...]] = {}  # name → what it served (or was to) until it went
         self.counters = Counters()
         self._loading: dict[str, Model] = {}  # name → the model its load under way loads (a first load or a reload)
         self._measured: dict[str, dict[str, int]] = {}  # path → sizes of its last load: the best estimate
@@ -194,7 +194,6 @@ class Registry:
         model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures.pop(name, None)
-        self.last_versions[name] = versions_of(model)
         self.counters.loads += 1
         model.state, model.replaces = State.READY, None
         self.models[name] = model
@@ -221,7 +220,6 @@ class Registry:
         model.loader = None
         self.counters.load_seconds += time.monotonic() - model.started
         self.failures[model.name] = str(exc)
-        self.last_versions[model.name] = versions_of(model)
         self.counters.load_failures += 1
         self.counters.insufficient_memory += isinstance(exc, InsufficientMemory)
         model.replaces = None
@@ -460,8 +458,9 @@ class Registry:
 
     def _discard(self, model: Model) -> None:
         """Forget the model and free what it holds; safe on a half-loaded model."""
-        if self.models.get(model.name) is model:
+        if self.models.get(model.name) is model:  # the name's own: unloaded, evicted, or its first load failed
             del self.models[model.name]
+            self.last_versions[model.name] = versions_of(model)
         self.cache.release(model)
         backends, model.versions = list(model.versions.values()), {}
         try:
