@@ -35,8 +35,6 @@ KNOWN = {
     "statistics: an unknown model's": _NOT_THERE,
     "repository: the load of a model not in the repository": "404 here, a client's mistake (the url it names is not "
                                                              "there); tritonserver answers 500",
-    "shared memory: an inference through it": "an output written to shared memory names its region and the bytes "
-                                              "written here (`parameters`); tritonserver's names neither",
     "repository: the index over gRPC": "tritonserver's reasons carry a traceback of the model's code; the HTTP index "
                                        "beside it compares without them",
     "V2 infer: an ensemble": "tritonserver's ensemble answers carry sequence parameters (`sequence_id` 0, `sequence_start` "
@@ -140,7 +138,7 @@ def add_model(name: str, like: str):
 def metric_families(target) -> list[str]:
     """Triton's per-model metric families /metrics shows for a model."""
     text = requests.get(getattr(target, "metrics_url", target.url + "/metrics"), timeout=_DEADLINE).text
-    return sorted(set(re.findall(r'^(nv_inference_\w+)\{[^}]*model="double"', text, re.MULTILINE)))
+    return sorted(set(re.findall(r'^(nv_\w+)\{[^}]*model="double"', text, re.MULTILINE)))
 
 
 def shared_memory_output(region: shared_memory.SharedMemory, start: int, end: int):

@@ -54,10 +54,12 @@ class ServerCollector:
     def triton_counters(self) -> str:
         """The per-version counters in the text format, written here because prometheus-client renames
         every counter to `…_total`, and Triton's dashboards query Triton's names."""
-        lines = []
+        lines, caching = [], self.core.response_cache is not None
         for name, documentation, value in _PER_VERSION:
             lines += [f"# HELP {name} {documentation}", f"# TYPE {name} counter"]
             for model, version, statistics in self.core.stats():
+                if name.startswith("nv_cache_") and not (caching and model.caches):  # as Triton: only where it caches
+                    continue
                 counted, labels = value(statistics), f'model="{_escape(model.name)}"'
                 if isinstance(counted, dict):  # one line a reason, as Triton labels them
                     lines += [f'{name}{{{labels},reason="{reason}",version="{version}"}} {n}' for reason, n in counted.items()]

@@ -73,6 +73,7 @@ def test_inference_metrics_follow_successes_and_failures(server):
     assert after[("serve_queue_depth", (("model", "double"),))] == 0
     assert after[("nv_cpu_memory_total_bytes", ())] > 0
     assert 0 <= after[("nv_cpu_utilization", ())] <= 1
+    assert not [key for key in after if key[0].startswith("nv_cache_")]  # no response cache: none, as on Triton
     [stats] = server.request("GET", "/v2/models/double/stats").json()["model_stats"]
     assert stats["inference_stats"]["fail"]["count"] == 0
 
