@@ -270,9 +270,7 @@ class Core:
                     cache.put(keys[index][0], outputs)
                     statistics.cache_miss.add(keys[index][1] + time.perf_counter_ns() - kept)
                 statistics.record_success(jobs[index].items, time.perf_counter_ns() - start, phases)
-                # while the request's lease holds the model: a model measured after an unload freed it
-                # would be charged again, for ever
-                self._registry.remeasure(model)
+                self._registry.remeasure(model)  # while the request's lease holds the model
                 yield positions[index], InferResponse(model.name, version, outputs)
         except BaseException as exc:  # the caller went away (its client did), or the process is stopping
             for index in pending:
@@ -472,6 +470,7 @@ class Core:
 
     def memory(self) -> dict[str, tuple[int, int]]:
         """Device → (budget, bytes accounted to models)."""
+        self._registry.settle()
         cache = self._registry.cache
         return {device: (budget, cache.used(device)) for device, budget in cache.budgets.items()}
 
@@ -487,6 +486,7 @@ class Core:
     def model_memory(self, model: ModelView) -> dict[str, int]:
         """Device → bytes accounted to `model`; an ensemble's are its composing models' (each is charged
         once, in the cache, as a model of its own)."""
+        self._registry.settle()
         record = self._record(model)
         if record is None:
             return {}

@@ -78,6 +78,7 @@ class Model:
     gone: Event = field(default_factory=Event)  # set once an unloaded or evicted model is freed
     placement: str = ""  # why the model runs where it runs, when not where its config asks
     remeasures: int = _REMEASURED_REQUESTS  # requests left after which its memory is charged again
+    measuring: Event | None = None  # while its memory is measured again (Registry.remeasure); set when done
     download: object = None  # its hold on the download cache entry it loaded from (an S3 model)
     uploaded: bool = False  # built from a client's files, not from the model root
     overridden: bool = False  # loaded with a client's config or files, not as the model root holds it
@@ -335,6 +336,7 @@ class Registry:
     # -- internals ---------------------------------------------------------------------------------
 
     def _load(self, model: Model, path: Path, owned: bool) -> None:
+        self.settle()  # a model being measured is held: once measured, it may be idle, and evicted to make room
         model.source = source = self._pool.apply(open_source, (path, self.limits, self.scratch))
         if owned:
             source.scratch = path
@@ -364,21 +366,42 @@ class Registry:
 
     def remeasure(self, model: Model) -> None:
         """While the model's cost settles, or after its worker pool grew or shrank, charge what its
-        backends measure now. A model that grew past the budget makes room like a load; with no room it
-        stays charged its true size, over budget."""
+        backends measure now, in a greenlet of its own that holds the model (an unload waits for it, so
+        a model is never measured after it was freed): the request that asked is answered meanwhile. A
+        handler model's workers are measured through /proc, ~3 ms that the first eight requests after each
+        load paid before. Called under a request's lease; one measurement of a model at a time."""
         resized = any(pool.resized for pool in model.pools)  # per request: no backend but a pool is looked at
-        if (model.remeasures <= 0 and not resized) or model.state is not State.READY:
+        if (model.remeasures <= 0 and not resized) or model.state is not State.READY or model.measuring is not None:
             return
         model.remeasures = max(model.remeasures - 1, 0)
-        # on a thread: a handler model's worker is measured through /proc, milliseconds the hub must not wait
-        sizes = self._pool.apply(_memory, (list(model.versions.values()),))
-        if sizes == self.cache.size_of(model):
-            return
+        model.measuring = Event()
+        self.hold(model)
+        gevent.spawn(self._measure_held, model)
+
+    def _measure_held(self, model: Model) -> None:
         try:
-            self._make_room(model, sizes)
-        except InsufficientMemory as exc:
-            self.cache.charge(model, sizes)
-            log.warning("model is over the memory budget", extra={"fields": {"model": model.name, "error": str(exc)}})
+            # on a thread, the hub's (not the loads', which may be busy for seconds): the hub must not wait for /proc
+            sizes = gevent.get_hub().threadpool.apply(_memory, (list(model.versions.values()),))
+            if sizes == self.cache.size_of(model):
+                return
+            try:
+                self._make_room(model, sizes)
+            except InsufficientMemory as exc:
+                self.cache.charge(model, sizes)
+                log.warning("model is over the memory budget", extra={"fields": {"model": model.name, "error": str(exc)}})
+        except Exception:  # noqa: BLE001 — no request to fail: its charge stays as it was
+            log.exception("measuring a model's memory failed", extra={"fields": {"model": model.name}})
+        finally:
+            measuring, model.measuring = model.measuring, None
+            measuring.set()
+            self.release(model)
+
+    def settle(self) -> None:
+        """Wait for the measurements under way (milliseconds each): what the cache charges is then what
+        the requests answered so far have measured."""
+        for model in list(self.models.values()):
+            if model.measuring is not None:
+                model.measuring.wait()
 
     def _retire(self, model: Model) -> None:
         """Refuse the model's new requests, wait for those in flight, then free it."""
@@ -426,6 +449,7 @@ class Registry:
         that evicting every idle model could not satisfy evicts none: one hostile request must not
         empty the cache."""
         self.counters.recoveries += 1
+        self.settle()
         self._pool.apply(self.runtime.release_memory)
         room = min(self._pool.apply(self.runtime.free_memory, (device,)),
                    self.cache.budgets.get(device, 0) - self.cache.used(device))
