@@ -25,6 +25,7 @@ from container.errors import (
     Unavailable,
 )
 from container.inference import Client, InferRequest, Ticket
+from container.models import registry as registry_module
 from container.models.cache import MemoryCache
 from container.models.registry import Registry, Runtime, State
 from container.scheduling import scheduler_for
@@ -111,6 +112,35 @@ def test_requests_that_arrived_together_each_answer_under_their_own_lease(tmp_pa
     assert measured == [2, 1]  # the refused request left first; each measure under a lease
     registry.settle()  # the measurement holds the model while it runs, after the requests were answered
     assert registry.models["m"].in_flight == 0
+
+
+def test_a_request_is_answered_while_its_model_is_measured_again_and_an_unload_waits_for_the_measure(tmp_path, monkeypatch):
+    """Measuring a model's memory again (a handler model's workers through /proc, ~5 ms) runs beside the
+    request that asked for it: its answer does not wait. The measurement holds the model, so an unload waits
+    for it (a model measured after it was freed would be charged again, for ever)."""
+    fp32_model(tmp_path, "m")
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    registry, entered, gate = core._registry, threading.Event(), threading.Event()
+    measure = registry_module._memory
+
+    def held(backends):  # on a thread
+        entered.set()
+        assert gate.wait(60)
+        return measure(backends)
+
+    monkeypatch.setattr(registry_module, "_memory", held)
+    try:
+        assert gevent.spawn(infer, core, "m", 1.0).get(timeout=30) == (1, [[2.0] * 4])  # the gate still shut
+        poll(entered.is_set, 30, "the model was not measured again")
+        unloading = gevent.spawn(core.unload, "m")
+        poll(lambda: registry.models["m"].state is State.UNLOADING, 30, "the unload did not start")
+        take_turns()
+        assert not unloading.ready() and registry.models["m"].in_flight == 1  # the measurement's hold
+    finally:
+        gate.set()
+    unloading.get(timeout=30)
+    assert "m" not in registry.models and registry.cache.used("cpu") == 0
 
 
 def test_a_request_of_a_closed_connection_or_with_its_ticket_cancelled_never_runs(tmp_path):
