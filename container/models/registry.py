@@ -368,7 +368,7 @@ class Registry:
         """While the model's cost settles, or after its worker pool grew or shrank, charge what its
         backends measure now, in a greenlet of its own that holds the model (an unload waits for it, so
         a model is never measured after it was freed): the request that asked is answered meanwhile. A
-        handler model's workers are measured through /proc, ~3 ms that the first eight requests after each
+        handler model's workers are measured through /proc, ~5 ms that the first eight requests after each
         load paid before. Called under a request's lease; one measurement of a model at a time."""
         resized = any(pool.resized for pool in model.pools)  # per request: no backend but a pool is looked at
         if (model.remeasures <= 0 and not resized) or model.state is not State.READY or model.measuring is not None:
