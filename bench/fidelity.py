@@ -62,14 +62,8 @@ def http(method: str, path: str, **options):
 
 def grpc_infer(model: str, inputs: dict, **options):
     """ModelInfer through tritonclient: the response message as a dict, or the error's status."""
-    def call(target) -> tuple:
-        with triton_grpc.InferenceServerClient(target.grpc_url.removeprefix("http://")) as client:
-            try:
-                result = client.infer(model, _grpc_inputs(inputs), client_timeout=_DEADLINE, **options)
-            except InferenceServerException as exc:
-                return exc.status(), None
-            return "OK", result.get_response(as_json=True)
-    return call
+    return grpc_call("infer", model, _grpc_inputs(inputs), answer=lambda result: result.get_response(as_json=True),
+                     **options)
 
 
 def grpc_stream(*sends: dict):
@@ -101,12 +95,12 @@ def http_binary(path: str, document: dict):
     return call
 
 
-def grpc_call(method: str, *args, **options):
-    """Any other call of tritonclient's gRPC client: its answer as JSON, or the error's status."""
+def grpc_call(method: str, *args, answer=lambda result: result, **options):
+    """A call of tritonclient's gRPC client: `answer` of what it returned, or the error's status."""
     def call(target) -> tuple:
         with triton_grpc.InferenceServerClient(target.grpc_url.removeprefix("http://")) as client:
             try:
-                return "OK", getattr(client, method)(*args, **options, client_timeout=_DEADLINE)
+                return "OK", answer(getattr(client, method)(*args, **options, client_timeout=_DEADLINE))
             except InferenceServerException as exc:
                 return exc.status(), None
     return call
@@ -137,7 +131,7 @@ def add_model(name: str, like: str):
 
 def metric_families(target) -> list[str]:
     """Triton's per-model metric families /metrics shows for a model."""
-    text = requests.get(getattr(target, "metrics_url", target.url + "/metrics"), timeout=_DEADLINE).text
+    text = requests.get(target.metrics_url, timeout=_DEADLINE).text
     return sorted(set(re.findall(r'^(nv_\w+)\{[^}]*model="double"', text, re.MULTILINE)))
 
 

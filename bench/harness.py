@@ -46,6 +46,7 @@ class Server:
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.grpc_url = f"http://127.0.0.1:{self.grpc_port}"
+        self.metrics_url = self.url + "/metrics"  # as Triton's (bench/triton.py), which serves it on a port of its own
         environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                        "SAGEMAKER_BIND_TO_PORT": str(self.port), "SERVE_GRPC_PORT": str(self.grpc_port), "SERVE_MODEL_ROOT": str(model_root),
                        "SERVE_LOAD_MODELS": "*", "SERVE_LOG_LEVEL": "warning",

@@ -83,9 +83,8 @@ def run(seconds: float, smoke: bool) -> list[str]:
             target = (Triton({}, repository=root / "models", arguments=("--model-control-mode=explicit", "--load-model=*"))
                       if name == "tritonserver" else Server(root / "models", SERVE_ALLOW_CLIENT_SHM="true"))
             try:
-                metrics = getattr(target, "metrics_url", target.url + "/metrics")
                 for label, protocol, arguments in modes:
-                    filled = [a.format(data=root / "count.json", metrics=metrics) for a in arguments]
+                    filled = [a.format(data=root / "count.json", metrics=target.metrics_url) for a in arguments]
                     results[name, label, protocol] = _measure(target, protocol, filled, seconds)
             finally:
                 target.stop()
