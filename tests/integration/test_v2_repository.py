@@ -161,6 +161,8 @@ def test_model_built_from_files_lives_in_server_storage(server, client):
     ({"config": 7}, 400, "must be a string"),
     ({"config": json.dumps(CONFIG), "file:../../escape.pt": "eA=="}, 400, "relative path inside"),
     ({"config": json.dumps(CONFIG), "file:/etc/passwd": "eA=="}, 400, "relative path inside"),
+    ({"config": json.dumps(CONFIG), "file:1/model.pt\x00x": "eA=="}, 400, "relative path inside"),
+    ({"config": json.dumps(CONFIG), "file:1/" + "B" * 300: "eA=="}, 400, "File name too long"),  # past NAME_MAX
     ({"config": json.dumps(CONFIG), "file:1/model.pt": "%%%"}, 400, "not valid base64"),
     ({"config": json.dumps(CONFIG), "file:1/model.pt": base64.b64encode(b"garbage").decode()}, 400, "not a TorchScript model"),
     ({"config": json.dumps(CONFIG)}, 404, "failed to poll from model repository"),
@@ -172,6 +174,8 @@ def test_bad_load_requests(server, parameters, status, message):
     if not any(words in message for words in ("'config' parameter", "must be a string", "base64")):  # refused before any load
         assert answer.json()["error"].startswith("failed to load 'fromfiles2', ")  # Triton's words first
     assert "fromfiles2" not in server.loaded()
+    assert server.request("POST", "/v2/repository/models/alpha/load").status_code == 200  # loads and serves on
+    assert server.invoke("alpha", [[1, 2, 3, 4]]).json() == [[2.0, 4.0, 6.0, 8.0]]
 
 
 @pytest.mark.parametrize("path, body, message", [
