@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests import grpc_clients
-from tests.builders import wait_for
+from tests.builders import aoti_package, wait_for
 from tests.integration.test_s3 import s3, upload_directory  # noqa: F401 (a fixture this module uses too)
 
 BATCH = torch.export.Dim("batch", min=1, max=64)
@@ -78,10 +78,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     made = {"package": directory / "package.pt2", "program": directory / "program.pt2",
             "fixed": directory / "fixed.pt2", "blend": directory / "blend.pt2", "accumulator": directory / "accumulator.pt2",
             "masked": directory / "masked.pt2", "pairs": directory / "pairs.pt2"}
-    torch._inductor.aoti_compile_and_package(classifier, package_path=str(made["package"]))
+    aoti_package(classifier, made["package"])
     accumulator = exported(Accumulator(), (torch.ones(2, 1), torch.ones(2, 1, dtype=torch.int32), torch.zeros(2, 1)),
                            shapes={"value": {0: BATCH}, "start": {0: BATCH}, "state": {0: BATCH}})
-    torch._inductor.aoti_compile_and_package(accumulator, package_path=str(made["accumulator"]))
+    aoti_package(accumulator, made["accumulator"])
     torch.export.save(classifier, made["program"])
     torch.export.save(exported(Classifier(), (x,)), made["fixed"])
     torch.export.save(exported(Classifier(), (x,), shapes={"x": {0: torch.export.Dim("pairs", min=2, max=64)}}), made["pairs"])
@@ -434,7 +434,7 @@ def test_a_package_compiled_for_cuda_runs_on_the_gpu_its_group_names_and_a_cpu_o
     package = tmp_path / "cuda.pt2"
     module = Classifier().cuda()
     program = exported(module, (torch.ones(2, 4, device="cuda"),), shapes={"x": {0: BATCH}})
-    torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+    aoti_package(program, package)
     on_gpu = {"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}]}
     triton_model(tmp_path / "models", "cuda", package, classifier_config("torch_aoti", **on_gpu))
     triton_model(tmp_path / "models", "cpu_on_gpu", files["package"], classifier_config("torch_aoti", **on_gpu))

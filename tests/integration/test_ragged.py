@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests import grpc_clients
-from tests.builders import python_model, tensor, triton_model, wait_for
+from tests.builders import aoti_package, python_model, tensor, triton_model, wait_for
 from tests.integration import test_pt2
 from tests.integration.test_groups import FrontEnd, document_call
 
@@ -111,7 +111,7 @@ def server(start_server, tmp_path_factory):
         {0: torch.export.Dim("tokens", min=1, max=4096)}, {0: rows + 1}, {0: rows}))
     files = tmp_path_factory.mktemp("pt2")
     torch.export.save(program, str(files / "doubled.pt2"))
-    torch._inductor.aoti_compile_and_package(program, package_path=str(files / "doubled_aoti.pt2"))  # ~8 s here
+    aoti_package(program, files / "doubled_aoti.pt2")  # ~8 s here
     test_pt2.triton_model(root, "doubled", files / "doubled.pt2", EXPORTED)
     test_pt2.triton_model(root, "doubled_aoti", files / "doubled_aoti.pt2", {**EXPORTED, "platform": "torch_aoti"})
     python_model(root, "python_batch_input", "class TritonPythonModel:\n    pass\n", {
