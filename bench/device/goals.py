@@ -1,0 +1,64 @@
+"""Issue 54's goals on the GPU machine, in one run that fits a device lease (about four minutes):
+    bench/device/run python3 bench/device/goals.py [SECONDS]
+1. tiny V2 binary at 64 connections from 0 to 16 HTTP front-ends, beside Triton: requests/s and the
+   model process's CPU per request (bench/frontends.py's cells);
+2. tiny gRPC ModelInfer at 8 and 64 connections with 1, 4 and 8 front-ends, beside Triton's gRPC, both
+   on the same half of the cores and h2load on the other (bench/grpc.py's cells);
+3. the MLP on cuda:0 with and without dynamic batching at 1, 8 and 64 clients (bench/gpu.py's), where a
+   GPU exists."""
+
+import sys
+
+import torch
+
+from bench import frontends, grpc
+from bench.gpu import _mlp_on_the_gpu
+from bench.harness import CORES, ratio
+from bench.triton import both_servers
+
+GRPC_FRONT_ENDS = (1, 4, 8)
+
+
+def _frontends(seconds: float) -> list[str]:
+    server_cores = CORES[:-1] if len(CORES) > 2 else CORES
+    routes = [route for route in frontends._routes() if route[:2] == ("tiny", "V2 binary")]
+    counts = [n for n in frontends.COUNTS if n <= len(CORES)]
+    return frontends._throughput(frontends._models(), routes, counts, server_cores, seconds, with_triton=True)
+
+
+def _grpc(seconds: float) -> list[str]:
+    message = grpc._request("tiny", 16)
+    models = {"tiny": grpc.MODELS["tiny"]}
+    lines = ["| server | connections | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    peer_rates: dict[int, float] = {}
+    for count in GRPC_FRONT_ENDS:
+        with both_servers(models, SERVE_HTTP_WORKERS=str(count)) as (server, peer):
+            if peer is not None and not peer_rates:
+                for connections in (8, 64):
+                    load, cpu_us = grpc._grpc_measure(peer.grpc_url, peer.process.pid, message, connections, seconds)
+                    peer_rates[connections] = load.requests_per_s
+                    lines.append(f"| Triton | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
+                                 f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | — |")
+            for connections in (8, 64):
+                load, cpu_us = grpc._grpc_measure(server.grpc_url, server.process.pid, message, connections, seconds)
+                versus = ratio(load.requests_per_s, peer_rates[connections]) if connections in peer_rates else "—"
+                lines.append(f"| this server, {count} gRPC front-end{'s' * (count > 1)} | {connections} | "
+                             f"{load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | {load.errors} | "
+                             f"{cpu_us:,.0f} | {versus} |")
+    return lines
+
+
+def main() -> None:
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3
+    print(f"{len(CORES)} cores, torch {torch.__version__}, {seconds:g} s a cell.\n", flush=True)
+    print("## Tiny V2 binary, 64 connections\n", *_frontends(seconds), "", sep="\n", flush=True)
+    print("## Tiny gRPC ModelInfer\n", *_grpc(seconds), "", sep="\n", flush=True)
+    if torch.cuda.is_available():
+        print("## The MLP on the GPU\n", *_mlp_on_the_gpu(seconds, False), sep="\n", flush=True)
+    else:
+        print("No GPU here: the MLP on the GPU is left out.")
+
+
+if __name__ == "__main__":
+    main()
