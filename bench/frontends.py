@@ -17,7 +17,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.harness import CORES, Server, cpu_seconds, executions, mib, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import (
+    CORES,
+    Server,
+    context_switches,
+    cpu_seconds,
+    executions,
+    mib,
+    ratio,
+    save_model,
+    tree,
+    v2_binary_request,
+    wrk,
+)
 from bench.mlp import MLP, WIDTH
 from bench.python_backend import ECHO_PY as PYTHON_ECHO
 from bench.python_backend import python_model
@@ -127,12 +139,13 @@ def _model_process(routes: list, counts: list[int], spent: dict) -> list[str]:
     the ceiling front-ends cannot lift."""
     head = " | ".join(f"{n} front-end{'s' * (n > 1)}" for n in counts)
     lines = ["CPU µs per request in the model process / in the front-ends together, then the model process's busy "
-             "share of one core and wrk's, the share of the model's executions its event loop ran itself, and the "
-             "requests/s one core of the model process serves at most.", "",
+             "share of one core and wrk's, the share of the model's executions its event loop ran itself, the model "
+             "process's context switches per request, and the requests/s one core of the model process serves at most.", "",
              f"| model | protocol | {head} | ceiling, requests/s |", "| --- | --- | " + "--- | " * len(counts) + "--- |"]
     for model, label, *_ in routes:
         cells = [spent.get((model, label, n)) for n in counts]
-        text = " | ".join(f"{c[0]:,.0f} / {c[1]:,.0f} µs, {c[2]:.0%} / {c[3]:.0%}, loop {c[4]:.0%}" if c else "—" for c in cells)
+        text = " | ".join(f"{c[0]:,.0f} / {c[1]:,.0f} µs, {c[2]:.0%} / {c[3]:.0%}, loop {c[4]:.0%}, {c[5]:.2f} switches"
+                          if c else "—" for c in cells)
         known = [c[0] for c in cells if c]
         lines.append(f"| {model} | {label} | {text} | {f'{1e6 / min(known):,.0f}' if known else '—'} |")
     return lines
@@ -140,21 +153,25 @@ def _model_process(routes: list, counts: list[int], spent: dict) -> list[str]:
 
 def _measure(server: Server, model: str, path: str, body: bytes, headers: dict, seconds: float) -> tuple[float, tuple | None]:
     """One cell: requests/s (0 when any request failed), and where the CPU went: µs per request in the
-    model process and in the front-ends together, the model process's busy share of a core, wrk's, and
-    the share of the model's executions the event loop ran itself (None when nothing was served)."""
+    model process and in the front-ends together, the model process's busy share of a core, wrk's, the
+    share of the model's executions the event loop ran itself, and the model process's context switches
+    per request (None when nothing was served)."""
     pid = server.worker_pid()
     runs_before = executions(server.url, model)  # read outside the CPU counted: a scrape costs the model process
     # the model process alone: a handler model's workers are its children, and pay for the script
+    switches_before = context_switches(pid)
     before, front_ends_before, started = cpu_seconds(pid, False), _front_ends_cpu(server), time.perf_counter()
     load = wrk(server.url + path, body, headers, CONNECTIONS, seconds)
     elapsed = time.perf_counter() - started
     in_model, in_front_ends = cpu_seconds(pid, False) - before, _front_ends_cpu(server) - front_ends_before
+    switches = context_switches(pid) - switches_before
     runs, on_loop = (after - earlier for after, earlier in zip(executions(server.url, model), runs_before, strict=True))
     served = load.requests_per_s * max(1, round(seconds))
     if not served:
         return 0.0, None
     return (load.requests_per_s if not load.errors else 0.0,
-            (in_model / served * 1e6, in_front_ends / served * 1e6, in_model / elapsed, load.client_cpu, on_loop / max(runs, 1)))
+            (in_model / served * 1e6, in_front_ends / served * 1e6, in_model / elapsed, load.client_cpu, on_loop / max(runs, 1),
+             switches / served))
 
 
 def _front_ends_cpu(server: Server) -> float:
