@@ -23,9 +23,9 @@ from gevent.event import AsyncResult
 
 from container.channel import wire
 from container.channel.hub_client import HubChannelClient
-from container.channel.kept import KeptGreenlets
 from container.errors import Cancelled, PayloadTooLarge, ServeError
 from container.inference import Client
+from container.kept import KeptGreenlets
 
 MOST_CALLS = 64  # calls in one group
 MOST_BYTES = 256 << 10  # data in one group; a call with more goes alone

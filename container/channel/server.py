@@ -22,9 +22,9 @@ from gevent.server import StreamServer
 from container.channel import blob_prefix, wire
 from container.channel.blobs import Blobs
 from container.channel.groups import GroupItems
-from container.channel.kept import KeptGreenlets
 from container.channel.stream import FrameReader, Outbox
 from container.errors import ServeError, Unavailable
+from container.kept import KeptGreenlets
 
 log = logging.getLogger(__name__)
 # what a request is told that came as the model process stops: it cannot know whether a restart follows

@@ -9,10 +9,10 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
+from container import kept
 from container.inference import Client
 
 
@@ -110,9 +110,13 @@ def as_done(function: Callable, items: list) -> Iterator[tuple[int, object]]:
         return
     done = Queue()
     for position, item in enumerate(items):
-        gevent.spawn_raw(lambda p, i: done.put((p, outcome(function, i))), position, item)
+        kept.spawn(_put_outcome, done, position, function, item)
     for _ in items:
         yield done.get()
+
+
+def _put_outcome(done: Queue, position: int, function: Callable, item) -> None:
+    done.put((position, outcome(function, item)))
 
 
 def outcome(function: Callable, *args):

@@ -9,10 +9,10 @@ import time
 from collections import deque
 from typing import Iterator
 
-import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
+from container import kept
 from container.errors import Cancelled, DeviceOutOfMemory, WorkerLost
 from container.inference import Cancellable
 from container.models.recovery import Recover, execute
@@ -104,7 +104,7 @@ class DirectScheduler(Scheduler):
                 self._take_turns(fn, group)  # nothing to answer before it is done: no greenlet
             else:
                 for _ in range(group.takers):
-                    gevent.spawn_raw(self._take_turns, fn, group)
+                    kept.spawn(self._take_turns, fn, group)
             while pending:
                 position, result = answered.get()
                 if isinstance(result, DeviceOutOfMemory) and self._recover and position not in retried:

@@ -1,12 +1,15 @@
 """Greenlets kept for the next piece of work, each parked once its work is done (up to `keep` of them)
 rather than ended. CPython 3.11 gives every new greenlet a frame stack of its own, 16 KiB mapped at its
 first call and unmapped when it ends: a greenlet per call cost the model process a mmap, a munmap and
-their page faults on every call (the channel's answerers), and a front-end as much on every group it
-sends (channel/groups.py)."""
+their page faults on every call (the channel's answerers), a front-end as much on every group it sends
+(channel/groups.py), and the model process once more for each request of a batching model (`spawn`):
+18% of its time there."""
 
 from typing import Callable
 
 import gevent
+
+KEEP_SHARED = 256  # the hub's greenlets kept for `spawn`: about the most requests a group brings at once
 
 
 class KeptGreenlets:
@@ -36,3 +39,23 @@ class KeptGreenlets:
                 return
             self._idle.append(gevent.getcurrent())
             args = self._hub.switch()  # parked until `start` hands it the next work
+
+
+_shared: dict = {}  # hub → its KeptGreenlets for `spawn` (the model process has one hub; a thread's own would differ)
+
+
+def spawn(function: Callable, *args) -> None:
+    """`function(*args)` in one of the hub's shared kept greenlets: for what waits once for each request
+    or group (scheduling/base.py's as_done: a request of a batching model waits for its batch so; the
+    takers of a group of handler requests, scheduling/direct.py), where a greenlet that ends would map and
+    unmap a frame stack each time. Never for a greenlet that anything may kill or wait on later: by then
+    it may be running other work."""
+    hub = gevent.get_hub()
+    kept = _shared.get(hub)
+    if kept is None:
+        kept = _shared[hub] = KeptGreenlets(_call, KEEP_SHARED)
+    kept.start(function, args)
+
+
+def _call(function: Callable, args: tuple) -> None:
+    function(*args)
