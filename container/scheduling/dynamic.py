@@ -16,6 +16,7 @@ from typing import Iterator
 import gevent
 from gevent import Timeout
 from gevent.lock import Semaphore
+from gevent.queue import Queue
 
 from container.errors import Cancelled, QueueTimeout
 from container.models.recovery import Recover, execute
@@ -68,8 +69,11 @@ class DynamicBatcher(Scheduler):
             except Exception as exc:  # a priority outside the levels, or a full queue
                 yield position, exc
         self._arrived.set()
-        for index, result in as_done(lambda entry: self._wait(*entry[1:]), queued):
-            yield queued[index][0], result
+        if any(timeout is not None for *_, timeout in queued):  # each waits out its own timeout
+            for index, result in as_done(lambda entry: self._wait(*entry[1:]), queued):
+                yield queued[index][0], result
+            return
+        yield from _as_set(queued)
 
     def _enqueue(self, job: Job) -> float | None:
         """Queue `job`; returns its queue timeout in seconds (None: none). Cancelled while it waits there
@@ -209,6 +213,20 @@ class DynamicBatcher(Scheduler):
         self._finished[job.order] = (job, outcome, ok)
         while self._pending and self._pending[0] in self._finished:
             _fulfil(*self._finished.pop(self._pending.pop(0)))
+
+
+def _as_set(queued: list[tuple[int, Job, None]]) -> Iterator[tuple[int, object]]:
+    """(position, (outputs, phases) or the exception) for each queued job as its result is set: each result
+    hands itself to one queue, rather than to a greenlet waiting for it (two switches a request)."""
+    done = Queue()
+    for position, job, _ in queued:
+        job.result.rawlink(functools.partial(_put_result, done, position))
+    for _ in queued:
+        yield done.get()
+
+
+def _put_result(done: Queue, position: int, result) -> None:
+    done.put((position, result.value if result.successful() else result.exception))
 
 
 def _fulfil(job: Job, outcome, ok: bool) -> None:

@@ -10,6 +10,7 @@ import pytest
 from gevent.socket import wait_read
 from google.protobuf import json_format
 
+from container import kept
 from container.errors import Cancelled, DeviceOutOfMemory, QueueFull, QueueTimeout
 from container.inference import Client
 from container.models.statistics import Statistics
@@ -441,6 +442,39 @@ def test_a_queued_request_whose_client_hangs_up_leaves_a_full_queue_at_once(back
     late = job(backend, 4)
     client.under_way(late)  # a request of a connection already closed is cancelled as it comes
     assert late.cancelled
+    scheduler.close()
+
+
+def test_a_batching_models_group_without_queue_timeouts_is_answered_with_no_greenlet_a_request(backend, monkeypatch):
+    """Each job's result hands itself to the group (dynamic.py's `_as_set`): a greenlet waiting for each
+    cost two switches a request. Priorities still order the batch."""
+    monkeypatch.setattr(kept, "spawn", lambda *args: pytest.fail("a greenlet was started for a request of the group"))
+    scheduler = scheduler_for("m", config(dynamic_batching={"priority_levels": 2, "default_priority_level": 2}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, 1), job(backend, 2, priority=1), job(backend, 3)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert backend.batches == [[-1.0], [2.0, 1.0, 3.0]]
+    assert [results[p][0]["y"].ravel().tolist() for p in range(3)] == [[2.0], [4.0], [6.0]]
+    scheduler.close()
+
+
+def test_a_request_of_a_group_past_its_queue_timeout_is_rejected_alone(backend):
+    policy = {"default_timeout_microseconds": 3_600_000_000, "allow_timeout_override": True}
+    scheduler = scheduler_for("m", config(dynamic_batching={"default_queue_policy": policy}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, 1), job(backend, 2, timeout=1000), job(backend, 3)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 2, message="the 1 ms queue timeout did not pass")  # the instance is held
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert isinstance(results[1], QueueTimeout)
+    assert results[0][0]["y"].ravel().tolist() == [2.0] and results[2][0]["y"].ravel().tolist() == [6.0]
+    assert backend.batches == [[-1.0], [1.0, 3.0]]
     scheduler.close()
 
 
