@@ -1,7 +1,8 @@
 """What this container may use: CPU quota and memory limit from cgroups, open files from rlimits (GPUs:
-backends/gpus.py); and how the C heap keeps what it frees."""
+backends/gpus.py); how the C heap keeps what it frees, and the collector what a process made to start."""
 
 import ctypes
+import gc
 import os
 import resource
 import signal
@@ -121,6 +122,15 @@ def keep_freed_heap(environ=os.environ) -> bool:
         return False
     environ["MALLOC_MMAP_THRESHOLD_"], environ["MALLOC_TRIM_THRESHOLD_"] = str(MMAP_THRESHOLD), str(TRIM_THRESHOLD)
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def freeze_start_up() -> None:
+    """What a process made before it serves (its imports, mostly) lives as long as it: frozen, the full
+    collections that requests in flight bring about every few hundred milliseconds skip it. Over torch the
+    model process's took ~90 ms each; an HTTP front-end's took 10 ms (its p99 at 64 connections 15 ms, and 6
+    frozen)."""
+    gc.collect()
+    gc.freeze()
 
 
 def killed_first(pid: int) -> None:

@@ -16,8 +16,10 @@ import uvloop  # after the descriptors are closed: nothing an import opens is lo
 
 from container.grpc_api.server import serve
 from container.logs import configure_logging
+from container.resources import freeze_start_up
 from container.settings import Settings
 
 settings = Settings.from_env(os.environ)
 configure_logging(settings.log_level, hub=False)
+freeze_start_up()
 uvloop.run(serve(settings, sys.argv[1], sys.argv[2] == "shared"))  # libuv's loop: grpc.aio's own callbacks are most of a call's cost

@@ -16,9 +16,11 @@ for low, high in zip([2, *_LISTENERS], [*_LISTENERS, os.sysconf("SC_OPEN_MAX")],
 from container.http_frontend.server import serve  # noqa: E402 (after the descriptors are closed)
 from container.http_transport import HeadLimits  # noqa: E402
 from container.logs import configure_logging  # noqa: E402
+from container.resources import freeze_start_up  # noqa: E402
 from container.settings import Settings  # noqa: E402
 
 settings = Settings.from_env(os.environ)
 configure_logging(settings.log_level)
 limits = json.loads(sys.argv[2])
+freeze_start_up()
 serve(settings, sys.argv[1], HeadLimits(**limits["head"]), limits["graceful_timeout"], _LISTENERS)

@@ -32,10 +32,11 @@ class RemoteInference:
         self._documents = Groups(channel, "v2_infer")
         self._tensors = Groups(channel, "v2_infer_tensors")
         self._views = model_views
+        self._pid = os.getpid()  # each call's key: a system call each time
 
     def __call__(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         name, version = request.params["name"], request.params.get("version")
-        key = (os.getpid(), name, version)
+        key = (self._pid, name, version)
         header_length = request.header(codec.HEADER_LENGTH)
         client = [request.client.number, request.client.requests]
 

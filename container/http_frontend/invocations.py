@@ -30,10 +30,11 @@ class RemoteInvoke:
         self._bodies = Groups(channel, "invoke")
         self._tensors = Groups(channel, "invoke_tensors")
         self._views = model_views
+        self._pid = os.getpid()  # each call's key: a system call each time
 
     def __call__(self, request: Request, name: str, on_demand: bool) -> Response:
         client, body, headers = request.client, request.body, request.headers
-        key = (os.getpid(), name, on_demand)
+        key = (self._pid, name, on_demand)
 
         def cross(view: TensorView, decoded: tuple) -> list:
             inputs = decoded[0]

@@ -81,6 +81,7 @@ class ChannelDispatcher:
         self.probes = Routes([])
         self.ready = Event()  # set once the probes are known: then this process accepts connections
         self._connections = 0
+        self._pid = os.getpid()  # in each call: a system call each time
 
     def start(self) -> None:
         self.channel.start()
@@ -91,7 +92,7 @@ class ChannelDispatcher:
         client = request.client
         try:
             status, headers, body = self.channel.call(
-                "http", os.getpid(), client.number, client.requests, request.method, request.path, request.query_string,
+                "http", self._pid, client.number, client.requests, request.method, request.path, request.query_string,
                 request.headers, large(request.body), request.oversize, timeout=self._deadline(request))
         except Unavailable as exc:  # the model process is away, or stuck past a probe's deadline
             return self.refuse(request, exc)
@@ -119,7 +120,7 @@ class ChannelDispatcher:
 
     def _tell_closed(self, number: int) -> None:
         try:
-            self.channel.call("connection_closed", os.getpid(), number)
+            self.channel.call("connection_closed", self._pid, number)
         except ServeError:
             pass  # the model process is away: its new self never knew the connection
 
