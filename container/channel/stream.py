@@ -87,7 +87,10 @@ class Outbox:
             try:
                 while self._pending:
                     frames, self._pending = self._pending, []
-                    self.sock.sendall(frames[0] if len(frames) == 1 else b"".join(frames))
+                    data = frames[0] if len(frames) == 1 else b"".join(frames)
+                    sent = self.sock.send(data)  # whole, most often: gevent's sendall first asks the socket its
+                    if sent < len(data):  # buffer's size, a system call each write
+                        self.sock.sendall(memoryview(data)[sent:])
             except OSError:
                 self._pending = []
             if self._written is not None:

@@ -90,6 +90,21 @@ def test_a_connection_writes_with_one_greenlet_kept_until_it_closes():
     theirs.close()
 
 
+def test_frames_larger_than_the_sockets_buffer_arrive_whole_and_in_order():
+    """A write the kernel takes in part (past its socket buffer) is finished before the next frames go."""
+    ours, theirs = socket.socketpair()
+    outbox, reader = Outbox(ours), FrameReader(theirs, 64 << 20)
+    messages = [[0, wire.ANSWER, b"a" * (8 << 20)], [1, wire.ANSWER, b"b"], [2, wire.ANSWER, b"c" * (3 << 20)]]
+    try:
+        for message in messages:
+            outbox.send(wire.pack(message))
+        assert [wire.unpack(reader.next()) for _ in messages] == messages
+    finally:
+        outbox.close()
+        ours.close()
+        theirs.close()
+
+
 def test_an_error_comes_back_as_its_class_with_its_words(channel):
     _, client, _, _, _ = channel
     with pytest.raises(InvalidRequest, match=r"must have shape \[4\]") as caught:
