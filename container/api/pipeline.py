@@ -13,7 +13,7 @@ import orjson
 
 from container import content
 from container.api.errors import error_answer, status_line
-from container.api.routing import Routes
+from container.api.routing import Match, Routes
 from container.errors import PayloadTooLarge, ServeError
 from container.inference import Client
 from container.request_log import AccessLog
@@ -77,11 +77,12 @@ class Dispatcher:
         prefix = os.urandom(8).hex()
         self._request_ids = map(f"{prefix}{{:016x}}".format, itertools.count())
 
-    def serve(self, request: Request) -> Response:
+    def serve(self, request: Request, match: Match | None = None) -> Response:
+        """`match`: the request's route, where the caller has found it already."""
         started = time.perf_counter()
         request.request_id = request.headers.get("x-request-id") or next(self._request_ids)
         try:
-            match = self.routes.match(request.method, request.path)
+            match = match or self.routes.match(request.method, request.path)
             request.params = match.params
             request.model = match.params.get("name")
             restriction = self._restricted.get(match.route.api) if self._restricted else None

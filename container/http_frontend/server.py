@@ -29,7 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from container.api import tfserving_infer
 from container.api.pipeline import ACCESS_LOG, Dispatcher, Request, Response
-from container.api.routing import Route, Routes
+from container.api.routing import Match, Route, Routes
 from container.api.sagemaker_invoke import invoke_routes
 from container.api.tfserving_json import MOUNT
 from container.api.v2_generate_stream import stream_routes
@@ -87,8 +87,9 @@ class ChannelDispatcher:
         self.channel.start()
 
     def serve(self, request: Request) -> Response:
-        if self._serves_here(request):
-            return self.local.serve(request)
+        match = self._served_here(request)
+        if match is not None:
+            return self.local.serve(request, match)
         client = request.client
         try:
             status, headers, body = self.channel.call(
@@ -98,12 +99,12 @@ class ChannelDispatcher:
             return self.refuse(request, exc)
         return Response(body, status=status, headers=headers)
 
-    def _serves_here(self, request: Request) -> bool:
+    def _served_here(self, request: Request) -> Match | None:
+        """The request's route where this process serves it, else None."""
         try:
-            self.local.routes.match(request.method, request.path)
+            return self.local.routes.match(request.method, request.path)
         except (HTTPException, ServeError):  # a miss, in werkzeug's words or a mount's (TF Serving's)
-            return False
-        return True
+            return None
 
     def _generate_events(self, name: str, version: str | None, body: dict):
         return self.channel.stream("generate_stream", name, version, body)
