@@ -2,8 +2,8 @@
 rather than ended. CPython 3.11 gives every new greenlet a frame stack of its own, 16 KiB mapped at its
 first call and unmapped when it ends: a greenlet per call cost the model process a mmap, a munmap and
 their page faults on every call (the channel's answerers), a front-end as much on every group it sends
-(channel/groups.py), and the model process once more for each request of a batching model (`spawn`):
-18% of its time there."""
+(channel/groups.py), and the model process once more for each request of a group that waited apart
+(`spawn`): 18% of its time with a batching model."""
 
 from typing import Callable
 
@@ -46,10 +46,10 @@ _shared: dict = {}  # hub → its KeptGreenlets for `spawn` (the model process h
 
 def spawn(function: Callable, *args) -> None:
     """`function(*args)` in one of the hub's shared kept greenlets: for what waits once for each request
-    or group (scheduling/base.py's as_done: a request of a batching model waits for its batch so; the
-    takers of a group of handler requests, scheduling/direct.py), where a greenlet that ends would map and
-    unmap a frame stack each time. Never for a greenlet that anything may kill or wait on later: by then
-    it may be running other work."""
+    or group (scheduling/base.py's as_done: the requests of a group for a model too slow for the event loop,
+    or with a queue timeout to wait out; the takers of a group of handler requests, scheduling/direct.py),
+    where a greenlet that ends would map and unmap a frame stack each time. Never for a greenlet that
+    anything may kill or wait on later: by then it may be running other work."""
     hub = gevent.get_hub()
     kept = _shared.get(hub)
     if kept is None:
