@@ -396,9 +396,10 @@ def test_a_client_that_gives_up_while_queued_is_not_executed(backend):
 
 
 def test_requests_that_came_together_wait_in_greenlets_kept_from_one_group_to_the_next():
-    """Each request of a group waits in a greenlet (as_done: for its batch, with a batching model). A
-    greenlet that ends unmaps the frame stack its start mapped (container/kept.py): 18% of the model
-    process's time once a request, so the next group's requests wait in the greenlets of the last."""
+    """Each request of a group may wait in a greenlet (as_done: for its turn on a thread, for a model too
+    slow for the event loop). A greenlet that ends unmaps the frame stack its start mapped
+    (container/kept.py): 18% of the model process's time once a request, so the next group's requests wait
+    in the greenlets of the last."""
     first = dict(as_done(lambda _: gevent.getcurrent(), range(8)))
     second = dict(as_done(lambda _: gevent.getcurrent(), range(8)))
     assert len(set(first.values())) == 8
