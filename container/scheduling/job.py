@@ -40,13 +40,17 @@ class Job(Cancellable):
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
     cancelled: bool = False  # its client went away (`cancel`)
     _on_cancel: list | None = None
+    _key: tuple | None = None  # batch_key's, once made: a queued job is compared at every batch cut
 
     def batch_key(self) -> tuple:
         """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size (a
         ragged input's shape aside)."""
-        if self.batching is not None:
-            return id(self.backend), tuple(self.batching.key(n, a) for n, a in sorted(self.inputs.items()))
-        return id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
+        if self._key is None:
+            if self.batching is not None:
+                self._key = id(self.backend), tuple(self.batching.key(n, a) for n, a in sorted(self.inputs.items()))
+            else:
+                self._key = id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
+        return self._key
 
 
 def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exception]]:

@@ -90,13 +90,17 @@ class JobQueue:
         ordered = [job for level in sorted(self._queues) for job in self._queues[level] if not job.delayed]
         ordered += [job for level in sorted(self._queues) for job in self._queues[level] if job.delayed]
         head, batch, items = ordered[0], [], 0
-        key = head.batch_key()
+        key, most = head.batch_key(), max(limit, head.items)
         for job in ordered:
-            if job.batch_key() == key and items + job.items <= max(limit, head.items):
+            if job.batch_key() == key and items + job.items <= most:
                 batch.append(job)
                 items += job.items
+                if items == most:
+                    break
+        taken = set(batch)  # by identity: a deque's remove of each would scan the queue once a job
+        for level, queue in self._queues.items():
+            self._queues[level] = deque(job for job in queue if job not in taken)
         for job in batch:
-            self._queues[self.level_of(job)].remove(job)
             job.stage = Stage.RUNNING
         self._update()
         return batch
