@@ -6,7 +6,13 @@ of a model fast enough for the loop (inline.py) runs there, once the loop has ha
 received and the request is still alone.
 max_queue_delay_microseconds is spent waiting for more requests while the queue is short of a
 preferred size and other requests for the model are on their way (counted from their headers,
-base.py). With preserve_ordering, responses leave in the order the requests arrived."""
+base.py). With preserve_ordering, responses leave in the order the requests arrived.
+
+Requests that arrive together (a front-end's group) and would batch together queue as one merge: one
+entry in the queue, one result handed back, and one answer made for them all; at execution its members
+run as the requests they are (run_batch), a member cancelled meanwhile left out. Only where nothing
+tells merged requests apart: no preferred batch sizes to cut a merge across, and no queue policy that
+counts a level's entries or times them out."""
 
 import functools
 import itertools
@@ -63,17 +69,35 @@ class DynamicBatcher(Scheduler):
             yield from super().infer_all(jobs)
             return
         queued = []
-        for position, job in enumerate(jobs):
+        for positions, job in self._merged(jobs):
             try:
-                queued.append((position, job, self._enqueue(job)))
+                queued.append((positions, job, self._enqueue(job)))
             except Exception as exc:  # a priority outside the levels, or a full queue
-                yield position, exc
+                yield from ((position, exc) for position in positions)
         self._arrived.set()
         if any(timeout is not None for *_, timeout in queued):  # each waits out its own timeout
             for index, result in as_done(lambda entry: self._wait(*entry[1:]), queued):
-                yield queued[index][0], result
+                yield from _members(queued[index][0], result)
             return
-        yield from _as_set(queued)
+        for index, result in _as_set(queued):
+            yield from _members(queued[index][0], result)
+
+    def _merged(self, jobs: list[Job]) -> list[tuple[list[int], Job]]:
+        """(positions, the job queued for them): those of `jobs` that would batch together and at one
+        priority merged, up to max_batch_size items a merge (`merge`); each other one alone."""
+        entries, open_merges = [], {}
+        for position, job in enumerate(jobs):
+            key = (job.batch_key(), self.queue.level_of(job)) if not self.preferred and self.queue.merges(job) else None
+            entry = open_merges.get(key) if key is not None else None
+            if entry is None or entry[2] + job.items > self.max_batch_size:
+                entry = [[], [], 0]
+                entries.append(entry)
+                if key is not None:
+                    open_merges[key] = entry
+            entry[0].append(position)
+            entry[1].append(job)
+            entry[2] += job.items
+        return [(positions, members[0] if len(members) == 1 else merge(members)) for positions, members, _ in entries]
 
     def _enqueue(self, job: Job) -> float | None:
         """Queue `job`; returns its queue timeout in seconds (None: none). Cancelled while it waits there
@@ -167,21 +191,31 @@ class DynamicBatcher(Scheduler):
 
     def _run_batch(self) -> None:
         batch = self._cut(self.queue.take(self.max_batch_size))
-        self._running += len(batch)
+        running = sum(job.requests for job in batch)
+        self._running += running
         try:
-            outcomes = execute(lambda jobs: run_jobs(self._threads, jobs), batch, self._recover)
+            outcomes = execute(self._execute, batch, self._recover)
         except BaseException as exc:
             for job in batch:
                 self._deliver(job, exc, ok=False)
             return
         finally:
-            self._running -= len(batch)
+            self._running -= running
         for part, outcome, ok in outcomes:
             if ok:
                 self._answer(part, *outcome)
             else:
                 for job in part:
                     self._deliver(job, outcome, ok=False)
+
+    def _execute(self, batch: list[Job]) -> tuple[Phases, list]:
+        """`run_batch` of the batch's requests on a thread, a merge's members in its place; a merge's
+        result is its members' (each outputs, or the exception it failed with)."""
+        if not any(job.members for job in batch):
+            return run_jobs(self._threads, batch)
+        phases, results = run_jobs(self._threads, [member for job in batch for member in job.members or (job,)])
+        each = iter(results)
+        return phases, [[next(each) for _ in job.members] if job.members else next(each) for job in batch]
 
     def _answer(self, batch: list[Job], phases: Phases, outputs: list[dict]) -> None:
         batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
@@ -215,12 +249,43 @@ class DynamicBatcher(Scheduler):
             _fulfil(*self._finished.pop(self._pending.pop(0)))
 
 
-def _as_set(queued: list[tuple[int, Job, None]]) -> Iterator[tuple[int, object]]:
-    """(position, (outputs, phases) or the exception) for each queued job as its result is set: each result
-    hands itself to one queue, rather than to a greenlet waiting for it (two switches a request)."""
+def merge(members: list[Job]) -> Job:
+    """The one job queued for `members` (jobs of one batch key and priority): cancelled, and so out of
+    the queue, once each of them is."""
+    first = members[0]
+    joined = Job(first.backend, first.statistics, first.inputs, None, sum(job.items for job in members),
+                 first.parameters, submitted=min(job.submitted for job in members), batching=first.batching,
+                 members=members)
+    joined._key = first.batch_key()
+    left = functools.partial(_member_left, joined)
+    for job in members:
+        job.when_cancelled(left)
+    return joined
+
+
+def _member_left(joined: Job) -> None:
+    if not joined.cancelled and all(job.cancelled for job in joined.members):
+        joined.cancel()
+
+
+def _members(positions: list[int], result) -> Iterator[tuple[int, object]]:
+    """(position, result) for the request or requests a queued job stood for: a merge's (its members'
+    results, phases) as each member's (outputs, phases) or exception."""
+    if len(positions) == 1 or isinstance(result, BaseException):
+        yield from ((position, result) for position in positions)
+        return
+    results, phases = result
+    for position, own in zip(positions, results, strict=True):
+        yield position, own if isinstance(own, Exception) else (own, phases)
+
+
+def _as_set(queued: list[tuple[list[int], Job, None]]) -> Iterator[tuple[int, object]]:
+    """(index in `queued`, (outputs, phases) or the exception) for each queued job as its result is set:
+    each result hands itself to one queue, rather than to a greenlet waiting for it (two switches a
+    request)."""
     done = Queue()
-    for position, job, _ in queued:
-        job.result.rawlink(functools.partial(_put_result, done, position))
+    for index, (_, job, _) in enumerate(queued):
+        job.result.rawlink(functools.partial(_put_result, done, index))
     for _ in queued:
         yield done.get()
 

@@ -39,8 +39,14 @@ class Job(Cancellable):
     request_id: str = ""  # the client's id for the request, as a python model's request shows it
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
     cancelled: bool = False  # its client went away (`cancel`)
+    members: list["Job"] | None = None  # a merge's requests (dynamic.py), which execute in its place
     _on_cancel: list | None = None
     _key: tuple | None = None  # batch_key's, once made: a queued job is compared at every batch cut
+
+    @property
+    def requests(self) -> int:
+        """Requests it stands for in its queue: a merge's members, else one."""
+        return len(self.members) if self.members else 1
 
     def batch_key(self) -> tuple:
         """Jobs merge only with jobs for the same version whose inputs agree on all but the batch size (a
@@ -49,7 +55,7 @@ class Job(Cancellable):
             if self.batching is not None:
                 self._key = id(self.backend), tuple(self.batching.key(n, a) for n, a in sorted(self.inputs.items()))
             else:
-                self._key = id(self.backend), tuple((n, a.dtype.str, a.shape[1:]) for n, a in sorted(self.inputs.items()))
+                self._key = id(self.backend), tuple([(n, a.dtype, a.shape[1:]) for n, a in sorted(self.inputs.items())])
         return self._key
 
 

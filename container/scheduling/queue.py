@@ -40,10 +40,19 @@ class JobQueue:
                                    f"(priority_levels)")
             self.policies[level] = Policy.from_config(policy)
         self._queues = {level: deque() for level in range(1, self.levels + 1)}
+        self._requests = 0  # queued, a merge's members each counted
         self.nonempty = Event()
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        """Requests queued (what queue_depth reports)."""
+        return self._requests
+
+    def merges(self, job: Job) -> bool:
+        """Whether `job` may queue merged with others of its level (dynamic.py): no policy there counts
+        its entries or times them out."""
+        policy = self.policies[self.level_of(job)]
+        return not (policy.max_queue_size or policy.default_timeout_us
+                    or (policy.allow_timeout_override and job.parameters.get("timeout")))
 
     def put(self, job: Job) -> float | None:
         """Queue the job; returns its queue timeout in seconds (None: none). A full queue is a 503 at once."""
@@ -53,6 +62,7 @@ class JobQueue:
             raise QueueFull(f"Exceeds maximum queue size: the queue for priority {level} holds its most "
                             f"({policy.max_queue_size} requests); retry later")  # Triton's words, then ours
         self._queues[level].append(job)
+        self._requests += job.requests
         self.nonempty.set()
         timeout_us = policy.default_timeout_us
         requested = job.parameters.get("timeout") or 0
@@ -76,12 +86,14 @@ class JobQueue:
 
     def discard(self, job: Job) -> None:
         self._queues[self.level_of(job)].remove(job)
+        self._requests -= job.requests
         self._update()
 
     def requeue(self, job: Job) -> None:
         """Put a job taken for a batch back at the front of its level."""
         job.stage = Stage.QUEUED
         self._queues[self.level_of(job)].appendleft(job)
+        self._requests += job.requests
         self.nonempty.set()
 
     def take(self, limit: int) -> list[Job]:
@@ -102,9 +114,10 @@ class JobQueue:
             self._queues[level] = deque(job for job in queue if job not in taken)
         for job in batch:
             job.stage = Stage.RUNNING
+            self._requests -= job.requests
         self._update()
         return batch
 
     def _update(self) -> None:
-        if not len(self):
+        if not self._requests:
             self.nonempty.clear()

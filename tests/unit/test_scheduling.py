@@ -22,6 +22,8 @@ from container.scheduling.job import Job
 from container.scheduling.sequence import Turn
 from tests.builders import poll, take_turns
 
+fulfil = dynamic._fulfil
+
 
 class HeldBackend:
     """execute() doubles its input; while `hold` is set, each execution waits for `release`."""
@@ -460,6 +462,78 @@ def test_a_batching_models_group_without_queue_timeouts_is_answered_with_no_gree
     results = group.get(timeout=30)
     assert backend.batches == [[-1.0], [2.0, 1.0, 3.0]]
     assert [results[p][0]["y"].ravel().tolist() for p in range(3)] == [[2.0], [4.0], [6.0]]
+    scheduler.close()
+
+
+def test_requests_that_came_together_and_would_batch_together_queue_and_are_answered_as_one(backend, monkeypatch):
+    """A group's requests of one batch key and priority are one entry of the queue and one result handed
+    back (dynamic.py's merges); queue_depth still counts each request, and each is answered its own rows."""
+    answered = []
+    monkeypatch.setattr(dynamic, "_fulfil", lambda *args: (answered.append(args[0]), fulfil(*args)))
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, 1), job(backend, 2, rows=2), job(backend, 3)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert backend.batches == [[-1.0], [1.0, 2.0, 2.0, 3.0]]
+    assert [results[p][0]["y"][:, 0].tolist() for p in range(3)] == [[2.0], [4.0, 4.0], [6.0]]
+    [merge] = answered  # the first request ran at once, from its own greenlet
+    assert merge.members == jobs
+    assert scheduler.queue_depth() == 0
+    scheduler.close()
+
+
+@pytest.mark.parametrize("batching", [{"preferred_batch_size": [2]}, {"default_queue_policy": {"max_queue_size": 8}}])
+def test_requests_are_not_merged_where_the_batcher_tells_them_apart(backend, monkeypatch, batching):
+    """Preferred sizes cut a batch, and a bounded queue counts its entries: there each request of a group
+    queues alone, as it would without one."""
+    answered = []
+    monkeypatch.setattr(dynamic, "_fulfil", lambda *args: (answered.append(args[0]), fulfil(*args)))
+    scheduler = scheduler_for("m", config(dynamic_batching=batching))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, value) for value in (1, 3, 2)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert [results[p][0]["y"][:, 0].tolist() for p in range(3)] == [[2.0], [6.0], [4.0]]
+    assert all(j in answered for j in jobs)
+    scheduler.close()
+
+
+def test_a_merge_holds_no_more_than_the_models_largest_batch(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={}))  # max_batch_size 8
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, value, rows=3) for value in (1, 2, 3, 4)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 4, message="the group did not queue")
+    backend.release.set()
+    first.get(timeout=30)
+    results = group.get(timeout=30)
+    assert backend.batches == [[-1.0], [1.0] * 3 + [2.0] * 3, [3.0] * 3 + [4.0] * 3]
+    assert [results[p][0]["y"][:, 0].tolist() for p in range(4)] == [[2.0] * 3, [4.0] * 3, [6.0] * 3, [8.0] * 3]
+    scheduler.close()
+
+
+def test_a_merge_whose_requests_are_all_cancelled_leaves_the_queue_at_once(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, value) for value in (1, 2)]
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == 2, message="the group did not queue")
+    jobs[0].cancel()
+    assert scheduler.queue_depth() == 2  # the other one still waits for its batch
+    jobs[1].cancel()
+    assert scheduler.queue_depth() == 0
+    results = group.get(timeout=30)
+    assert all(isinstance(result, Cancelled) for result in results.values())
+    backend.release.set()
+    first.get(timeout=30)
+    assert backend.batches == [[-1.0]]
     scheduler.close()
 
 
