@@ -9,6 +9,7 @@ makes only plain values and numeric arrays (no code runs, no object dtype from t
 peer forged cannot do more than a client's own request. Binary data marked `blobs.Large` travels
 beside the frame, in shared memory (blobs.py), and arrives as a read-only memoryview."""
 
+import functools
 import logging
 import math
 import struct
@@ -28,6 +29,7 @@ CANCEL = "cancel stream"  # the op that stops a stream (no operation's name has 
 MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
 _HEAD = struct.Struct("<8sB")  # dtype (numpy's str, e.g. '<f4'), number of dimensions; then int64 dims
+_DIMS = [struct.Struct(f"<{ndim}q") for ndim in range(256)]  # the dims of a head, by their number
 _NUMERIC = "biuf"
 _DTYPES = {dtype.str.encode().ljust(8, b"\0"): dtype  # the tensor datatypes' numeric dtypes, by their names in a head
            for dtype in map(little_endian, DATATYPES) if dtype.kind in _NUMERIC}
@@ -93,11 +95,17 @@ def _extension(value):
         if value.dtype.kind not in _NUMERIC:
             raise TypeError(f"a {value.dtype} tensor cannot cross the channel")
         dtype = value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype
-        return msgpack.ExtType(_ARRAY, _HEAD.pack(dtype.str.encode(), value.ndim) + _shape(value.shape)
-                               + np.ascontiguousarray(value, dtype).tobytes())
+        return msgpack.ExtType(_ARRAY, _array_head(dtype, value.shape) + np.ascontiguousarray(value, dtype).tobytes())
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} cannot cross the channel")
+
+
+@functools.lru_cache(maxsize=1024)
+def _array_head(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A numeric tensor's head, made once for each dtype and shape: a request's tensors take few of them,
+    and making one cost 0.6 µs of the 1.5 its extension took."""
+    return _HEAD.pack(dtype.str.encode(), len(shape)) + _shape(shape)
 
 
 def _dims(array: np.ndarray) -> bytes:
@@ -105,15 +113,15 @@ def _dims(array: np.ndarray) -> bytes:
 
 
 def _shape(shape: tuple[int, ...]) -> bytes:
-    return struct.pack(f"<{len(shape)}q", *shape)
+    return _DIMS[len(shape)].pack(*shape)
 
 
 def _tensor(code: int, data: bytes):
     # struct and a dtype table rather than numpy for the head: a small tensor's unpacking cost 10 µs, 3 of it here
     try:
         name, ndim = _HEAD.unpack_from(data)
-        shape = struct.unpack_from(f"<{ndim}q", data, _HEAD.size)
-    except struct.error:
+        shape = _DIMS[ndim].unpack_from(data, _HEAD.size)
+    except (struct.error, IndexError):
         raise ValueError("a channel tensor's head is cut short") from None
     start = _HEAD.size + 8 * ndim
     if code == _STRINGS:

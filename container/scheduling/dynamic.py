@@ -1,9 +1,9 @@
 """The dynamic batcher: requests queue by priority; whenever an instance thread is free, and the event
 loop has handled what it had received, it takes the next batch — the head request plus every queued
 request that can merge with it, up to max_batch_size, cut to the largest preferred_batch_size it makes
-exactly — so batches form from the queue under load and a lone request never waits. A lone request
-of a model fast enough for the loop (inline.py) runs there, once the loop has handled what it had
-received and the request is still alone.
+exactly — so batches form from the queue under load and a lone request never waits. A batch, or a
+lone request, of a model fast enough for the loop (inline.py) runs there; a lone one once the loop has
+handled what it had received and the request is still alone.
 max_queue_delay_microseconds is spent waiting for more requests while the queue is short of a
 preferred size and other requests for the model are on their way (counted from their headers,
 base.py). With preserve_ordering, responses leave in the order the requests arrived.
@@ -208,17 +208,27 @@ class DynamicBatcher(Scheduler):
                 for job in part:
                     self._deliver(job, outcome, ok=False)
 
-    def _execute(self, batch: list[Job]) -> tuple[Phases, list]:
-        """`run_batch` of the batch's requests on a thread, a merge's members in its place; a merge's
-        result is its members' (each outputs, or the exception it failed with)."""
-        if not any(job.members for job in batch):
-            return run_jobs(self._threads, batch)
-        phases, results = run_jobs(self._threads, [member for job in batch for member in job.members or (job,)])
-        each = iter(results)
-        return phases, [[next(each) for _ in job.members] if job.members else next(each) for job in batch]
+    def _execute(self, batch: list[Job]) -> tuple[Phases, list, bool]:
+        """`run_batch` of the batch's requests, a merge's members in its place, on a thread, or on the
+        event loop where the model's latest executions say the batch costs less than the judge allows
+        (inline.py): a thread's hand-off cost ~50 µs of CPU a batch (a tiny model, groups of 4 and 16 in
+        one process), more than such a batch's whole execution. A merge's result is its members' (each
+        outputs, or the exception it failed with). Also returns whether it ran on the loop."""
+        requests = [member for job in batch for member in job.members or (job,)]
+        items = sum(job.items for job in batch)
+        inline = self._judge.fits(items)
+        if inline:
+            phases, results = on_loop(run_batch, (requests,), min(job.submitted for job in requests))
+        else:
+            phases, results = run_jobs(self._threads, requests)
+        self._judge.record(items, phases, inline)
+        if len(requests) > len(batch):
+            each = iter(results)
+            results = [[next(each) for _ in job.members] if job.members else next(each) for job in batch]
+        return phases, results, inline
 
-    def _answer(self, batch: list[Job], phases: Phases, outputs: list[dict]) -> None:
-        batch[0].statistics.record_execution(sum(j.items for j in batch), phases)
+    def _answer(self, batch: list[Job], phases: Phases, outputs: list[dict], inline: bool) -> None:
+        batch[0].statistics.record_execution(sum(j.items for j in batch), phases, inline)
         now = time.perf_counter_ns()
         compute = phases.input_ns + phases.infer_ns + phases.output_ns
         for job, result in zip(batch, outputs, strict=True):
