@@ -82,7 +82,7 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     wanted = None if any(job.outputs is None for job in jobs) else list(dict.fromkeys(n for job in jobs for n in job.outputs))
     outputs = backend.execute(inputs, wanted, phases)
     phases.input_ns += merged - started
-    bounds = np.cumsum([0] + [job.items for job in jobs])
+    bounds = list(itertools.accumulate((job.items for job in jobs), initial=0))  # numpy's cumsum: 2 µs more
     shares = [{name: outputs[name][bounds[i]: bounds[i + 1]] for name in (job.outputs or outputs)} for i, job in enumerate(jobs)]
     return phases, shares if batching is None else batching.scatter(outputs, requests, shares)
 
