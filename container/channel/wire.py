@@ -121,7 +121,7 @@ def _tensor(code: int, data: bytes):
     try:
         name, ndim = _HEAD.unpack_from(data)
         shape = _DIMS[ndim].unpack_from(data, _HEAD.size)
-    except (struct.error, IndexError):
+    except struct.error:
         raise ValueError("a channel tensor's head is cut short") from None
     start = _HEAD.size + 8 * ndim
     if code == _STRINGS:
