@@ -30,7 +30,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler, as_done, preferred_sizes
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, on_loop, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, merged, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -84,7 +84,7 @@ class DynamicBatcher(Scheduler):
 
     def _merged(self, jobs: list[Job]) -> list[tuple[list[int], Job]]:
         """(positions, the job queued for them): those of `jobs` that would batch together and at one
-        priority merged, up to max_batch_size items a merge (`merge`); each other one alone."""
+        priority merged, up to max_batch_size items a merge (job.merged); each other one alone."""
         entries, open_merges = [], {}
         for position, job in enumerate(jobs):
             key = (job.batch_key(), self.queue.level_of(job)) if not self.preferred and self.queue.merges(job) else None
@@ -97,7 +97,7 @@ class DynamicBatcher(Scheduler):
             entry[0].append(position)
             entry[1].append(job)
             entry[2] += job.items
-        return [(positions, members[0] if len(members) == 1 else merge(members)) for positions, members, _ in entries]
+        return [(positions, members[0] if len(members) == 1 else merged(members)) for positions, members, _ in entries]
 
     def _enqueue(self, job: Job) -> float | None:
         """Queue `job`; returns its queue timeout in seconds (None: none). Cancelled while it waits there
@@ -257,25 +257,6 @@ class DynamicBatcher(Scheduler):
         self._finished[job.order] = (job, outcome, ok)
         while self._pending and self._pending[0] in self._finished:
             _fulfil(*self._finished.pop(self._pending.pop(0)))
-
-
-def merge(members: list[Job]) -> Job:
-    """The one job queued for `members` (jobs of one batch key and priority): cancelled, and so out of
-    the queue, once each of them is."""
-    first = members[0]
-    joined = Job(first.backend, first.statistics, first.inputs, None, sum(job.items for job in members),
-                 first.parameters, submitted=min(job.submitted for job in members), batching=first.batching,
-                 members=members)
-    joined._key = first.batch_key()
-    left = functools.partial(_member_left, joined)
-    for job in members:
-        job.when_cancelled(left)
-    return joined
-
-
-def _member_left(joined: Job) -> None:
-    if not joined.cancelled and all(job.cancelled for job in joined.members):
-        joined.cancel()
 
 
 def _members(positions: list[int], result) -> Iterator[tuple[int, object]]:

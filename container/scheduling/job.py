@@ -1,6 +1,7 @@
 """One inference request as the schedulers see it, and how a batch of them executes."""
 
 import enum
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ class Job(Cancellable):
     request_id: str = ""  # the client's id for the request, as a python model's request shows it
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
     cancelled: bool = False  # its client went away (`cancel`)
-    members: list["Job"] | None = None  # a merge's requests (dynamic.py), which execute in its place
+    members: list["Job"] | None = None  # a merge's requests (`merged`), which execute in its place
     _on_cancel: list | None = None
     _key: tuple | None = None  # batch_key's, once made: a queued job is compared at every batch cut
 
@@ -57,6 +58,24 @@ class Job(Cancellable):
             else:
                 self._key = id(self.backend), tuple([(n, a.dtype, a.shape[1:]) for n, a in sorted(self.inputs.items())])
         return self._key
+
+
+def merged(members: list[Job]) -> Job:
+    """The one job a batcher queues for `members` (jobs of one batch key and priority that came together),
+    which execute in its place: cancelled, and so out of its queue, once each of them is."""
+    first = members[0]
+    joined = Job(first.backend, first.statistics, first.inputs, None, sum(job.items for job in members),
+                 first.parameters, submitted=min(job.submitted for job in members), batching=first.batching,
+                 members=members, _key=first.batch_key())
+    left = functools.partial(_member_left, joined)
+    for job in members:
+        job.when_cancelled(left)
+    return joined
+
+
+def _member_left(joined: Job) -> None:
+    if not joined.cancelled and all(job.cancelled for job in joined.members):
+        joined.cancel()
 
 
 def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exception]]:
