@@ -1,9 +1,9 @@
 """The dynamic batcher: requests queue by priority; whenever an instance thread is free, and the event
 loop has handled what it had received, it takes the next batch — the head request plus every queued
 request that can merge with it, up to max_batch_size, cut to the largest preferred_batch_size it makes
-exactly — so batches form from the queue under load and a lone request never waits. A batch, or a
-lone request, of a model fast enough for the loop (inline.py) runs there; a lone one once the loop has
-handled what it had received and the request is still alone.
+exactly — so batches form from the queue under load and a lone request never waits. A lone request
+of a model fast enough for the loop (inline.py) runs there, once the loop has handled what it had
+received and the request is still alone; so does a batch its model's latest batches say is as fast.
 max_queue_delay_microseconds is spent waiting for more requests while the queue is short of a
 preferred size and other requests for the model are on their way (counted from their headers,
 base.py). With preserve_ordering, responses leave in the order the requests arrived.
@@ -49,6 +49,7 @@ class DynamicBatcher(Scheduler):
         self.queue = JobQueue(batching)
         self._threads = Instances(instances)
         self._judge = InlineJudge(inline_below_ns)  # for lone requests
+        self._batch_judge = InlineJudge(inline_below_ns)  # for batches: a lone request costs more an item
         self._free = Semaphore(instances)  # instances not executing a batch
         self._pending: list[int] = []  # with preserve_ordering: orders of unanswered jobs, oldest first
         self._finished: dict[int, tuple] = {}  # with preserve_ordering: order → (job, outcome, ok)
@@ -210,18 +211,19 @@ class DynamicBatcher(Scheduler):
 
     def _execute(self, batch: list[Job]) -> tuple[Phases, list, bool]:
         """`run_batch` of the batch's requests, a merge's members in its place, on a thread, or on the
-        event loop where the model's latest executions say the batch costs less than the judge allows
-        (inline.py): a thread's hand-off cost ~50 µs of CPU a batch (a tiny model, groups of 4 and 16 in
-        one process), more than such a batch's whole execution. A merge's result is its members' (each
-        outputs, or the exception it failed with). Also returns whether it ran on the loop."""
+        event loop where the model's latest batches say this one costs less than the judge allows
+        (inline.py): a thread's hand-off cost ~50 µs of CPU a batch (in one process, a tiny model, groups
+        of 4 and 16), more than such a batch's whole execution. Judged on batches alone: a lone request
+        costs several times a batch's cost per item. A merge's result is its members' (each outputs, or
+        the exception it failed with). Also returns whether it ran on the loop."""
         requests = [member for job in batch for member in job.members or (job,)]
         items = sum(job.items for job in batch)
-        inline = self._judge.fits(items)
+        inline = self._batch_judge.fits(items)
         if inline:
             phases, results = on_loop(run_batch, (requests,), min(job.submitted for job in requests))
         else:
             phases, results = run_jobs(self._threads, requests)
-        self._judge.record(items, phases, inline)
+        self._batch_judge.record(items, phases, inline)
         if len(requests) > len(batch):
             each = iter(results)
             results = [[next(each) for _ in job.members] if job.members else next(each) for job in batch]

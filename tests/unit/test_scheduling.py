@@ -946,16 +946,18 @@ def test_a_batched_models_lone_requests_run_inline_once_measured():
 
 
 @pytest.mark.parametrize("ns, on_loop", [(20_000, True), (2_000_000, False)], ids=["fit", "too slow"])
-def test_a_batch_runs_on_the_loop_when_its_models_executions_say_it_fits(ns, on_loop):
+def test_a_batch_runs_on_the_loop_once_its_models_batches_say_it_fits(ns, on_loop):
     """A thread's hand-off cost ~50 µs of CPU a batch, more than a tiny model's whole batch: a batch that
-    the model's latest cost per item, times its items, puts under the threshold runs on the loop."""
+    the model's latest batches' cost per item, times its items, puts under the threshold runs on the
+    loop, once measured on its thread."""
     backend, hub = TimedBackend(ns), threading.get_ident()
     scheduler = scheduler_for("m", config(dynamic_batching={}), inline_below_ns=300_000)
-    for value in range(INLINE_WINDOW):
-        values(gevent.spawn(scheduler.infer, job(backend, value)))
-    together = spawn_announced(scheduler, *[job(backend, value) for value in range(4)])
-    assert [values(g) for g in together] == [[0.0], [2.0], [4.0], [6.0]]
-    assert len(backend.threads) == INLINE_WINDOW + 2  # the first alone, then the three queued behind it
+    for value in range(INLINE_WINDOW + 1):  # one batch a pair that came together
+        pair = [job(backend, value), job(backend, value)]
+        answered = dict(gevent.spawn(lambda jobs: list(scheduler.infer_all(jobs)), pair).get(timeout=30))
+        assert [answered[p][0]["y"][0, 0] for p in (0, 1)] == [2.0 * value] * 2
+    assert len(backend.threads) == INLINE_WINDOW + 1
+    assert hub not in backend.threads[:INLINE_WINDOW]  # measured on its thread first
     assert (backend.threads[-1] == hub) is on_loop
     scheduler.close()
 
