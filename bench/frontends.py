@@ -1,7 +1,7 @@
 """Scenario: HTTP front-end processes. The tiny model (16 floats) and the MLP (1024→1024→1024, one row)
-over V2 binary, V2 JSON and SageMaker invoke (the tiny one over TF Serving's predict too), a SageMaker
-handler model whose script does nothing over invoke, and a python model whose `execute` does nothing
-(no batcher) over V2 binary, at 64 connections, served by one process (SERVE_HTTP_WORKERS=0) and by
+over V2 binary, V2 JSON and SageMaker invoke (the tiny one over TF Serving's predict too, and with dynamic
+batching over V2 binary), a SageMaker handler model whose script does nothing over invoke, and a python
+model whose `execute` does nothing (no batcher) over V2 binary, at 64 connections, served by one process (SERVE_HTTP_WORKERS=0) and by
 1, 2, 4, 8 and 16 front-ends (as many as the server's cores allow), beside Triton on the same cores,
 with where each request's CPU went: the model process (the one process every request passes through,
 whose cost bounds what any number of front-ends can serve) and how busy it was, the front-ends
@@ -39,6 +39,7 @@ from bench.triton import MISSING, Triton, tritonserver
 TITLE = "HTTP front-end processes: requests/s from one process to 16 front-ends, and memory per process"
 HANDLER = "echo"  # a SageMaker handler model whose script costs nothing: what the server spends around it
 PYTHON = "echo_python"  # ... and a python model whose execute does nothing, without a batcher (an execute apiece)
+BATCHED = "tiny_batched"  # the tiny model with dynamic batching: requests that came together, one execution
 ECHO_PY = """
 def model_fn(model_dir):
     return None
@@ -75,7 +76,8 @@ def _models() -> dict:
             "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}
     mlp = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
-    return {"tiny": (Double(), tiny), "mlp": (MLP().eval(), mlp)}
+    batched = {**tiny, "max_batch_size": 64, "dynamic_batching": {}}
+    return {"tiny": (Double(), tiny), "mlp": (MLP().eval(), mlp), BATCHED: (Double(), batched)}
 
 
 def _routes() -> list[tuple]:
@@ -91,6 +93,7 @@ def _routes() -> list[tuple]:
     routes.append(("tiny", "TF Serving predict", "/v1/models/tiny:predict",
                    json.dumps({"instances": np.linspace(-1, 1, 16).reshape(1, 16).tolist()}).encode(), {}))
     binary, headers = v2_binary_request("INPUT0", np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16))
+    routes.append((BATCHED, "V2 binary", f"/v2/models/{BATCHED}/infer", binary, headers))
     return routes + [(HANDLER, "SageMaker invoke", f"/models/{HANDLER}/invoke", b"[[1.0, 2.0]]",
                       {"Content-Type": "application/json"}),
                      (PYTHON, "V2 binary", f"/v2/models/{PYTHON}/infer", binary, headers)]

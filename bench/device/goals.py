@@ -1,7 +1,7 @@
 """Issue 54's goals on the GPU machine, in one run that fits a device lease (about four minutes):
     bench/device/run python3 bench/device/goals.py [SECONDS]
-1. tiny V2 binary at 64 connections from 0 to 16 HTTP front-ends, beside Triton: requests/s and the
-   model process's CPU per request (bench/frontends.py's cells);
+1. tiny V2 binary, without and with dynamic batching, at 64 connections from 0 to 16 HTTP front-ends,
+   beside Triton: requests/s and the model process's CPU per request (bench/frontends.py's cells);
 2. tiny gRPC ModelInfer at 8 and 64 connections with 1, 4 and 8 front-ends, beside Triton's gRPC, both
    on the same half of the cores and h2load on the other (bench/grpc.py's cells);
 3. where the model process's time goes at two front-ends (py-spy, where it is on the PATH: the bundle's);
@@ -32,7 +32,7 @@ GRPC_FRONT_ENDS = (1, 4, 8)
 
 def _frontends(seconds: float) -> list[str]:
     server_cores = CORES[:-1] if len(CORES) > 2 else CORES
-    routes = [route for route in frontends._routes() if route[:2] == ("tiny", "V2 binary")]
+    routes = [route for route in frontends._routes() if route[:2] in (("tiny", "V2 binary"), (frontends.BATCHED, "V2 binary"))]
     counts = [n for n in frontends.COUNTS if n <= len(CORES)]
     return frontends._throughput(frontends._models(), routes, counts, server_cores, seconds, with_triton=True)
 
