@@ -110,6 +110,24 @@ def start_blocked(scheduler, backend):
     return first
 
 
+def behind_one(scheduler, backend, jobs: list[Job]) -> dict:
+    """`infer_all(jobs)` queued behind a request that holds the one instance, which is then let go: each
+    position's result."""
+    first = start_blocked(scheduler, backend)
+    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
+    poll(lambda: scheduler.queue_depth() == len(jobs), message="the group did not queue")
+    backend.release.set()
+    first.get(timeout=30)
+    return group.get(timeout=30)
+
+
+def answered_one_by_one(monkeypatch) -> list[Job]:
+    """Each queued job the dynamic batcher hands a result to, as it does."""
+    answered = []
+    monkeypatch.setattr(dynamic, "_fulfil", lambda *args: (answered.append(args[0]), fulfil(*args)))
+    return answered
+
+
 def test_a_lone_request_does_not_wait_for_the_queue_delay(backend):
     backend.hold = False
     scheduler = scheduler_for("m", config(dynamic_batching={"max_queue_delay_microseconds": 3_600_000_000}))
@@ -453,13 +471,7 @@ def test_a_batching_models_group_without_queue_timeouts_is_answered_with_no_gree
     cost two switches a request. Priorities still order the batch."""
     monkeypatch.setattr(kept, "spawn", lambda *args: pytest.fail("a greenlet was started for a request of the group"))
     scheduler = scheduler_for("m", config(dynamic_batching={"priority_levels": 2, "default_priority_level": 2}))
-    first = start_blocked(scheduler, backend)
-    jobs = [job(backend, 1), job(backend, 2, priority=1), job(backend, 3)]
-    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
-    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
-    backend.release.set()
-    first.get(timeout=30)
-    results = group.get(timeout=30)
+    results = behind_one(scheduler, backend, [job(backend, 1), job(backend, 2, priority=1), job(backend, 3)])
     assert backend.batches == [[-1.0], [2.0, 1.0, 3.0]]
     assert [results[p][0]["y"].ravel().tolist() for p in range(3)] == [[2.0], [4.0], [6.0]]
     scheduler.close()
@@ -468,16 +480,10 @@ def test_a_batching_models_group_without_queue_timeouts_is_answered_with_no_gree
 def test_requests_that_came_together_and_would_batch_together_queue_and_are_answered_as_one(backend, monkeypatch):
     """A group's requests of one batch key and priority are one entry of the queue and one result handed
     back (dynamic.py's merges); queue_depth still counts each request, and each is answered its own rows."""
-    answered = []
-    monkeypatch.setattr(dynamic, "_fulfil", lambda *args: (answered.append(args[0]), fulfil(*args)))
+    answered = answered_one_by_one(monkeypatch)
     scheduler = scheduler_for("m", config(dynamic_batching={}))
-    first = start_blocked(scheduler, backend)
     jobs = [job(backend, 1), job(backend, 2, rows=2), job(backend, 3)]
-    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
-    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
-    backend.release.set()
-    first.get(timeout=30)
-    results = group.get(timeout=30)
+    results = behind_one(scheduler, backend, jobs)
     assert backend.batches == [[-1.0], [1.0, 2.0, 2.0, 3.0]]
     assert [results[p][0]["y"][:, 0].tolist() for p in range(3)] == [[2.0], [4.0, 4.0], [6.0]]
     [merge] = answered  # the first request ran at once, from its own greenlet
@@ -490,16 +496,10 @@ def test_requests_that_came_together_and_would_batch_together_queue_and_are_answ
 def test_requests_are_not_merged_where_the_batcher_tells_them_apart(backend, monkeypatch, batching):
     """Preferred sizes cut a batch, and a bounded queue counts its entries: there each request of a group
     queues alone, as it would without one."""
-    answered = []
-    monkeypatch.setattr(dynamic, "_fulfil", lambda *args: (answered.append(args[0]), fulfil(*args)))
+    answered = answered_one_by_one(monkeypatch)
     scheduler = scheduler_for("m", config(dynamic_batching=batching))
-    first = start_blocked(scheduler, backend)
     jobs = [job(backend, value) for value in (1, 3, 2)]
-    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
-    poll(lambda: scheduler.queue_depth() == 3, message="the group did not queue")
-    backend.release.set()
-    first.get(timeout=30)
-    results = group.get(timeout=30)
+    results = behind_one(scheduler, backend, jobs)
     assert [results[p][0]["y"][:, 0].tolist() for p in range(3)] == [[2.0], [6.0], [4.0]]
     assert all(j in answered for j in jobs)
     scheduler.close()
@@ -507,13 +507,7 @@ def test_requests_are_not_merged_where_the_batcher_tells_them_apart(backend, mon
 
 def test_a_merge_holds_no_more_than_the_models_largest_batch(backend):
     scheduler = scheduler_for("m", config(dynamic_batching={}))  # max_batch_size 8
-    first = start_blocked(scheduler, backend)
-    jobs = [job(backend, value, rows=3) for value in (1, 2, 3, 4)]
-    group = gevent.spawn(lambda: dict(scheduler.infer_all(jobs)))
-    poll(lambda: scheduler.queue_depth() == 4, message="the group did not queue")
-    backend.release.set()
-    first.get(timeout=30)
-    results = group.get(timeout=30)
+    results = behind_one(scheduler, backend, [job(backend, value, rows=3) for value in (1, 2, 3, 4)])
     assert backend.batches == [[-1.0], [1.0] * 3 + [2.0] * 3, [3.0] * 3 + [4.0] * 3]
     assert [results[p][0]["y"][:, 0].tolist() for p in range(4)] == [[2.0] * 3, [4.0] * 3, [6.0] * 3, [8.0] * 3]
     scheduler.close()
