@@ -65,7 +65,8 @@ class DynamicBatcher(Scheduler):
 
     def infer_all(self, jobs: list[Job]) -> Iterator[tuple[int, object]]:
         """Jobs that arrived together queue together before any of them runs, so that the first batch is
-        cut from them all (by priority, then order of arrival), as from requests that came at once."""
+        cut from them all (by priority, then order of arrival), as from requests that came at once; those
+        that would batch together at one priority as one merge (`_merged`)."""
         if len(jobs) == 1:
             yield from super().infer_all(jobs)
             return
