@@ -199,7 +199,7 @@ class Settings:
         "SERVE_GRPC_COMPRESSION", "none", "Compression of gRPC answers: `none`, `gzip` or `deflate`. Requests may come compressed either way; their size limit is `SAGEMAKER_MAX_PAYLOAD_IN_MB`, as over HTTP."
     )
     inline_below_us: int = _env(
-        "SERVE_INLINE_BELOW_US", "auto", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, a request that arrives alone, or a batch as it is cut); `0` never does. `auto`: 300 where the CPU quota has two cores or more, 1000 on one core, where a thread overlaps nothing with the loop and only adds its hand-off. A model on its threads whose executions there cost under four times this tries the loop now and then, ever more rarely while it does not fit (a thread's CPU time grows with a busy loop on another core)."
+        "SERVE_INLINE_BELOW_US", "auto", "Microseconds the event loop may spend on one execution: a request runs there, without a thread hand-off, when its model's latest executions, per item, times its items come to less (with a dynamic batcher, a request that arrives alone, judged on such requests, or a batch as it is cut, judged on its batches); `0` never does. `auto`: 300 where the CPU quota has two cores or more, 1000 on one core, where a thread overlaps nothing with the loop and only adds its hand-off. A model on its threads whose executions there cost under four times this tries the loop now and then, ever more rarely while it does not fit (a thread's CPU time grows with a busy loop on another core)."
     )
 
     @classmethod
