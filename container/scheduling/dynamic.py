@@ -49,7 +49,7 @@ class DynamicBatcher(Scheduler):
         self.queue = JobQueue(batching)
         self._threads = Instances(instances)
         self._judge = InlineJudge(inline_below_ns)  # for lone requests
-        self._batch_judge = InlineJudge(inline_below_ns)  # for batches: a lone request costs more an item
+        self._batch_judge = InlineJudge(inline_below_ns)  # for batches, each judged as one (`_execute`)
         self._free = Semaphore(instances)  # instances not executing a batch
         self._pending: list[int] = []  # with preserve_ordering: orders of unanswered jobs, oldest first
         self._finished: dict[int, tuple] = {}  # with preserve_ordering: order → (job, outcome, ok)
@@ -214,17 +214,18 @@ class DynamicBatcher(Scheduler):
         """`run_batch` of the batch's requests, a merge's members in its place, on a thread, or on the
         event loop where the model's latest batches say this one costs less than the judge allows
         (inline.py): a thread's hand-off cost ~50 µs of CPU a batch (in one process, a tiny model, groups
-        of 4 and 16), more than such a batch's whole execution. Judged on batches alone: a lone request
-        costs several times a batch's cost per item. A merge's result is its members' (each outputs, or
-        the exception it failed with). Also returns whether it ran on the loop."""
+        of 4 and 16), more than such a batch's whole execution. Judged on batches alone, and each batch as
+        one item: a small model's batch costs about the same at any size, so its cost per item, from
+        batches of one or two, made every batch of twenty look too slow for the loop (measured: batches
+        stayed on their threads for good, 4-19% on the loop). A merge's result is its members' (each
+        outputs, or the exception it failed with). Also returns whether it ran on the loop."""
         requests = [member for job in batch for member in job.members or (job,)]
-        items = sum(job.items for job in batch)
-        inline = self._batch_judge.fits(items)
+        inline = self._batch_judge.fits(1)
         if inline:
             phases, results = on_loop(run_batch, (requests,), min(job.submitted for job in requests))
         else:
             phases, results = run_jobs(self._threads, requests)
-        self._batch_judge.record(items, phases, inline)
+        self._batch_judge.record(1, phases, inline)
         if len(requests) > len(batch):
             each = iter(results)
             results = [[next(each) for _ in job.members] if job.members else next(each) for job in batch]

@@ -956,6 +956,22 @@ def test_a_batch_runs_on_the_loop_once_its_models_batches_say_it_fits(ns, on_loo
     scheduler.close()
 
 
+def test_a_larger_batch_runs_on_the_loop_where_the_smaller_ones_before_it_did():
+    """A small model's batch costs about the same at any size: judged by its smaller batches' cost per item,
+    a batch of eight would have looked four times too slow, and stayed on a thread for good."""
+    backend, hub = TimedBackend(100_000), threading.get_ident()  # 100 µs a batch, whatever its size
+    scheduler = scheduler_for("m", config(dynamic_batching={}), inline_below_ns=300_000)
+    for value in range(INLINE_WINDOW + 1):
+        dict(gevent.spawn(lambda jobs: list(scheduler.infer_all(jobs)), [job(backend, value), job(backend, value)])
+             .get(timeout=30))
+    assert backend.threads[-1] == hub
+    eight = [job(backend, value) for value in range(8)]
+    answered = dict(gevent.spawn(lambda: list(scheduler.infer_all(eight))).get(timeout=30))
+    assert [answered[p][0]["y"][0, 0] for p in range(8)] == [2.0 * value for value in range(8)]
+    assert backend.threads[-1] == hub and len(backend.threads) == INLINE_WINDOW + 2
+    scheduler.close()
+
+
 @pytest.mark.parametrize("batching", [{}, {"dynamic_batching": {}}], ids=["direct", "dynamic"])
 def test_a_request_with_more_items_than_the_loop_may_wait_for_goes_to_a_thread(batching):
     backend, hub = TimedBackend(20_000), threading.get_ident()  # 20 µs an item, the loop waits 300 at most
