@@ -217,7 +217,7 @@ class DynamicBatcher(Scheduler):
         of 4 and 16), more than such a batch's whole execution. Judged on batches alone, and each batch as
         one item: a small model's batch costs about the same at any size, so its cost per item, from
         batches of one or two, made every batch of twenty look too slow for the loop (measured: batches
-        stayed on their threads for good, 4-19% on the loop). A merge's result is its members' (each
+        stayed on their threads for good, 4-38% of them on the loop). A merge's result is its members' (each
         outputs, or the exception it failed with). Also returns whether it ran on the loop."""
         requests = [member for job in batch for member in job.members or (job,)]
         inline = self._batch_judge.fits(1)
