@@ -16,6 +16,7 @@ is past what the model process reads: each of its calls is sent again on its own
 
 import asyncio
 import itertools
+import os
 from collections import Counter
 from typing import Callable, Iterator
 
@@ -84,9 +85,11 @@ class _Groups:
     `_waiter`, `_settle`), and knows a call whose caller left (`_left`)."""
 
     def __init__(self, op: str):
-        """`op(*key, calls)`: the model process's group operation, which yields TAKEN, then [position,
-        error] or [position, None, *answer] for each of `calls`."""
+        """`op(front-end pid, *key, calls)`: the model process's group operation, which yields TAKEN, then
+        [position, error] or [position, None, *answer] for each of `calls`; the pid tells it whose
+        connections the calls' numbers are."""
         self.op = op
+        self._pid = os.getpid()  # read once: a system call each time
         self._open: dict[tuple, _Group] = {}
         self._untaken: Counter[tuple] = Counter()  # groups sent for each key that the model process has not taken up
 
@@ -219,7 +222,7 @@ class Groups(_Groups):
             self._taken(group)
             return
         try:
-            for item in self.channel.stream(self.op, *group.key, group.calls):
+            for item in self.channel.stream(self.op, self._pid, *group.key, group.calls):
                 self._answer(group, item)
             self._fail(group, self._unanswered())
         except Exception as exc:  # past what the model process reads, it went away, the call failed, or a bug
@@ -275,7 +278,7 @@ class AsyncGroups(_Groups):
             self._taken(group)
             return
         try:
-            async for item in self.channel.stream(self.op, *group.key, group.calls,
+            async for item in self.channel.stream(self.op, self._pid, *group.key, group.calls,
                                                    named=lambda call_id: setattr(group, "stream", call_id)):
                 self._answer(group, item)
             self._fail(group, self._unanswered())

@@ -6,7 +6,6 @@ HTTP front-end's do (http_frontend/inference.py says which go as their documents
 import asyncio
 import base64
 import logging
-import os
 import time
 from functools import partial
 
@@ -41,7 +40,6 @@ class InferenceService:
         self._streams: set[_Reader] = set()
         self._draining = False
         self._bodies, self._room_timeout = BodyBudget(settings.bodies_per_process), settings.model_server_timeout
-        self._pid = os.getpid()  # each call's key: a system call each time
 
     def drain(self) -> None:
         """SIGTERM: each open stream ends once the requests it has under way are answered, at once when it has
@@ -195,7 +193,7 @@ class InferenceService:
         (channel/groups.py): as tensors decoded here, or as their documents."""
         document, binary = messages.infer_document(request)
         name, version = request.model_name, request.model_version
-        key, client = (self._pid, name, version), self.clients.seen(peer)
+        key, client = (name, version), self.clients.seen(peer)
         heavy = documents.heavy(len(binary)) or documents.names_shared_memory(document)
         for _ in range(0 if heavy else views.TRIES):
             view = await self._views.get(name)

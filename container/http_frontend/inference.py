@@ -11,7 +11,6 @@ a model this front-end has no view of (a handler model, a decoupled one, or one 
 
 Either way the calls for one model that arrive together cross as one (channel/groups.py)."""
 
-import os
 
 from container.api import offload
 from container.api.pipeline import Request
@@ -32,11 +31,10 @@ class RemoteInference:
         self._documents = Groups(channel, "v2_infer")
         self._tensors = Groups(channel, "v2_infer_tensors")
         self._views = model_views
-        self._pid = os.getpid()  # each call's key: a system call each time
 
     def __call__(self, request: Request, body: bytes, heavy: bool) -> tuple[bytes, dict[str, str]]:
         name, version = request.params["name"], request.params.get("version")
-        key = (self._pid, name, version)
+        key = (name, version)
         header_length = request.header(codec.HEADER_LENGTH)
         client = [request.client.number, request.client.requests]
 

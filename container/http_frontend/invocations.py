@@ -10,7 +10,6 @@ whole, with its headers, and the model process decodes it against the model it l
 in one process's order and words. Either way the invokes of one model that arrive together cross as one
 (channel/groups.py)."""
 
-import os
 
 from container.api import offload
 from container.api.pipeline import Request, Response
@@ -30,11 +29,10 @@ class RemoteInvoke:
         self._bodies = Groups(channel, "invoke")
         self._tensors = Groups(channel, "invoke_tensors")
         self._views = model_views
-        self._pid = os.getpid()  # each call's key: a system call each time
 
     def __call__(self, request: Request, name: str, on_demand: bool) -> Response:
         client, body, headers = request.client, request.body, request.headers
-        key = (self._pid, name, on_demand)
+        key = (name, on_demand)
 
         def cross(view: TensorView, decoded: tuple) -> list:
             inputs = decoded[0]

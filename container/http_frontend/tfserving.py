@@ -9,7 +9,6 @@ whole, and the model process decodes it against the model it leases, so a refusa
 process's order and words (a model that is not there is a 404 whatever the body holds). Either way the
 calls that arrive together cross as one (channel/groups.py)."""
 
-import os
 
 from container.api import offload, tfserving_codec
 from container.api.pipeline import Request, Response
@@ -29,7 +28,6 @@ class RemoteTFServing:
         self._bodies = Groups(channel, "tfserving")
         self._tensors = Groups(channel, "tfserving_tensors")
         self._views = model_views
-        self._pid = os.getpid()  # each call's key: a system call each time
 
     def __call__(self, request: Request, verb: str) -> Response:
         client, params, body = request.client, request.params, request.body
@@ -37,7 +35,7 @@ class RemoteTFServing:
 
         def cross(view: TensorView, decoded: tuple) -> list:
             inputs = decoded[0]
-            return self._tensors.call((self._pid, name, *path), [client.number, client.requests, view.generation, inputs],
+            return self._tensors.call((name, *path), [client.number, client.requests, view.generation, inputs],
                                       views.call_size(len(body), inputs), client)
 
         ran = None if offload.heavy(len(body)) else self._views.run(
@@ -45,7 +43,7 @@ class RemoteTFServing:
         if ran is not None:
             _, (_, encode), [outputs] = ran
             return answer(encode(outputs))
-        [answered] = self._bodies.call((self._pid, name, *path, verb), [client.number, client.requests, large(body)],
+        [answered] = self._bodies.call((name, *path, verb), [client.number, client.requests, large(body)],
                                        len(body), client)
         return answer(answered)
 

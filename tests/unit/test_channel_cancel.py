@@ -48,7 +48,7 @@ class ModelProcess:
         self._stop.wait()
         server.drain(1)
 
-    def _group(self, key: str, calls: list) -> GroupItems:
+    def _group(self, front_end: int, key: str, calls: list) -> GroupItems:
         record = {"calls": [call[0] for call in calls], "ended": None, "cancelled": []}
         self.groups.append(record)
         return GroupItems(self._items(record, calls), [_Told(record["cancelled"], position) for position in range(len(calls))])
@@ -120,7 +120,7 @@ def ended(process: ModelProcess, index: int = 0) -> str | None:
 def test_a_stream_its_caller_stops_reading_is_stopped_in_the_model_process(model_process):
     async def abandon():
         channel = await connected(model_process.path)
-        stream = channel.stream("group", "a", [[1, "held"]])
+        stream = channel.stream("group", 0, "a", [[1, "held"]])
         assert await stream.__anext__() == TAKEN
         await stream.aclose()  # as a cancelled task's `async for` closes it
         await channel.close()
@@ -132,7 +132,7 @@ def test_a_stream_its_caller_stops_reading_is_stopped_in_the_model_process(model
 def test_a_stream_read_to_its_end_is_not_stopped(model_process):
     async def read_all():
         channel = await connected(model_process.path)
-        items = [item async for item in channel.stream("group", "a", [[1], [2]])]
+        items = [item async for item in channel.stream("group", 0, "a", [[1], [2]])]
         await channel.close()
         return items
 
@@ -240,13 +240,13 @@ def test_at_a_stop_a_call_under_way_is_answered_and_new_ones_are_told_to_retry(m
     answered."""
     async def stop_while_one_is_held():
         channel = await connected(model_process.path)
-        held = asyncio.ensure_future(_items(channel.stream("group", "a", [[1, "held"]])))
+        held = asyncio.ensure_future(_items(channel.stream("group", 0, "a", [[1, "held"]])))
         await asyncio.wait_for(_reached(model_process), 10)
         channel.refuse("the server is shutting down")
         with pytest.raises(Unavailable, match="the server is shutting down"):
             await channel.call("echo", 1)
         with pytest.raises(Unavailable, match="the server is shutting down"):
-            await _items(channel.stream("group", "b", [[2]]))
+            await _items(channel.stream("group", 0, "b", [[2]]))
         assert not await channel.settled(0.3)  # the held call cannot have been answered
         model_process.release()
         assert await asyncio.wait_for(held, 10) == [TAKEN, [0, None, 2]]

@@ -167,6 +167,27 @@ def test_a_request_of_a_closed_connection_or_with_its_ticket_cancelled_never_run
     assert statistics.execution_count == 1
 
 
+def test_a_batching_models_group_runs_once_and_each_request_counts_as_one(tmp_path):
+    """Requests that came together to a TorchScript model with dynamic batching queue as one merge: one
+    execution of all their rows, each request its own rows back, and the statistics count each request as
+    Triton counts them (success and inference count a request's, execution count and batch size the run's)."""
+    fp32_model(tmp_path, "m", dynamic_batching={})
+    core = make_core(tmp_path)
+    core.load("m", "m")
+    leases = core.leases("m", None, [None, None, None])
+    for lease in leases:
+        lease.__enter__()
+    requests = [InferRequest({"x": np.full((rows, 4), value, np.float32)}) for value, rows in ((1, 1), (2, 2), (3, 1))]
+    answered = {}
+    for position, result in core.infer_all(leases, requests):
+        answered[position] = result
+        leases[position].__exit__()
+    assert [answered[p].outputs["y"].tolist() for p in range(3)] == [[[2.0] * 4], [[4.0] * 4] * 2, [[6.0] * 4]]
+    [(_, _, statistics)] = core.stats()
+    assert (statistics.execution_count, list(statistics.batches)) == (1, [4])
+    assert (statistics.success.count, statistics.inference_count) == (3, 4)
+
+
 def test_a_front_end_words_each_miss_itself(tmp_path):
     fp32_model(tmp_path, "m")
     core = make_core(tmp_path)

@@ -2,6 +2,8 @@
 one key made in one turn of its hub go as one call of the group operation, each caller answered as its
 own item comes back, over a real Unix socket to a real ChannelServer on this test's hub."""
 
+import os
+
 import gevent
 import pytest
 from gevent.event import Event
@@ -18,13 +20,14 @@ LIMIT = 64 << 10  # the largest call this test's model process reads
 
 @pytest.fixture
 def channel(tmp_path):
-    """A model process whose `group(key, calls)` records each group it gets, answers each call [n] with
+    """A model process whose `group(front_end, key, calls)` records each group it gets, answers each call [n] with
     n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, fails the whole
     call at [n, "fail"], and answers [n, "garbled"] with what no front-end can read; a group whose first
     call is [n, "untaken"] is not taken up (TAKEN) until `gate` is set."""
     groups, gate = [], Event()
 
-    def group(key: str, calls: list):
+    def group(front_end: int, key: str, calls: list):
+        assert front_end == os.getpid()  # whose connections the calls' numbers are: the front-end's, sent once a group
         groups.append((key, [call[0] for call in calls]))
         if calls[0][1:] == ["untaken"]:
             gate.wait(10)
