@@ -104,8 +104,12 @@ class ChannelClient:
                 await writer.drain()
             except OSError:
                 raise Unavailable("the model process ended during the request; retry") from None
-            while (frame := await items.get())[0] == wire.ITEM:
-                yield frame[1]
+            while (frame := await items.get())[0] in (wire.ITEM, wire.ITEMS):
+                if frame[0] == wire.ITEMS:
+                    for item in frame[1]:
+                        yield item
+                else:
+                    yield frame[1]
             ended = True
         finally:
             self._pending.pop(call_id, None)

@@ -68,8 +68,11 @@ class HubChannelClient:
         ended = False
         try:
             outbox.send(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
-            while (frame := items.get())[0] == wire.ITEM:
-                yield frame[1]
+            while (frame := items.get())[0] in (wire.ITEM, wire.ITEMS):
+                if frame[0] == wire.ITEMS:
+                    yield from frame[1]
+                else:
+                    yield frame[1]
             ended = True
         finally:
             self._pending.pop(call_id, None)

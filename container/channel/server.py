@@ -134,18 +134,46 @@ class ChannelServer:
 
     @staticmethod
     def _stream(outbox: Outbox, blobs: Blobs, streams: dict, call_id: int, items) -> None:
-        """Each item as it comes. The front-end may cancel the stream (its client went away: a gRPC call
-        cancelled, a stream ended): then the greenlet making it is killed where it waits, and the requests
-        it was waiting for are cancelled (core.infer_all)."""
+        """Each item as it comes; a group operation's items made in one turn of the hub (the answers of one
+        batch, of a group run on the loop) as one frame (`_Together`). The front-end may cancel the stream
+        (its client went away: a gRPC call cancelled, a stream ended): then the greenlet making it is killed
+        where it waits, and the requests it was waiting for are cancelled (core.infer_all)."""
         streams[call_id] = stream = _Stream(gevent.getcurrent(), items)
+        together = _Together(outbox, call_id) if isinstance(items, GroupItems) else None
         try:
             for item in items:
                 if outbox.closed:  # nobody reads on: dropped, the items' generator closes, cancelling what it has pending
                     return
-                outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
+                if together is None:
+                    outbox.send(wire.pack([call_id, wire.ITEM, item], blobs))
+                else:
+                    together.add(wire.packed(item, blobs))
         finally:
+            if together is not None:
+                together.send()  # before the stream's end, or the error it ends with
             stream.done = True
             del streams[call_id]
+
+
+class _Together:
+    """A stream's items made in one turn of the hub, sent as one frame once the turn ends (the greenlet
+    making them waits for the next, or the stream ends): each frame costs the front-end a read, an
+    unpacking and a wake-up of its stream's reader."""
+
+    __slots__ = ("outbox", "call_id", "_items")
+
+    def __init__(self, outbox: Outbox, call_id: int):
+        self.outbox, self.call_id, self._items = outbox, call_id, []
+
+    def add(self, item: bytes) -> None:
+        if not self._items:
+            gevent.get_hub().loop.run_callback(self.send)
+        self._items.append(item)
+
+    def send(self) -> None:
+        if self._items and not self.outbox.closed:  # closed: what the items put in shared memory went with it
+            self.outbox.send(wire.pack_items(self.call_id, self._items))
+        self._items = []
 
 
 class _Stream:

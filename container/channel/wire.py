@@ -1,7 +1,8 @@
 """The channel's wire: each message is a 4-byte little-endian length and a msgpack document.
 
 A call is `[id, op, args]`; its answer `[id, 0, result]`, or `[id, 1, [error class, message, status]]`.
-An operation that streams sends `[id, 2, item]` for each item first, then its answer; `[id, CANCEL,
+An operation that streams sends `[id, 2, item]` for each item first, then its answer; a group operation
+sends `[id, 3, [item, …]]` for the items it made in one turn (`pack_items`); `[id, CANCEL,
 [stream's id]]` stops a stream whose caller went away, and `[id, CANCEL, [stream's id, position]]` one
 call of a group operation's stream; neither is answered.
 Tensors travel as msgpack extension types holding their raw bytes, never as lists of numbers; unpacking
@@ -24,7 +25,7 @@ from container.tensors import DATATYPES, little_endian, pack_strings, unpack_str
 
 log = logging.getLogger(__name__)
 LENGTH = struct.Struct("<I")
-ANSWER, ERROR, ITEM = 0, 1, 2  # what a frame from the model process carries
+ANSWER, ERROR, ITEM, ITEMS = 0, 1, 2, 3  # what a frame from the model process carries
 CANCEL = "cancel stream"  # the op that stops a stream (no operation's name has a space)
 MAX_FRAME = (1 << 32) - 1
 _ARRAY, _STRINGS, _BLOB = 1, 2, 3  # extension codes: a numeric tensor; a BYTES tensor; data in shared memory
@@ -39,17 +40,7 @@ def pack(message, blobs: Blobs | None = None, limit: int = MAX_FRAME) -> bytes:
     """`message` as a frame: length, then msgpack; `blobs` takes its `Large` values. A call past `limit`
     (the peer's, `channel.max_call`) is PayloadTooLarge, and nothing of it is left in shared memory."""
     put = []
-
-    def extension(value):
-        if isinstance(value, Large):
-            try:
-                put.append(blobs.put(value.data))
-                return msgpack.ExtType(_BLOB, msgpack.packb([put[-1], len(value.data)]))
-            except (AttributeError, OSError):  # no blobs here, or /dev/shm is full (Docker gives it 64 MiB)
-                return value.data
-        return _extension(value)
-
-    body = msgpack.packb(message, default=extension, use_bin_type=True)
+    body = packed(message, blobs, put)
     if len(body) > limit:
         for name in put:
             blobs.discard(name)
@@ -57,6 +48,42 @@ def pack(message, blobs: Blobs | None = None, limit: int = MAX_FRAME) -> bytes:
                               f"past the {limit} bytes allowed (SAGEMAKER_MAX_PAYLOAD_IN_MB and 1 MiB to describe it); "
                               f"send its tensors as binary data, or raise SAGEMAKER_MAX_PAYLOAD_IN_MB")
     return LENGTH.pack(len(body)) + body
+
+
+def packed(value, blobs: Blobs | None = None, put: list | None = None) -> bytes:
+    """`value` in msgpack, without a frame's length; `blobs` takes its `Large` values, and `put` the
+    names it gave them."""
+    def extension(value):
+        if isinstance(value, Large):
+            try:
+                name = blobs.put(value.data)
+            except (AttributeError, OSError):  # no blobs here, or /dev/shm is full (Docker gives it 64 MiB)
+                return value.data
+            if put is not None:
+                put.append(name)
+            return msgpack.ExtType(_BLOB, msgpack.packb([name, len(value.data)]))
+        return _extension(value)
+
+    return msgpack.packb(value, default=extension, use_bin_type=True)
+
+
+def pack_items(call_id: int, items: list[bytes]) -> bytes:
+    """The frame `[call_id, ITEMS, [item, …]]` of a stream's `items`, each `packed` already (so that an
+    item that cannot cross fails as it is made, not when its frame is sent)."""
+    body = b"".join([_ITEMS_FRAME, msgpack.packb(call_id), _ITEMS_KIND, _array_header(len(items)), *items])
+    return LENGTH.pack(len(body)) + body
+
+
+def _array_header(length: int) -> bytes:
+    """msgpack's head of an array of `length` values (its spec: fixarray, array 16, array 32)."""
+    if length < 16:
+        return bytes([0x90 | length])
+    if length < 1 << 16:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
+
+
+_ITEMS_FRAME, _ITEMS_KIND = _array_header(3), msgpack.packb(ITEMS)  # the head of every ITEMS frame
 
 
 def unpack(body, blobs: Blobs | None = None) -> object:

@@ -71,10 +71,13 @@ class FrontEnd:
         while True:
             answered, kind, result = wire.unpack(self._frame())
             assert answered == call_id
-            if kind != wire.ITEM:
+            if kind == wire.ITEMS:
+                items += result
+            elif kind == wire.ITEM:
+                items.append(result)
+            else:
                 assert kind == wire.ANSWER, result
                 return items, result
-            items.append(result)
 
     def close(self) -> None:
         self.sock.close()

@@ -6,11 +6,14 @@ import os
 
 import gevent
 import pytest
+from gevent import socket
 from gevent.event import Event
 
-from container.channel.groups import MOST_BYTES, MOST_CALLS, TAKEN, Groups
+from container.channel import wire
+from container.channel.groups import MOST_BYTES, MOST_CALLS, TAKEN, GroupItems, Groups
 from container.channel.hub_client import HubChannelClient
 from container.channel.server import ChannelServer
+from container.channel.stream import FrameReader
 from container.errors import Cancelled, InvalidInput, PayloadTooLarge, ServeError, Unavailable
 from container.inference import Client
 from tests.builders import poll
@@ -26,9 +29,12 @@ def channel(tmp_path):
     call is [n, "untaken"] is not taken up (TAKEN) until `gate` is set."""
     groups, gate = [], Event()
 
-    def group(front_end: int, key: str, calls: list):
+    def group(front_end: int, key: str, calls: list) -> GroupItems:
         assert front_end == os.getpid()  # whose connections the calls' numbers are: the front-end's, sent once a group
         groups.append((key, [call[0] for call in calls]))
+        return GroupItems(answers(calls), None)
+
+    def answers(calls: list):
         if calls[0][1:] == ["untaken"]:
             gate.wait(10)
         yield TAKEN
@@ -169,3 +175,49 @@ def test_an_answer_the_front_end_cannot_read_fails_its_group_with_a_500_and_nobo
     assert answered.value == [2]
     assert all(isinstance(c.exception, ServeError) and c.exception.status == 500 and
                str(c.exception) == "internal error in the server; see its log" for c in (garbled, after))
+
+
+@pytest.fixture
+def model_process(tmp_path):
+    """A model process whose group operation yields what `made` holds, in turns: each entry a list of items
+    made together, or an Event the operation waits on before the next entry; and a connection to it."""
+    made = []
+
+    def group(front_end: int, key: str, calls: list) -> GroupItems:
+        return GroupItems(_turns(made), None)
+
+    server = ChannelServer(str(tmp_path / "models.sock"), {"group": group}, LIMIT)
+    server.start()
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(10)
+    connection.connect(server.path)
+    yield made, connection, FrameReader(connection, wire.MAX_FRAME)
+    connection.close()
+    server.drain(1)
+
+
+def _turns(made: list):
+    for entry in made:
+        if isinstance(entry, Event):
+            entry.wait(10)
+        else:
+            yield from entry
+
+
+def test_the_answers_made_in_one_turn_cross_in_one_frame_and_a_later_one_waits_for_none_of_them(model_process):
+    made, connection, frames = model_process
+    later = Event()
+    made += [[TAKEN, [0, None, 0], [1, None, 2]], later, [[2, None, 4]]]
+    connection.sendall(wire.pack([7, "group", [os.getpid(), "a", [[0], [1], [2]]]]))
+    assert wire.unpack(frames.next()) == [7, wire.ITEMS, [TAKEN, [0, None, 0], [1, None, 2]]]
+    later.set()  # only now is the third answer made: the first two did not wait for it
+    assert wire.unpack(frames.next()) == [7, wire.ITEMS, [[2, None, 4]]]
+    assert wire.unpack(frames.next()) == [7, wire.ANSWER, None]
+
+
+def test_an_answer_that_cannot_cross_ends_its_group_after_the_answers_made_before_it(model_process):
+    made, connection, frames = model_process
+    made += [[TAKEN, [0, None, 0], [1, None, object()], [2, None, 4]]]
+    connection.sendall(wire.pack([7, "group", [os.getpid(), "a", [[0], [1], [2]]]]))
+    assert wire.unpack(frames.next()) == [7, wire.ITEMS, [TAKEN, [0, None, 0]]]
+    assert wire.unpack(frames.next()) == [7, wire.ERROR, ["ServeError", "internal error in the server; see its log", 500]]
