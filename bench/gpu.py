@@ -22,7 +22,18 @@ import numpy as np
 import requests
 import torch
 
-from bench.harness import SERVER_CORES, Server, inference_counts, ratio, save_model, tree, v2_binary_request, wrk
+from bench.harness import (
+    SERVER_CORES,
+    Server,
+    cpu_seconds,
+    executions,
+    inference_counts,
+    ratio,
+    save_model,
+    tree,
+    v2_binary_request,
+    wrk,
+)
 from bench.mlp import MLP, WIDTH
 
 TITLE = "The GPU: twelve 4 GiB models over a 20 GiB budget, a CUDA out-of-memory recovery, the MLP on the GPU"
@@ -240,42 +251,52 @@ def _mlp_on_the_gpu(seconds: float, smoke: bool) -> list[str]:
     reference = _in_process_rows_per_s(module.cuda(), (1, 8) if smoke else (1, 8, 32, 64, 128), 0.2 if smoke else 2)
     best = max(reference, key=reference.get)
     lines = [f"The MLP on cuda:0. In-process torch on the same GPU (input copied to the device, output back): "
-             f"{reference[best]:,.0f} rows/s at batch {best} ({', '.join(f'b{b}: {r:,.0f}' for b, r in reference.items())}).", "",
-             "| model | front-ends | clients | requests/s | p50 ms | p99 ms | errors | mean batch | vs in-process batch 1 "
-             "| vs in-process best |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"{reference[best]:,.0f} rows/s at batch {best} ({', '.join(f'b{b}: {r:,.0f}' for b, r in reference.items())}).",
+             "Batches on threads: `SERVE_INLINE_BELOW_US=0`, as against batches the judge lets run on the event loop, "
+             "where the loop waits for the GPU.", "",
+             "| model | front-ends | batches | clients | requests/s | p50 ms | p99 ms | errors | mean batch | on the loop "
+             "| model process µs/request | vs in-process batch 1 | vs in-process best |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     config = {"backend": "pytorch", "max_batch_size": 64, **ON_GPU,
               "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [WIDTH]}]}
     body, headers = v2_binary_request("INPUT0", np.random.default_rng(0).standard_normal((1, WIDTH), np.float32))
     clients = (1, 8) if smoke else (1, 8, 64)
-    # front-ends → (model, clients): the model process serving HTTP itself, then with a front-end on each
-    # of its cores (as `auto` would give it)
-    runs = {0: [("mlp_direct", clients), ("mlp_batched", clients)]}
+    # (front-ends, batches on threads only) → (model, clients): the model process serving HTTP itself, then
+    # with a front-end on each of its cores (as `auto` would give it), the judge's way and threads only
+    runs = {(0, False): [("mlp_direct", clients), ("mlp_batched", clients)]}
     if not smoke:
-        runs[len(SERVER_CORES)] = [("mlp_batched", clients[1:])]
+        runs[(len(SERVER_CORES), False)] = [("mlp_batched", clients[1:])]
+        runs[(len(SERVER_CORES), True)] = [("mlp_batched", clients[-1:])]
     with tempfile.TemporaryDirectory() as scratch:
         for name, batching in (("mlp_direct", {}), ("mlp_batched", {"dynamic_batching": {}})):
             save_model(Path(scratch), name, module.cpu(), {**config, **batching})
-        for front_ends, cells in runs.items():
-            server = Server(Path(scratch), SERVE_HTTP_WORKERS=str(front_ends))
+        for (front_ends, on_threads), cells in runs.items():
+            server = Server(Path(scratch), SERVE_HTTP_WORKERS=str(front_ends), **({"SERVE_INLINE_BELOW_US": "0"} if on_threads else {}))
             server.pin()
             try:
                 for name, counts in cells:
-                    lines += [_mlp_row(server, name, front_ends, n, body, headers, seconds, reference, best) for n in counts]
+                    lines += [_mlp_row(server, name, front_ends, on_threads, n, body, headers, seconds, reference, best)
+                              for n in counts]
             finally:
                 server.stop()
     return lines
 
 
-def _mlp_row(server: Server, name: str, front_ends: int, clients: int, body: bytes, headers: dict, seconds: float,
-             reference: dict, best: int) -> str:
-    before = inference_counts(server.url, name)
+def _mlp_row(server: Server, name: str, front_ends: int, on_threads: bool, clients: int, body: bytes, headers: dict,
+             seconds: float, reference: dict, best: int) -> str:
+    before, runs_before = inference_counts(server.url, name), executions(server.url, name)
+    pid = server.worker_pid()
+    cpu_before = cpu_seconds(pid, False)
     load = wrk(f"{server.url}/v2/models/{name}/infer", body, headers, clients, seconds)
-    after = inference_counts(server.url, name)
+    in_model = cpu_seconds(pid, False) - cpu_before
+    after, runs_after = inference_counts(server.url, name), executions(server.url, name)
     batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-    return (f"| {name} | {front_ends} | {clients} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | "
-            f"{load.errors} | {batch:.1f} | {ratio(load.requests_per_s, reference[1])} | {ratio(load.requests_per_s, reference[best])} |")
+    on_loop = (runs_after[1] - runs_before[1]) / max(runs_after[0] - runs_before[0], 1)
+    per_request = in_model / max(after[0] - before[0], 1) * 1e6
+    return (f"| {name} | {front_ends} | {'threads' if on_threads else 'judged'} | {clients} | {load.requests_per_s:,.0f} | "
+            f"{load.p50_ms:.2f} | {load.p99_ms:.2f} | {load.errors} | {batch:.1f} | {on_loop:.0%} | {per_request:,.0f} | "
+            f"{ratio(load.requests_per_s, reference[1])} | {ratio(load.requests_per_s, reference[best])} |")
 
 
 def _in_process_rows_per_s(module, batch_sizes, seconds: float) -> dict[int, float]:
