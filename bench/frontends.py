@@ -55,22 +55,22 @@ CONNECTIONS = 64
 def run(seconds: float, smoke: bool) -> list[str]:
     server_cores = CORES[:-1] if len(CORES) > 2 else CORES  # wrk gets a core of its own where there are three
     counts = [n for n in COUNTS if n <= len(CORES)][: 2 if smoke else None]
-    models = _models()
+    models = scenario_models()
     where = (f"The server (every process) and Triton on cores {server_cores[0]}–{server_cores[-1]}, wrk on core {CORES[-1]}."
              if server_cores != CORES else
              f"Only {len(CORES)} cores here: the server, Triton and wrk share them, so these figures understate every "
              f"server alike; scaling needs more cores (BENCHMARKS.md has a 16-core run).")
-    routes = _routes()
+    routes = scenario_routes()
     if smoke:  # a smoke run checks the script: each model's first route
         firsts: dict[str, tuple] = {}
         for route in routes:
             firsts.setdefault(route[0], route)
         routes = list(firsts.values())
-    lines = [where, "", *_throughput(models, routes, counts, server_cores, seconds, with_triton=not smoke)]
+    lines = [where, "", *throughput_table(models, routes, counts, server_cores, seconds, with_triton=not smoke)]
     return lines + ["", *_memory((1,) if smoke else (1, 4, 16))]
 
 
-def _models() -> dict:
+def scenario_models() -> dict:
     torch.manual_seed(0)
     tiny = {"backend": "pytorch", "max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}],
             "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}
@@ -80,7 +80,7 @@ def _models() -> dict:
     return {"tiny": (Double(), tiny), "mlp": (MLP().eval(), mlp), BATCHED: (Double(), batched)}
 
 
-def _routes() -> list[tuple]:
+def scenario_routes() -> list[tuple]:
     routes = []
     for model, width in (("tiny", 16), ("mlp", WIDTH)):
         values = np.linspace(-1, 1, width, dtype=np.float32).reshape(1, width)
@@ -99,7 +99,7 @@ def _routes() -> list[tuple]:
                      (PYTHON, "V2 binary", f"/v2/models/{PYTHON}/infer", binary, headers)]
 
 
-def _throughput(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float,
+def throughput_table(models: dict, routes: list, counts: list[int], cores: list[int], seconds: float,
                 with_triton: bool) -> list[str]:
     """`with_triton`: beside Triton too (a smoke run leaves it out: the tiny scenario runs it already)."""
     rates: dict[tuple, float] = {}
@@ -200,7 +200,7 @@ def _memory(counts) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        module, config = _models()["mlp"]
+        module, config = scenario_models()["mlp"]
         for index in range(10):
             save_model(root, f"mlp{index}", module, config)
         for count in counts:

@@ -71,7 +71,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
     lines = [f"{name}, driver {driver}, torch {torch.__version__} (CUDA {torch.version.cuda}).", ""]
     lines += _many_models(10 if smoke else 120, 1 if smoke else MODEL_GIB)
     lines += ["", *_out_of_memory_recovery()]
-    lines += ["", *_mlp_on_the_gpu(seconds, smoke)]
+    lines += ["", *mlp_on_the_gpu(seconds, smoke)]
     return lines
 
 
@@ -245,7 +245,7 @@ def _timed(server: Server, rows) -> tuple[int, float]:
     return answer.status_code, time.perf_counter() - started
 
 
-def _mlp_on_the_gpu(seconds: float, smoke: bool) -> list[str]:
+def mlp_on_the_gpu(seconds: float, smoke: bool) -> list[str]:
     torch.manual_seed(0)
     module = MLP().eval()
     reference = _in_process_rows_per_s(module.cuda(), (1, 8) if smoke else (1, 8, 32, 64, 128), 0.2 if smoke else 2)

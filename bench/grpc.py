@@ -40,14 +40,14 @@ LARGE = 1_000_000  # floats: 4 MB in and out, which crosses between the processe
 MODELS = {"tiny": (Double(), _config(16)), "mlp": (MLP(), _config(WIDTH)), "echo_4mb": (Echo(), _config(-1))}
 
 
-def _request(model: str, width: int) -> bytes:
+def infer_message(model: str, width: int) -> bytes:
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, width])
     request.raw_input_contents.append(np.random.default_rng(0).random((1, width), np.float32).tobytes())
     return request.SerializeToString()
 
 
-def _grpc_measure(url: str, pid: int, message: bytes, connections: int, seconds: float):
+def measure_grpc(url: str, pid: int, message: bytes, connections: int, seconds: float):
     before = cpu_seconds(pid)
     load = h2load(url, METHOD, message, connections, seconds)
     used = cpu_seconds(pid) - before
@@ -65,13 +65,13 @@ def run(seconds: float, smoke: bool) -> list[str]:
     concurrencies = (8,) if smoke else CONCURRENCIES  # a smoke run checks the script, not the curve
     with both_servers(MODELS) as (server, peer):
         for model, width in (("tiny", 16), ("mlp", WIDTH), ("echo_4mb", LARGE)):
-            message = _request(model, width)
+            message = infer_message(model, width)
             for connections in concurrencies:
                 if peer is not None:
-                    rows["Triton (python backend)", model, connections] = _grpc_measure(
+                    rows["Triton (python backend)", model, connections] = measure_grpc(
                         peer.grpc_url, peer.process.pid, message, connections, seconds)
                 before = _inferences(server, model)
-                rows["this server", model, connections] = load, _ = _grpc_measure(
+                rows["this server", model, connections] = load, _ = measure_grpc(
                     server.grpc_url, server.process.pid, message, connections, seconds)
                 answered = _inferences(server, model) - before
                 if answered < load.requests_per_s * max(1, round(seconds)) * 0.9:  # h2load counted calls that failed
@@ -79,7 +79,7 @@ def run(seconds: float, smoke: bool) -> list[str]:
                                       f"{load.requests_per_s * round(seconds):,.0f} calls")
         with _grpcio_floor() as (url, pid):
             for connections in concurrencies:
-                rows[FLOOR, "tiny", connections] = _grpc_measure(url, pid, _request("tiny", 16), connections, seconds)
+                rows[FLOOR, "tiny", connections] = measure_grpc(url, pid, infer_message("tiny", 16), connections, seconds)
         http = _http_cost(server, seconds, concurrencies)
     lines = [] if peer is not None else [MISSING, ""]
     lines += ["| server | model | concurrency | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bench import frontends, grpc
-from bench.gpu import _mlp_on_the_gpu
+from bench.gpu import mlp_on_the_gpu
 from bench.harness import CORES, Server, ratio, save_model, wrk
 from bench.triton import both_servers
 
@@ -32,13 +32,13 @@ GRPC_FRONT_ENDS = (1, 4, 8)
 
 def _frontends(seconds: float) -> list[str]:
     server_cores = CORES[:-1] if len(CORES) > 2 else CORES
-    routes = [route for route in frontends._routes() if route[:2] in (("tiny", "V2 binary"), (frontends.BATCHED, "V2 binary"))]
+    routes = [route for route in frontends.scenario_routes() if route[:2] in (("tiny", "V2 binary"), (frontends.BATCHED, "V2 binary"))]
     counts = [n for n in frontends.COUNTS if n <= len(CORES)]
-    return frontends._throughput(frontends._models(), routes, counts, server_cores, seconds, with_triton=True)
+    return frontends.throughput_table(frontends.scenario_models(), routes, counts, server_cores, seconds, with_triton=True)
 
 
 def _grpc(seconds: float) -> list[str]:
-    message = grpc._request("tiny", 16)
+    message = grpc.infer_message("tiny", 16)
     models = {"tiny": grpc.MODELS["tiny"]}
     lines = ["| server | connections | requests/s | p50 ms | p99 ms | errors | server CPU µs/request | vs Triton |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -47,12 +47,12 @@ def _grpc(seconds: float) -> list[str]:
         with both_servers(models, SERVE_HTTP_WORKERS=str(count)) as (server, peer):
             if peer is not None and not peer_rates:
                 for connections in (8, 64):
-                    load, cpu_us = grpc._grpc_measure(peer.grpc_url, peer.process.pid, message, connections, seconds)
+                    load, cpu_us = grpc.measure_grpc(peer.grpc_url, peer.process.pid, message, connections, seconds)
                     peer_rates[connections] = load.requests_per_s
                     lines.append(f"| Triton | {connections} | {load.requests_per_s:,.0f} | {load.p50_ms:.2f} | "
                                  f"{load.p99_ms:.2f} | {load.errors} | {cpu_us:,.0f} | — |")
             for connections in (8, 64):
-                load, cpu_us = grpc._grpc_measure(server.grpc_url, server.process.pid, message, connections, seconds)
+                load, cpu_us = grpc.measure_grpc(server.grpc_url, server.process.pid, message, connections, seconds)
                 versus = ratio(load.requests_per_s, peer_rates[connections]) if connections in peer_rates else "—"
                 lines.append(f"| this server, {count} gRPC front-end{'s' * (count > 1)} | {connections} | "
                              f"{load.requests_per_s:,.0f} | {load.p50_ms:.2f} | {load.p99_ms:.2f} | {load.errors} | "
@@ -65,9 +65,9 @@ def _profile(seconds: float) -> list[str]:
     binary at 64 connections through two front-ends."""
     if not shutil.which("py-spy"):
         return ["py-spy is not on the PATH: no profile."]
-    _, _, path, body, headers = next(route for route in frontends._routes() if route[:2] == ("tiny", "V2 binary"))
+    _, _, path, body, headers = next(route for route in frontends.scenario_routes() if route[:2] == ("tiny", "V2 binary"))
     with tempfile.TemporaryDirectory() as scratch:
-        module, config = frontends._models()["tiny"]
+        module, config = frontends.scenario_models()["tiny"]
         save_model(Path(scratch), "tiny", module, config)
         server = Server(Path(scratch), CORES[:-1] if len(CORES) > 2 else CORES, SERVE_HTTP_WORKERS="2")
         try:
@@ -97,7 +97,7 @@ def main() -> None:
     print("## The model process's time, on CPU\n", *_profile(seconds), "", sep="\n", flush=True)
     del os.environ["CUDA_VISIBLE_DEVICES"]
     if torch.cuda.is_available():
-        print("## The MLP on the GPU\n", *_mlp_on_the_gpu(seconds, False), sep="\n", flush=True)
+        print("## The MLP on the GPU\n", *mlp_on_the_gpu(seconds, False), sep="\n", flush=True)
     else:
         print("No GPU here: the MLP on the GPU is left out.")
 
