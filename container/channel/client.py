@@ -25,7 +25,7 @@ class ChannelClient:
         self.path, self.max_call = path, max_call
         self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future | asyncio.Queue | Callable] = {}  # by call id: a call's, a stream's
         self._writer: asyncio.StreamWriter | None = None
         self._connected = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -118,6 +118,20 @@ class ChannelClient:
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
 
+    def start_stream(self, op: str, args: list, heard: Callable[[int, object], None]) -> int:
+        """`stream` for a caller that takes each frame as the connection's reader gets it: `heard(kind,
+        value)` for each item frame (wire.ITEM, wire.ITEMS), then once for the stream's end (wire.ANSWER, or
+        wire.ERROR with the error's [class, message, status], a lost connection's too); then it is heard no
+        more. No task, queue or generator between the reader and the caller: a group of calls pays for
+        none (channel/groups.py). Returns the stream's id, as `cancel` takes it; raises what sending
+        raises (Unavailable, PayloadTooLarge)."""
+        writer = self._open_writer()
+        call_id = next(self._ids)
+        frame = wire.pack([call_id, op, args], self.blobs, self.max_call)
+        self._pending[call_id] = heard
+        writer.write(frame)  # not drained: what crosses is bounded by the calls' own budgets (body_budget.py)
+        return call_id
+
     def _open_writer(self) -> asyncio.StreamWriter:
         """The connection to write a call to. One the model process closed (it died) is closing before the
         task reading it has learned so: uvloop's transport then raises RuntimeError at a write."""
@@ -129,8 +143,10 @@ class ChannelClient:
         return writer
 
     def cancel(self, call_id: int, position: int | None = None) -> None:
-        """Stop the stream `call_id` in the model process; with a `position`, only that call of a group
-        operation's stream (groups.GroupItems.cancel)."""
+        """Stop the stream `call_id` in the model process (a `start_stream`'s is heard no more); with a
+        `position`, only that call of a group operation's stream (groups.GroupItems.cancel)."""
+        if position is None and callable(self._pending.get(call_id)):
+            del self._pending[call_id]
         writer = self._writer
         if writer is not None and not writer.is_closing():
             writer.write(wire.pack([next(self._ids), wire.CANCEL, [call_id] if position is None else [call_id, position]]))
@@ -163,15 +179,24 @@ class ChannelClient:
             (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
             call_id, kind, result = wire.unpack(await reader.readexactly(length), self.blobs)
             waiting = self._pending.get(call_id)
-            if isinstance(waiting, asyncio.Queue):  # a stream
+            if isinstance(waiting, asyncio.Future):  # a call
+                if not waiting.done():
+                    waiting.set_result((kind == wire.ERROR, result))
+            elif isinstance(waiting, asyncio.Queue):  # a stream
                 waiting.put_nowait((kind, result))
-            elif waiting is not None and not waiting.done():
-                waiting.set_result((kind == wire.ERROR, result))
+            elif waiting is not None:  # a stream heard as it comes (`start_stream`)
+                if kind in (wire.ANSWER, wire.ERROR):
+                    del self._pending[call_id]
+                waiting(kind, result)
 
     def _fail_pending(self) -> None:
         lost = ["Unavailable", "the model process ended during the request; retry", 503]
-        for waiting in self._pending.values():
-            if isinstance(waiting, asyncio.Queue):
+        for call_id, waiting in list(self._pending.items()):
+            if isinstance(waiting, asyncio.Future):
+                if not waiting.done():
+                    waiting.set_result((True, lost))
+            elif isinstance(waiting, asyncio.Queue):
                 waiting.put_nowait((wire.ERROR, lost))
-            elif not waiting.done():
-                waiting.set_result((True, lost))
+            else:
+                del self._pending[call_id]
+                waiting(wire.ERROR, lost)

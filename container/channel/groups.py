@@ -15,6 +15,7 @@ A large call goes alone (its data would make the group's frame large); so does a
 is past what the model process reads: each of its calls is sent again on its own."""
 
 import asyncio
+import functools
 import itertools
 import os
 from collections import Counter
@@ -70,12 +71,11 @@ def _items(results: Iterator[tuple[int, object]], answer: Callable[[int, object]
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "task", "stream")
+    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "stream")
 
     def __init__(self, key: tuple):
         self.key, self.calls, self.answers, self.clients, self.size = key, [], [], [], 0
         self.sent = self.taken = False
-        self.task = None  # AsyncGroups': the task sending it
         self.stream = None  # AsyncGroups': the id of the channel stream that carries it, once sent
 
 
@@ -232,13 +232,16 @@ class Groups(_Groups):
 
 
 class AsyncGroups(_Groups):
-    """On an asyncio loop (the gRPC front-ends)."""
+    """On an asyncio loop (the gRPC front-ends). A group is sent by a callback of the loop and its answers are
+    heard by another, from the channel's reader (`ChannelClient.start_stream`): a task and a generator to
+    send a group and read its answers cost a few turns of the loop each, and grpcio hands the loop one call
+    a turn, so that most groups hold one or two calls."""
 
     def __init__(self, channel, op: str):
         """`channel`: a channel.client.ChannelClient."""
         super().__init__(op)
         self.channel = channel
-        self._sending: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the running loop, once asked (a system call each time in 3.11)
 
     async def call(self, key: tuple, call: list, size: int) -> list:
         """`Groups.call` on the loop. A call cancelled (its gRPC client went away: Triton's request
@@ -248,20 +251,25 @@ class AsyncGroups(_Groups):
         try:
             answered = await waiter
         except asyncio.CancelledError:
-            if group.task is not None and _abandoned(group):
-                group.task.cancel()
-            elif group.stream is not None:
-                self.channel.cancel(group.stream, group.answers.index(waiter))
+            if group.stream is not None:
+                if _abandoned(group):
+                    self.channel.cancel(group.stream)  # and no more of it is heard: nobody waits for it
+                    self._taken(group)
+                else:
+                    self.channel.cancel(group.stream, group.answers.index(waiter))
             raise
         return self._result(*answered)
 
     def _start(self, group: _Group) -> None:
-        group.task = task = asyncio.get_running_loop().create_task(self._send(group))  # after this turn's other callbacks
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._running().call_soon(self._send, group)  # after this turn's other callbacks
 
     def _waiter(self) -> asyncio.Future:
-        return asyncio.get_running_loop().create_future()
+        return self._running().create_future()
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     @staticmethod
     def _settle(waiter: asyncio.Future, error, answer) -> None:
@@ -272,20 +280,36 @@ class AsyncGroups(_Groups):
     def _left(group: _Group, position: int) -> bool:
         return group.answers[position].cancelled()
 
-    async def _send(self, group: _Group) -> None:
+    def _send(self, group: _Group) -> None:
         self._close(group)
         if not self._live(group):  # every caller went away while it waited to go
             self._taken(group)
             return
         try:
-            async for item in self.channel.stream(self.op, self._pid, *group.key, group.calls,
-                                                   named=lambda call_id: setattr(group, "stream", call_id)):
-                self._answer(group, item)
-            self._fail(group, self._unanswered())
-        except Exception as exc:
+            group.stream = self.channel.start_stream(self.op, [self._pid, *group.key, group.calls],
+                                                     functools.partial(self._heard, group))
+        except Exception as exc:  # past what the model process reads, it is away, or a bug
             self._fail(group, exc)
-        finally:
             self._taken(group)
+
+    def _heard(self, group: _Group, kind: int, value) -> None:
+        """A frame of `group`'s stream: its answers, or its end."""
+        try:
+            if kind == wire.ITEMS:
+                for item in value:
+                    self._answer(group, item)
+                return
+            if kind == wire.ITEM:
+                self._answer(group, value)
+                return
+            if kind == wire.ERROR:
+                wire.raise_error(*value)
+            self._fail(group, self._unanswered())
+        except Exception as exc:  # the call failed, or an answer this front-end cannot read (a bug)
+            if kind in (wire.ITEM, wire.ITEMS):
+                self.channel.cancel(group.stream)
+            self._fail(group, exc)
+        self._taken(group)
 
 
 def _abandoned(group: _Group) -> bool:

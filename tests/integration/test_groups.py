@@ -274,8 +274,8 @@ def test_a_grpc_front_end_sends_what_it_decodes_as_tensors_and_the_rest_as_docum
         channel = ChannelClient(socket_path(server.process.pid))
         channel.start()
         assert await channel.wait_connected(30)
-        sent, stream = [], channel.stream
-        channel.stream = lambda op, *args, **kw: sent.append(op) or stream(op, *args, **kw)
+        sent, start_stream = [], channel.start_stream
+        channel.start_stream = lambda op, *args: sent.append(op) or start_stream(op, *args)
         service = InferenceService(channel, Settings.from_env({}), Clients())
         try:
             answer = await asyncio.wait_for(service.ModelInfer(message, _Context()), 30)

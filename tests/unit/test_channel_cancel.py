@@ -225,6 +225,21 @@ def test_one_call_of_a_group_under_way_is_cancelled_alone(model_process):
     assert model_process.groups[0]["cancelled"] == [0] and model_process.groups[0]["calls"] == [1, 2]
 
 
+def test_a_group_under_way_when_the_connection_is_lost_tells_each_of_its_calls_to_retry(model_process):
+    async def lose_it():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
+        await asyncio.sleep(0)  # both join the group of this turn
+        await round_trips_until(channel, lambda: model_process.groups)
+        await channel.close()
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+
+    told = asyncio.run(lose_it())
+    assert [(type(exc), exc.status, str(exc)) for exc in told] == \
+        [(Unavailable, 503, "the model process ended during the request; retry")] * 2
+
+
 async def round_trips_until(channel: ChannelClient, predicate, most: int = 1000) -> None:
     """Calls to the model process, one after another, until `predicate()` (at most `most` of them)."""
     for _ in range(most):
