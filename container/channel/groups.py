@@ -4,12 +4,12 @@ the model process as one call of a group operation, which pays its per-call cost
 lease, a wake-up of its scheduler) and streams back an item for each call as it is done: a fast
 request does not wait for a slow one in its group.
 
-A group is sent at the end of the turn in which it opened; but while the group sent before it for the
-same key has not been taken up by the model process (that group's first item, TAKEN, says it has), it
-waits, open to the calls of later turns. So the busier the model process, the larger the groups, and a
-lone request, with nothing before it, waits for nothing. gRPC's front-ends need the wait: grpcio hands
-their loop one call a turn, so that 97% of the groups of one turn held one call (measured at 64
-connections).
+A group is sent at the end of the turn in which it opened (on an asyncio loop, the turn after: below);
+but while the group sent before it for the same key has not been taken up by the model process (that
+group's first item, TAKEN, says it has), it waits, open to the calls of later turns. So the busier the
+model process, the larger the groups, and a lone request, with nothing before it, waits for nothing.
+gRPC's front-ends need the wait: grpcio hands their loop one call a turn, so that 97% of the groups of
+one turn held one call (measured at 64 connections).
 
 A large call goes alone (its data would make the group's frame large); so does a group that, packed,
 is past what the model process reads: each of its calls is sent again on its own."""
@@ -261,7 +261,12 @@ class AsyncGroups(_Groups):
         return self._result(*answered)
 
     def _start(self, group: _Group) -> None:
-        self._running().call_soon(self._send, group)  # after this turn's other callbacks
+        """`group` goes at the end of the loop's next turn: grpcio hands its loop the calls that arrived
+        together over successive turns (measured: tiny calls at 64 connections made groups of 1.6 when they
+        went at the end of the turn they opened in, and of 3.2 a turn later; 17-20% more calls/s, the
+        front-end's CPU a call 271 → 241 µs, the model process's 108 → 84, and one connection's p50 level)."""
+        loop = self._running()
+        loop.call_soon(loop.call_soon, self._send, group)
 
     def _waiter(self) -> asyncio.Future:
         return self._running().create_future()

@@ -1,6 +1,7 @@
-"""A gRPC front-end's calls that its clients abandon (channel/client.py, channel/groups.py's AsyncGroups):
-a stream the caller stops reading is stopped in the model process, and a group of calls only once every
-call in it is cancelled. The model process is a real ChannelServer on a gevent hub of its own thread;
+"""A gRPC front-end's calls that its clients abandon, and the groups its calls make (channel/client.py,
+channel/groups.py's AsyncGroups): a stream the caller stops reading is stopped in the model process, a
+group of calls only once every call in it is cancelled, and calls handed over in successive turns of the
+loop go as one group. The model process is a real ChannelServer on a gevent hub of its own thread;
 this test is the front-end, on an asyncio loop, as a gRPC front-end is. A front-end that hangs up abandons
 every call it has under way: what the model process writes for them must not stay in shared memory."""
 
@@ -138,6 +139,21 @@ def test_a_stream_read_to_its_end_is_not_stopped(model_process):
 
     assert asyncio.run(read_all()) == [TAKEN, [0, None, 2], [1, None, 4]]
     assert ended(model_process) == "finished"
+
+
+def test_calls_that_grpcio_hands_over_in_successive_turns_go_as_one_group(model_process):
+    async def two_turns():
+        channel = await connected(model_process.path)
+        groups = AsyncGroups(channel, "group")
+        first = asyncio.create_task(groups.call(("a",), [1], 8))
+        await asyncio.sleep(0)  # the first call opens a group in this turn; the second comes in the next
+        second = asyncio.create_task(groups.call(("a",), [2], 8))
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        await channel.close()
+        return answers
+
+    assert asyncio.run(two_turns()) == [[2], [4]]
+    assert [group["calls"] for group in model_process.groups] == [[1, 2]]
 
 
 def test_a_group_is_cancelled_once_every_call_in_it_is(model_process):
