@@ -71,10 +71,11 @@ def _items(results: Iterator[tuple[int, object]], answer: Callable[[int, object]
 
 
 class _Group:
-    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "stream")
+    __slots__ = ("key", "calls", "answers", "clients", "size", "sent", "taken", "stream", "answered")
 
     def __init__(self, key: tuple):
         self.key, self.calls, self.answers, self.clients, self.size = key, [], [], [], 0
+        self.answered = 0  # its calls' answers come so far
         self.sent = self.taken = False
         self.stream = None  # AsyncGroups': the id of the channel stream that carries it, once sent
 
@@ -146,6 +147,7 @@ class _Groups:
             return
         position, error, *answer = item
         self._settle(group.answers[position], error, answer)
+        group.answered += 1
 
     def _fail(self, group: _Group, failure: Exception) -> None:
         """The whole call failed: a group past what the model process reads (nothing of it was sent) goes
@@ -182,8 +184,10 @@ class _Groups:
             wire.raise_error(*error)
         return answer
 
-    def _unanswered(self) -> ServeError:
-        return ServeError(f"the model process left a call of {self.op!r} unanswered")
+    def _ended(self, group: _Group) -> None:
+        """`group`'s stream ended: a call it left unanswered (a bug) is told so."""
+        if group.answered < len(group.calls):
+            self._fail(group, ServeError(f"the model process left a call of {self.op!r} unanswered"))
 
 
 class Groups(_Groups):
@@ -224,7 +228,7 @@ class Groups(_Groups):
         try:
             for item in self.channel.stream(self.op, self._pid, *group.key, group.calls):
                 self._answer(group, item)
-            self._fail(group, self._unanswered())
+            self._ended(group)
         except Exception as exc:  # past what the model process reads, it went away, the call failed, or a bug
             self._fail(group, exc)
         finally:
@@ -309,7 +313,7 @@ class AsyncGroups(_Groups):
                 return
             if kind == wire.ERROR:
                 wire.raise_error(*value)
-            self._fail(group, self._unanswered())
+            self._ended(group)
         except Exception as exc:  # the call failed, or an answer this front-end cannot read (a bug)
             if kind in (wire.ITEM, wire.ITEMS):
                 self.channel.cancel(group.stream)

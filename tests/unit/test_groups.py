@@ -25,8 +25,8 @@ LIMIT = 64 << 10  # the largest call this test's model process reads
 def channel(tmp_path):
     """A model process whose `group(front_end, key, calls)` records each group it gets, answers each call [n] with
     n * 2 (a negative n is refused), holds a call [n, "gated"] until `gate` is set, fails the whole
-    call at [n, "fail"], and answers [n, "garbled"] with what no front-end can read; a group whose first
-    call is [n, "untaken"] is not taken up (TAKEN) until `gate` is set."""
+    call at [n, "fail"], answers [n, "garbled"] with what no front-end can read and [n, "dropped"] not at
+    all (a bug); a group whose first call is [n, "untaken"] is not taken up (TAKEN) until `gate` is set."""
     groups, gate = [], Event()
 
     def group(front_end: int, key: str, calls: list) -> GroupItems:
@@ -46,6 +46,8 @@ def channel(tmp_path):
                 raise Unavailable("the model process is stopping")
             elif how == ["garbled"]:
                 yield "garbled"
+            elif how == ["dropped"]:
+                continue
             elif number < 0:
                 yield [position, ["InvalidInput", f"{number} is negative", 400]]
             else:
@@ -166,6 +168,15 @@ def test_when_the_whole_call_fails_every_caller_not_yet_answered_hears_why(chann
     assert answered.value == [2]
     assert all(isinstance(c.exception, Unavailable) and str(c.exception) == "the model process is stopping"
                for c in (failing, after))
+
+
+def test_a_call_the_model_process_left_unanswered_is_told_so_and_the_others_keep_their_answers(channel):
+    groups, _, _ = channel
+    answered, dropped = call_together(groups, [[1], [2, "dropped"]])
+    gevent.joinall([answered, dropped], timeout=10)
+    assert answered.value == [2]
+    assert isinstance(dropped.exception, ServeError) and dropped.exception.status == 500 and \
+        str(dropped.exception) == "the model process left a call of 'group' unanswered"
 
 
 def test_an_answer_the_front_end_cannot_read_fails_its_group_with_a_500_and_nobody_waits_for_ever(channel):
