@@ -90,12 +90,10 @@ class ChannelClient:
             wire.raise_error(*result)
         return result
 
-    async def stream(self, op: str, *args, named: Callable[[int], None] = lambda call_id: None):
-        """The items `op(*args)` streams, each as the model process sends it; its error raised here.
-        `named(call_id)`: the stream's id, as `cancel` takes it."""
+    async def stream(self, op: str, *args):
+        """The items `op(*args)` streams, each as the model process sends it; its error raised here."""
         writer = self._open_writer()
         call_id = next(self._ids)
-        named(call_id)
         self._pending[call_id] = items = asyncio.Queue()
         ended = False
         try:
