@@ -287,9 +287,11 @@ def test_what_the_front_ends_keep_after_a_burst_beyond_their_share_leaves_models
     assert answers == [200] * 16
     held = sum(anonymous(pid) for pid in front_ends)
     assert server.load("later").status_code == 200  # a load charges the budget anew
+    # the model process measured the front-ends between the two readings here (they may still be giving back)
+    held = sorted([held, sum(anonymous(pid) for pid in front_ends)])
     after = server.metrics()
     beyond = after[("serve_memory_server_bytes", (("device", "cpu"), ("part", "front_ends")))]
-    assert beyond > 32 * MIB and abs(beyond - (held - allowance)) < 16 * MIB
+    assert beyond > 32 * MIB and held[0] - allowance - 16 * MIB < beyond < held[1] - allowance + 16 * MIB, (beyond, held)
     shrunk = start[("serve_memory_budget_bytes", CPU)] - after[("serve_memory_budget_bytes", CPU)]
     assert abs(shrunk - beyond) < 16 * MIB  # TorchScript models only: no runtime, no fork server
 
