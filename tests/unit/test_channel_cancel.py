@@ -114,6 +114,16 @@ async def connected(path: str) -> ChannelClient:
     return channel
 
 
+async def two_held_calls(process: ModelProcess) -> tuple[ChannelClient, list[asyncio.Task]]:
+    """A connection, and two calls over it that went as one group, held in the model process."""
+    channel = await connected(process.path)
+    groups = AsyncGroups(channel, "group")
+    calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
+    await asyncio.sleep(0)  # both join the group of this turn
+    await round_trips_until(channel, lambda: process.groups)
+    return channel, calls
+
+
 def ended(process: ModelProcess, index: int = 0) -> str | None:
     return wait_for(lambda: len(process.groups) > index and process.groups[index]["ended"], 10, "the group never ended")
 
@@ -158,12 +168,7 @@ def test_calls_that_grpcio_hands_over_in_successive_turns_go_as_one_group(model_
 
 def test_a_group_is_cancelled_once_every_call_in_it_is(model_process):
     async def cancel_one_then_the_other():
-        channel = await connected(model_process.path)
-        groups = AsyncGroups(channel, "group")
-        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
-        await asyncio.sleep(0)  # both join the group of this turn
-        while not model_process.groups:
-            await channel.call("echo", None)
+        channel, calls = await two_held_calls(model_process)
         calls[0].cancel()
         for _ in range(2):  # round trips after the cancellation it would have sent, if it had
             await channel.call("echo", None)
@@ -224,11 +229,7 @@ def test_one_call_of_a_group_under_way_is_cancelled_alone(model_process):
     """Two calls went as one group; the first is cancelled while both are held: the model process hears
     that call's position alone, the group goes on, and the second is answered."""
     async def cancel_one():
-        channel = await connected(model_process.path)
-        groups = AsyncGroups(channel, "group")
-        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
-        await asyncio.sleep(0)  # both join the group of this turn
-        await round_trips_until(channel, lambda: model_process.groups)
+        channel, calls = await two_held_calls(model_process)
         calls[0].cancel()
         await round_trips_until(channel, lambda: model_process.groups[0]["cancelled"])
         model_process.release()
@@ -243,11 +244,7 @@ def test_one_call_of_a_group_under_way_is_cancelled_alone(model_process):
 
 def test_a_group_under_way_when_the_connection_is_lost_tells_each_of_its_calls_to_retry(model_process):
     async def lose_it():
-        channel = await connected(model_process.path)
-        groups = AsyncGroups(channel, "group")
-        calls = [asyncio.create_task(groups.call(("a",), [n, "held"], 8)) for n in (1, 2)]
-        await asyncio.sleep(0)  # both join the group of this turn
-        await round_trips_until(channel, lambda: model_process.groups)
+        channel, calls = await two_held_calls(model_process)
         await channel.close()
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
 
