@@ -237,9 +237,9 @@ class Groups(_Groups):
 
 class AsyncGroups(_Groups):
     """On an asyncio loop (the gRPC front-ends). A group is sent by a callback of the loop and its answers are
-    heard by another, from the channel's reader (`ChannelClient.start_stream`): a task and a generator to
-    send it and read its answers cost turns of the loop and 13 µs of CPU a group (a throwaway measure, a
-    lone call), and a gRPC front-end's groups are small (grpcio hands its loop about a call a turn)."""
+    heard by another, from the channel's reader (`ChannelClient.start_stream`), rather than by a task and an
+    async generator, which cost turns of the loop and 13 µs more CPU a group (a throwaway measure, a lone
+    call): a gRPC front-end's groups are small, as grpcio hands its loop about a call a turn."""
 
     def __init__(self, channel, op: str):
         """`channel`: a channel.client.ChannelClient."""
