@@ -51,6 +51,17 @@ def test_documents_keep_their_plain_values():
     assert round_trip(document) == document
 
 
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 65_535, 65_536])
+def test_items_packed_one_by_one_cross_as_one_frame_of_them_all(count):
+    """msgpack heads an array of up to 15 values, of up to 65,535, and of more, each its own way."""
+    items = [[position, None, np.full(2, position, np.int32)] for position in range(count)]
+    frame = wire.pack_items(7, [wire.packed(item) for item in items])
+    assert wire.LENGTH.unpack(frame[:4])[0] == len(frame) - 4
+    call_id, kind, back = wire.unpack(frame[4:])
+    assert (call_id, kind, len(back)) == (7, wire.ITEMS, count)
+    assert all(b[:2] == i[:2] and (b[2] == i[2]).all() for b, i in zip(back, items, strict=True))
+
+
 def test_what_is_not_data_does_not_cross():
     with pytest.raises(TypeError):
         wire.pack([object()])
