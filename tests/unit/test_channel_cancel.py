@@ -152,18 +152,19 @@ def test_a_stream_read_to_its_end_is_not_stopped(model_process):
 
 
 def test_calls_that_grpcio_hands_over_in_successive_turns_go_as_one_group(model_process):
-    async def two_turns():
+    async def three_turns():
         channel = await connected(model_process.path)
         groups = AsyncGroups(channel, "group")
-        first = asyncio.create_task(groups.call(("a",), [1], 8))
-        await asyncio.sleep(0)  # the first call opens a group in this turn; the second comes in the next
-        second = asyncio.create_task(groups.call(("a",), [2], 8))
-        answers = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        calls = []
+        for n in (1, 2, 3):  # the first call opens a group in one turn; the others come in the next two
+            calls.append(asyncio.create_task(groups.call(("a",), [n], 8)))
+            await asyncio.sleep(0)
+        answers = await asyncio.wait_for(asyncio.gather(*calls), 10)
         await channel.close()
         return answers
 
-    assert asyncio.run(two_turns()) == [[2], [4]]
-    assert [group["calls"] for group in model_process.groups] == [[1, 2]]
+    assert asyncio.run(three_turns()) == [[2], [4], [6]]
+    assert [group["calls"] for group in model_process.groups] == [[1, 2, 3]]
 
 
 def test_a_group_is_cancelled_once_every_call_in_it_is(model_process):
