@@ -25,7 +25,7 @@ class ChannelClient:
         self.path, self.max_call = path, max_call
         self.blobs = Blobs(blob_prefix(path))
         self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future | asyncio.Queue | Callable] = {}  # by call id: a call's, a stream's
+        self._pending: dict[int, asyncio.Future | Callable] = {}  # by call id: a call's answer, a stream's frames
         self._writer: asyncio.StreamWriter | None = None
         self._connected = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -92,17 +92,11 @@ class ChannelClient:
 
     async def stream(self, op: str, *args):
         """The items `op(*args)` streams, each as the model process sends it; its error raised here."""
-        writer = self._open_writer()
-        call_id = next(self._ids)
-        self._pending[call_id] = items = asyncio.Queue()
+        frames: asyncio.Queue = asyncio.Queue()
+        call_id = self.start_stream(op, list(args), lambda kind, value: frames.put_nowait((kind, value)))
         ended = False
         try:
-            try:
-                writer.write(wire.pack([call_id, op, list(args)], self.blobs, self.max_call))
-                await writer.drain()
-            except OSError:
-                raise Unavailable("the model process ended during the request; retry") from None
-            while (frame := await items.get())[0] in (wire.ITEM, wire.ITEMS):
+            while (frame := await frames.get())[0] in (wire.ITEM, wire.ITEMS):
                 if frame[0] == wire.ITEMS:
                     for item in frame[1]:
                         yield item
@@ -110,19 +104,17 @@ class ChannelClient:
                     yield frame[1]
             ended = True
         finally:
-            self._pending.pop(call_id, None)
             if not ended:  # the caller stopped reading (its client went away): the model process stops too
                 self.cancel(call_id)
         if frame[0] == wire.ERROR:
             wire.raise_error(*frame[1])
 
     def start_stream(self, op: str, args: list, heard: Callable[[int, object], None]) -> int:
-        """`stream` for a caller that takes each frame as the connection's reader gets it: `heard(kind,
-        value)` for each item frame (wire.ITEM, wire.ITEMS), then once for the stream's end (wire.ANSWER, or
-        wire.ERROR with the error's [class, message, status], a lost connection's too); then it is heard no
-        more. No task, queue or generator between the reader and the caller: a group of calls pays for
-        none (channel/groups.py). Returns the stream's id, as `cancel` takes it; raises what sending
-        raises (Unavailable, PayloadTooLarge)."""
+        """The stream of `op(*args)`, each frame handed to `heard(kind, value)` as the connection's reader
+        gets it: each item frame (wire.ITEM, wire.ITEMS), then once its end (wire.ANSWER, or wire.ERROR with
+        the error's [class, message, status], a lost connection's too); then it is heard no more. A group of
+        calls takes its frames so, with no task, queue or generator between (channel/groups.py). Returns the
+        stream's id, as `cancel` takes it; raises what sending raises (Unavailable, PayloadTooLarge)."""
         writer = self._open_writer()
         call_id = next(self._ids)
         frame = wire.pack([call_id, op, args], self.blobs, self.max_call)
@@ -141,10 +133,10 @@ class ChannelClient:
         return writer
 
     def cancel(self, call_id: int, position: int | None = None) -> None:
-        """Stop the stream `call_id` in the model process (a `start_stream`'s is heard no more); with a
-        `position`, only that call of a group operation's stream (groups.GroupItems.cancel)."""
-        if position is None and callable(self._pending.get(call_id)):
-            del self._pending[call_id]
+        """Stop the stream `call_id` in the model process, and hear no more of it; with a `position`, only
+        that call of a group operation's stream (groups.GroupItems.cancel)."""
+        if position is None:
+            self._pending.pop(call_id, None)
         writer = self._writer
         if writer is not None and not writer.is_closing():
             writer.write(wire.pack([next(self._ids), wire.CANCEL, [call_id] if position is None else [call_id, position]]))
@@ -180,9 +172,7 @@ class ChannelClient:
             if isinstance(waiting, asyncio.Future):  # a call
                 if not waiting.done():
                     waiting.set_result((kind == wire.ERROR, result))
-            elif isinstance(waiting, asyncio.Queue):  # a stream
-                waiting.put_nowait((kind, result))
-            elif waiting is not None:  # a stream heard as it comes (`start_stream`)
+            elif waiting is not None:  # a stream (`start_stream`)
                 if kind in (wire.ANSWER, wire.ERROR):
                     del self._pending[call_id]
                 waiting(kind, result)
@@ -193,8 +183,6 @@ class ChannelClient:
             if isinstance(waiting, asyncio.Future):
                 if not waiting.done():
                     waiting.set_result((True, lost))
-            elif isinstance(waiting, asyncio.Queue):
-                waiting.put_nowait((wire.ERROR, lost))
             else:
                 del self._pending[call_id]
                 waiting(wire.ERROR, lost)
