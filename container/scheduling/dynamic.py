@@ -10,9 +10,11 @@ base.py). With preserve_ordering, responses leave in the order the requests arri
 
 Requests that arrive together (a front-end's group) and would batch together queue as one merge: one
 entry in the queue, one result handed back, and one answer made for them all; at execution its members
-run as the requests they are (run_batch), a member cancelled meanwhile left out. Only where nothing
-tells merged requests apart: no preferred batch sizes to cut a merge across, and no queue policy that
-counts a level's entries or times them out."""
+run as the requests they are (run_batch), a member cancelled meanwhile left out. A merge larger than
+the room a batch has left is cut there: its first members join the batch and are answered with it, and
+the rest keep its place (job.cut); not with preserve_ordering, which answers a merge whole. Only where
+nothing tells merged requests apart: no preferred batch sizes to cut a batch to, and no queue policy
+that counts a level's entries or times them out."""
 
 import functools
 import itertools
@@ -24,10 +26,11 @@ from gevent import Timeout
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
+from container import kept
 from container.errors import Cancelled, QueueTimeout
 from container.models.recovery import Recover, execute
 from container.models.statistics import Phases
-from container.scheduling.base import Scheduler, as_done, preferred_sizes
+from container.scheduling.base import Scheduler, preferred_sizes
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
 from container.scheduling.job import Job, Stage, merged, on_loop, run_batch, run_jobs
@@ -46,7 +49,7 @@ class DynamicBatcher(Scheduler):
         self.max_batch_size = config.max_batch_size
         self.preferred = preferred_sizes(batching.preferred_batch_size, self.max_batch_size)
         self.preserve_ordering = batching.preserve_ordering
-        self.queue = JobQueue(batching)
+        self.queue = JobQueue(batching, self._leaves_once_cancelled)
         self._threads = Instances(instances)
         self._judge = InlineJudge(inline_below_ns)  # for lone requests
         self._batch_judge = InlineJudge(inline_below_ns)  # for batches, each judged as one (`_execute`)
@@ -70,19 +73,23 @@ class DynamicBatcher(Scheduler):
         if len(jobs) == 1:
             yield from super().infer_all(jobs)
             return
-        queued = []
+        answers, unanswered = Queue(), 0
         for positions, job in self._merged(jobs):
             try:
-                queued.append((positions, job, self._enqueue(job)))
+                timeout = self._enqueue(job)
             except Exception as exc:  # a priority outside the levels, or a full queue
                 yield from ((position, exc) for position in positions)
+                continue
+            unanswered += len(positions)
+            if timeout is None:  # its answer hands itself over, with no greenlet waiting for it (two switches)
+                job.answered_to = functools.partial(_put_answer, answers, positions)
+            else:  # it waits out its own timeout
+                kept.spawn(_put_waited, answers, positions, self._wait, job, timeout)
         self._arrived.set()
-        if any(timeout is not None for *_, timeout in queued):  # each waits out its own timeout
-            for index, result in as_done(lambda entry: self._wait(*entry[1:]), queued):
-                yield from _members(queued[index][0], result)
-            return
-        for index, result in _as_set(queued):
-            yield from _members(queued[index][0], result)
+        while unanswered:
+            positions, result = answers.get()
+            unanswered -= len(positions)
+            yield from _members(positions, result)
 
     def _merged(self, jobs: list[Job]) -> list[tuple[list[int], Job]]:
         """(positions, the job queued for them): those of `jobs` that would batch together and at one
@@ -107,8 +114,11 @@ class DynamicBatcher(Scheduler):
         timeout = self.queue.put(job)
         if self.preserve_ordering:
             self._pending.append(job.order)
-        job.when_cancelled(functools.partial(self._cancelled, job))
+        self._leaves_once_cancelled(job)
         return timeout
+
+    def _leaves_once_cancelled(self, job: Job) -> None:
+        job.when_cancelled(functools.partial(self._cancelled, job))
 
     def _cancelled(self, job: Job) -> None:
         if job.stage is Stage.QUEUED:
@@ -274,22 +284,23 @@ def _members(positions: list[int], result) -> Iterator[tuple[int, object]]:
         yield position, own if isinstance(own, Exception) else (own, phases)
 
 
-def _as_set(queued: list[tuple[list[int], Job, None]]) -> Iterator[tuple[int, object]]:
-    """(index in `queued`, (outputs, phases) or the exception) for each queued job as its result is set:
-    each result hands itself to one queue, rather than to a greenlet waiting for it (two switches a
-    request)."""
-    done = Queue()
-    for index, (_, job, _) in enumerate(queued):
-        job.result.rawlink(functools.partial(_put_result, done, index))
-    for _ in queued:
-        yield done.get()
+def _put_answer(answers: Queue, positions: list[int], job: Job, outcome) -> None:
+    """A queued job's answer, for the positions it stands for: a part of a merge cut to fill a batch
+    (job.cut) for its own members' only."""
+    answers.put((positions[job.offset: job.offset + job.requests], outcome))
 
 
-def _put_result(done: Queue, position: int, result) -> None:
-    done.put((position, result.value if result.successful() else result.exception))
+def _put_waited(answers: Queue, positions: list[int], wait, job: Job, timeout: float) -> None:
+    try:
+        answers.put((positions, wait(job, timeout)))
+    except Exception as exc:
+        answers.put((positions, exc))
 
 
 def _fulfil(job: Job, outcome, ok: bool) -> None:
+    if job.answered_to is not None:
+        job.answered_to(job, outcome)
+        return
     if job.result.ready() or outcome is None:  # a job whose client gave up has nobody to answer
         return
     if ok:

@@ -3,11 +3,12 @@ default_timeout_microseconds, allow_timeout_override, timeout_action REJECT or D
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from gevent.event import Event
 
 from container.errors import InvalidModel, QueueFull
-from container.scheduling.job import Job, Stage
+from container.scheduling.job import Job, Stage, cut
 
 REJECT, DELAY = 0, 1  # ModelQueuePolicy.TimeoutAction
 
@@ -26,8 +27,12 @@ class Policy:
 
 
 class JobQueue:
-    def __init__(self, dynamic_batching):
+    def __init__(self, dynamic_batching, queued: Callable[[Job], None]):
+        """`queued(job)` is told of each part of a merge cut that stays queued (`take`), as its scheduler is
+        of each job it puts."""
         config = dynamic_batching
+        self._queued = queued
+        self._cuts = not config.preserve_ordering  # a cut merge is answered part by part, not in its order
         self.levels = max(config.priority_levels, 1)
         self.default_level = config.default_priority_level if config.priority_levels else 1
         if not 1 <= self.default_level <= self.levels:
@@ -98,20 +103,27 @@ class JobQueue:
 
     def take(self, limit: int) -> list[Job]:
         """The next batch: the first job by priority (delayed jobs last), then the queued jobs that can
-        merge with it, in the same order, while their items stay within `limit`."""
+        merge with it, in the same order, while their items stay within `limit`; a merge too large for
+        the room left gives the batch its first members, and the rest keep its place (job.cut)."""
         ordered = [job for level in sorted(self._queues) for job in self._queues[level] if not job.delayed]
         ordered += [job for level in sorted(self._queues) for job in self._queues[level] if job.delayed]
-        head, batch, items = ordered[0], [], 0
+        head, batch, items, rests = ordered[0], [], 0, {}
         key, most = head.batch_key(), max(limit, head.items)
         for job in ordered:
-            if job.batch_key() == key and items + job.items <= most:
+            if job.batch_key() != key:
+                continue
+            if items + job.items > most and job.members and self._cuts and (parts := cut(job, most - items)):
+                job.stage = Stage.RUNNING  # out of the queue: its parts stand for it
+                rests[job], job = parts[1], parts[0]
+                self._queued(parts[1])
+            if items + job.items <= most:
                 batch.append(job)
                 items += job.items
                 if items == most:
                     break
         taken = set(batch)  # by identity: a deque's remove of each would scan the queue once a job
         for level, queue in self._queues.items():
-            self._queues[level] = deque(job for job in queue if job not in taken)
+            self._queues[level] = deque(rests.get(job, job) for job in queue if job not in taken)
         for job in batch:
             job.stage = Stage.RUNNING
             self._requests -= job.requests

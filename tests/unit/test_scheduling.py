@@ -531,6 +531,107 @@ def test_a_merge_whose_requests_are_all_cancelled_leaves_the_queue_at_once(backe
     scheduler.close()
 
 
+def queue_groups(scheduler, *groups: list[Job], heard=lambda position: None) -> list:
+    """Each group through `infer_all`, all of them queued: a greenlet each, with its results by position.
+    `heard(position)` for each answer of the last group, as it comes."""
+
+    def answers(jobs: list[Job], heard) -> dict:
+        results = {}
+        for position, result in scheduler.infer_all(jobs):
+            results[position] = result
+            heard(position)
+        return results
+
+    greenlets = [gevent.spawn(answers, jobs, heard if jobs is groups[-1] else lambda position: None) for jobs in groups]
+    poll(lambda: scheduler.queue_depth() == sum(map(len, groups)), message="the groups did not queue")
+    return greenlets
+
+
+def rows_of(results: dict) -> list:
+    return [results[p] if isinstance(results[p], Exception) else results[p][0]["y"][:, 0].tolist() for p in sorted(results)]
+
+
+def test_a_merge_too_large_for_the_room_a_batch_has_left_fills_it_and_the_rest_keeps_its_place():
+    """Two groups of five merge as five each; with eight items a batch, the second gives the first batch
+    its first three and keeps its place with the other two (job.cut): batches of 8 and 2 where whole
+    merges made 5 and 5. The requests of the cut batch are answered with it, not after the rest (a
+    batcher waiting for them to come back would wait for ever)."""
+    backend = Gated()
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    answered = []
+    whole, cut_group = queue_groups(scheduler, [job(backend, v) for v in range(1, 6)], [job(backend, v) for v in range(11, 16)],
+                                    heard=answered.append)
+    backend.passes.release()
+    backend.wait_entered()  # the batch of eight
+    assert scheduler.queue_depth() == 2  # the rest, in the queue
+    backend.passes.release()
+    backend.wait_entered()  # the rest's batch, held ...
+    poll(lambda: answered == [0, 1, 2], message="the first part was not answered with its batch")  # ... while the first part is answered
+    backend.passes.release()
+    assert values(first) == [-2.0]
+    assert rows_of(whole.get(timeout=30)) == [[2.0 * v] for v in range(1, 6)]
+    assert rows_of(cut_group.get(timeout=30)) == [[2.0 * v] for v in range(11, 16)]
+    assert backend.batches == [[-1.0], [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0], [14.0, 15.0]]
+    assert scheduler.queue_depth() == 0
+    scheduler.close()
+
+
+def test_with_preserve_ordering_a_merge_is_answered_whole_and_not_cut(backend):
+    scheduler = scheduler_for("m", config(dynamic_batching={"preserve_ordering": True}))
+    first = start_blocked(scheduler, backend)
+    groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 6)], [job(backend, v) for v in range(11, 16)])
+    backend.release.set()
+    assert values(first) == [-2.0]
+    assert [rows_of(g.get(timeout=30)) for g in groups] == [[[2.0 * v] for v in range(1, 6)], [[2.0 * v] for v in range(11, 16)]]
+    assert backend.batches == [[-1.0], [1.0, 2.0, 3.0, 4.0, 5.0], [11.0, 12.0, 13.0, 14.0, 15.0]]
+    scheduler.close()
+
+
+def test_the_rest_of_a_cut_merge_whose_requests_are_all_cancelled_leaves_the_queue_at_once():
+    backend = Gated()
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    cut_one = [job(backend, v) for v in range(11, 16)]
+    groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 6)], cut_one)
+    backend.passes.release()
+    backend.wait_entered()  # the batch of eight runs, the rest of the cut group waits
+    for cancelled in cut_one[3:]:
+        cancelled.cancel()
+    assert scheduler.queue_depth() == 0
+    backend.passes.release()
+    assert values(first) == [-2.0]
+    results = rows_of(groups[1].get(timeout=30))
+    assert results[:3] == [[22.0], [24.0], [26.0]] and all(isinstance(r, Cancelled) for r in results[3:])
+    assert backend.batches == [[-1.0], [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0]]
+    scheduler.close()
+
+
+class Refusing(HeldBackend):
+    """Fails every execution whose batch holds 13."""
+
+    def execute(self, inputs, outputs, phases):
+        if 13 in inputs["x"]:
+            raise ValueError("13 is refused")
+        return super().execute(inputs, outputs, phases)
+
+
+def test_a_failed_batch_fails_only_the_part_of_a_cut_merge_it_held():
+    """The batch holding a merge's first part fails whole; the merge's other members, run later, are
+    answered all the same."""
+    backend = Refusing()
+    scheduler = scheduler_for("m", config(dynamic_batching={}))
+    first = start_blocked(scheduler, backend)
+    groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 6)], [job(backend, v) for v in range(11, 16)])
+    backend.release.set()
+    assert values(first) == [-2.0]
+    whole, cut_one = (rows_of(g.get(timeout=30)) for g in groups)
+    assert all(isinstance(r, ValueError) for r in whole + cut_one[:3])
+    assert cut_one[3:] == [[28.0], [30.0]]
+    assert backend.batches == [[-1.0], [14.0, 15.0]]
+    scheduler.close()
+
+
 def test_a_request_of_a_group_past_its_queue_timeout_is_rejected_alone(backend):
     policy = {"default_timeout_microseconds": 3_600_000_000, "allow_timeout_override": True}
     scheduler = scheduler_for("m", config(dynamic_batching={"default_queue_policy": policy}))
