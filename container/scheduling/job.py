@@ -5,6 +5,7 @@ import functools
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from gevent.event import AsyncResult
@@ -41,7 +42,7 @@ class Job(Cancellable):
     batching: BatchIO | None = None  # the model's ragged inputs, batch inputs and batch outputs
     cancelled: bool = False  # its client went away (`cancel`)
     members: list["Job"] | None = None  # a merge's requests (`merged`), which execute in its place
-    answered_to: object = None  # where its answer goes, (job, outcome), if not to `result` (dynamic.py's groups)
+    answered_to: Callable[["Job", object], None] | None = None  # where its answer goes if not to `result` (dynamic.py's groups)
     offset: int = 0  # a part of a merge cut to fill a batch (`cut`): its first member's place in the merge
     _on_cancel: list | None = None
     _key: tuple | None = None  # batch_key's, once made: a queued job is compared at every batch cut
