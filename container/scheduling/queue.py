@@ -115,7 +115,6 @@ class JobQueue:
             if items + job.items > most and job.members and self._cuts and (parts := cut(job, most - items)):
                 job.stage = Stage.RUNNING  # out of the queue: its parts stand for it
                 rests[job], job = parts[1], parts[0]
-                self._queued(parts[1])
             if items + job.items <= most:
                 batch.append(job)
                 items += job.items
@@ -128,6 +127,8 @@ class JobQueue:
             job.stage = Stage.RUNNING
             self._requests -= job.requests
         self._update()
+        for rest in rests.values():  # once in the queue: one whose requests were all cancelled leaves it at once
+            self._queued(rest)
         return batch
 
     def _update(self) -> None:

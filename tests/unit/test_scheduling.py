@@ -588,22 +588,30 @@ def test_with_preserve_ordering_a_merge_is_answered_whole_and_not_cut(backend):
     scheduler.close()
 
 
-def test_the_rest_of_a_cut_merge_whose_requests_are_all_cancelled_leaves_the_queue_at_once():
+@pytest.mark.parametrize("before_the_cut", [False, True])
+@pytest.mark.parametrize("ahead", [5, 4])  # the rest of the cut group: two requests, or one
+def test_the_rest_of_a_cut_merge_whose_requests_are_all_cancelled_leaves_the_queue_at_once(ahead, before_the_cut):
+    """Cancelled while the merge was whole or once it was cut: the requests of its rest are let go of, the
+    others of the group run in the batch the cut filled."""
     backend = Gated()
     scheduler = scheduler_for("m", config(dynamic_batching={}))
     first = start_blocked(scheduler, backend)
     cut_one = [job(backend, v) for v in range(11, 16)]
-    groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 6)], cut_one)
+    groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 1 + ahead)], cut_one)
+    fit = 8 - ahead
+    if before_the_cut:
+        for cancelled in cut_one[fit:]:
+            cancelled.cancel()
     backend.passes.release()
     backend.wait_entered()  # the batch of eight runs, the rest of the cut group waits
-    for cancelled in cut_one[3:]:
+    for cancelled in cut_one[fit:] if not before_the_cut else ():
         cancelled.cancel()
     assert scheduler.queue_depth() == 0
     backend.passes.release()
     assert values(first) == [-2.0]
     results = rows_of(groups[1].get(timeout=30))
-    assert results[:3] == [[22.0], [24.0], [26.0]] and all(isinstance(r, Cancelled) for r in results[3:])
-    assert backend.batches == [[-1.0], [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0]]
+    assert results[:fit] == [[2.0 * v] for v in range(11, 11 + fit)] and all(isinstance(r, Cancelled) for r in results[fit:])
+    assert backend.batches == [[-1.0], [float(v) for v in range(1, 1 + ahead)] + [float(v) for v in range(11, 11 + fit)]]
     scheduler.close()
 
 
