@@ -599,13 +599,17 @@ def test_the_rest_of_a_cut_merge_whose_requests_are_all_cancelled_leaves_the_que
     cut_one = [job(backend, v) for v in range(11, 16)]
     groups = queue_groups(scheduler, [job(backend, v) for v in range(1, 1 + ahead)], cut_one)
     fit = 8 - ahead
-    if before_the_cut:
+
+    def cancel_the_rest():
         for cancelled in cut_one[fit:]:
             cancelled.cancel()
+
+    if before_the_cut:
+        cancel_the_rest()
     backend.passes.release()
     backend.wait_entered()  # the batch of eight runs, the rest of the cut group waits
-    for cancelled in cut_one[fit:] if not before_the_cut else ():
-        cancelled.cancel()
+    if not before_the_cut:
+        cancel_the_rest()
     assert scheduler.queue_depth() == 0
     backend.passes.release()
     assert values(first) == [-2.0]
@@ -637,6 +641,22 @@ def test_a_failed_batch_fails_only_the_part_of_a_cut_merge_it_held():
     assert all(isinstance(r, ValueError) for r in whole + cut_one[:3])
     assert cut_one[3:] == [[28.0], [30.0]]
     assert backend.batches == [[-1.0], [14.0, 15.0]]
+    scheduler.close()
+
+
+def test_a_group_with_a_request_that_has_a_queue_timeout_and_requests_merged_is_answered_whole(backend, monkeypatch):
+    """The timed request waits out its timeout in a greenlet, the merge of the others hands its answer
+    over: one group, both ways of waiting, every position answered once."""
+    waiting = []
+    monkeypatch.setattr(kept, "spawn", lambda function, *args: (waiting.append(args[3]), gevent.spawn(function, *args)))
+    policy = {"1": {"default_timeout_microseconds": 3_600_000_000}}  # priority 1 is timed; 2 merges
+    scheduler = scheduler_for("m", config(dynamic_batching={"priority_levels": 2, "default_priority_level": 2,
+                                                            "priority_queue_policy": policy}))
+    jobs = [job(backend, 1), job(backend, 2, priority=1), job(backend, 3)]
+    results = behind_one(scheduler, backend, jobs)
+    assert rows_of(results) == [[2.0], [4.0], [6.0]]
+    assert waiting == [jobs[1]]  # the timed one alone waits in a greenlet
+    assert backend.batches == [[-1.0], [2.0, 1.0, 3.0]]
     scheduler.close()
 
 
