@@ -11,13 +11,12 @@ base.py). With preserve_ordering, responses leave in the order the requests arri
 Requests that arrive together (a front-end's group) and would batch together queue as one merge: one
 entry in the queue, one result handed back, and one answer made for them all; at execution its members
 run as the requests they are (run_batch), a member cancelled meanwhile left out. A merge larger than
-the room a batch has left is cut there: its first members join the batch and are answered with it, and
-the rest keep its place (job.cut); not with preserve_ordering, which answers a merge whole. Only where
-nothing tells merged requests apart: no preferred batch sizes to cut a batch to, and no queue policy
-that counts a level's entries or times them out."""
+the room a batch has left, or across the preferred size a batch is cut to, is cut there: its first
+members join the batch and are answered with it, and the rest keep its place (job.cut); not with
+preserve_ordering, which answers a merge whole. Only where nothing tells merged requests apart: no
+queue policy that counts a level's entries or times them out."""
 
 import functools
-import itertools
 import time
 from typing import Iterator
 
@@ -33,7 +32,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler, preferred_sizes
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, merged, on_loop, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, cut, merged, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -95,8 +94,9 @@ class DynamicBatcher(Scheduler):
         """(positions, the job queued for them): those of `jobs` that would batch together and at one
         priority merged, up to max_batch_size items a merge (job.merged); each other one alone."""
         entries, open_merges = [], {}
+        merging = not (self.preferred and self.preserve_ordering)  # there a merge could not be cut to a preferred size
         for position, job in enumerate(jobs):
-            key = (job.batch_key(), self.queue.level_of(job)) if not self.preferred and self.queue.merges(job) else None
+            key = (job.batch_key(), self.queue.level_of(job)) if merging and self.queue.merges(job) else None
             entry = open_merges.get(key) if key is not None else None
             if entry is None or entry[2] + job.items > self.max_batch_size:
                 entry = [[], [], 0]
@@ -251,15 +251,30 @@ class DynamicBatcher(Scheduler):
             self._deliver(job, result if failed else (result, own), ok=not failed)
 
     def _cut(self, batch: list[Job]) -> list[Job]:
-        """Shorten a batch to the largest preferred size it makes exactly; the jobs cut go back first."""
+        """Shorten a batch to the largest preferred size it makes exactly, between two requests: where that
+        falls inside a merge, the merge is cut there (job.cut; not with preserve_ordering). What is cut goes
+        back first."""
         if not self.preferred:
             return batch
-        exact = [i for i, total in enumerate(itertools.accumulate(j.items for j in batch)) if total in self.preferred]
-        if not exact or exact[-1] == len(batch) - 1:
+        ends, total = [], 0  # (job's index, its requests taken) where the batch so far is a preferred size
+        for index, job in enumerate(batch):
+            for taken, member in enumerate(job.members or (job,), start=1):
+                total += member.items
+                if total in self.preferred and (taken == job.requests or not self.preserve_ordering):
+                    ends.append((index, taken))
+        if not ends or ends[-1] == (len(batch) - 1, batch[-1].requests):
             return batch
-        for job in reversed(batch[exact[-1] + 1:]):
+        index, taken = ends[-1]
+        for job in reversed(batch[index + 1:]):
             self.queue.requeue(job)
-        return batch[: exact[-1] + 1]
+        kept = batch[: index + 1]
+        if taken < kept[-1].requests:
+            first, rest = cut(kept[-1], sum(member.items for member in kept[-1].members[:taken]))
+            first.stage = Stage.RUNNING
+            kept[-1] = first
+            self.queue.requeue(rest)
+            self._leaves_once_cancelled(rest)
+        return kept
 
     def _deliver(self, job: Job, outcome, ok: bool) -> None:
         if job.stage is Stage.DONE:

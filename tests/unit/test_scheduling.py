@@ -492,16 +492,31 @@ def test_requests_that_came_together_and_would_batch_together_queue_and_are_answ
     scheduler.close()
 
 
-@pytest.mark.parametrize("batching", [{"preferred_batch_size": [2]}, {"default_queue_policy": {"max_queue_size": 8}}])
+@pytest.mark.parametrize("batching", [{"default_queue_policy": {"max_queue_size": 8}},
+                                      {"preferred_batch_size": [2], "preserve_ordering": True}])
 def test_requests_are_not_merged_where_the_batcher_tells_them_apart(backend, monkeypatch, batching):
-    """Preferred sizes cut a batch, and a bounded queue counts its entries: there each request of a group
-    queues alone, as it would without one."""
+    """A bounded queue counts its entries, and a merge kept in order could not be cut to a preferred size:
+    there each request of a group queues alone, as it would without one."""
     answered = answered_one_by_one(monkeypatch)
     scheduler = scheduler_for("m", config(dynamic_batching=batching))
     jobs = [job(backend, value) for value in (1, 3, 2)]
     results = behind_one(scheduler, backend, jobs)
     assert [results[p][0]["y"][:, 0].tolist() for p in range(3)] == [[2.0], [6.0], [4.0]]
     assert all(j in answered for j in jobs)
+    scheduler.close()
+
+
+def test_a_merge_is_cut_to_the_preferred_size_its_batch_makes(backend, monkeypatch):
+    """A group of three merges; the batch it makes is cut to the preferred 2 between its second request and
+    its third, which goes back to the queue and runs next (job.cut), as three requests queued apart would."""
+    answered = answered_one_by_one(monkeypatch)
+    scheduler = scheduler_for("m", config(dynamic_batching={"preferred_batch_size": [2]}))
+    jobs = [job(backend, value) for value in (1, 3, 2)]
+    results = behind_one(scheduler, backend, jobs)
+    assert rows_of(results) == [[2.0], [6.0], [4.0]]
+    assert backend.batches == [[-1.0], [1.0, 3.0], [2.0]]
+    [first, rest] = answered  # the merge's two parts, each answered (the request ahead ran from its own greenlet)
+    assert first.members == jobs[:2] and rest is jobs[2]
     scheduler.close()
 
 
