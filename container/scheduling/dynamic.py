@@ -252,15 +252,14 @@ class DynamicBatcher(Scheduler):
 
     def _cut(self, batch: list[Job]) -> list[Job]:
         """Shorten a batch to the largest preferred size it makes exactly, between two requests: where that
-        falls inside a merge, the merge is cut there (job.cut; not with preserve_ordering). What is cut goes
-        back first."""
+        falls inside a merge, the merge is cut there (job.cut). What is cut goes back first."""
         if not self.preferred:
             return batch
         ends, total = [], 0  # (job's index, its requests taken) where the batch so far is a preferred size
         for index, job in enumerate(batch):
             for taken, member in enumerate(job.members or (job,), start=1):
                 total += member.items
-                if total in self.preferred and (taken == job.requests or not self.preserve_ordering):
+                if total in self.preferred:
                     ends.append((index, taken))
         if not ends or ends[-1] == (len(batch) - 1, batch[-1].requests):
             return batch
