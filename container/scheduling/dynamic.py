@@ -32,7 +32,7 @@ from container.models.statistics import Phases
 from container.scheduling.base import Scheduler, preferred_sizes
 from container.scheduling.inline import InlineJudge
 from container.scheduling.instances import Instances
-from container.scheduling.job import Job, Stage, cut, merged, on_loop, run_batch, run_jobs
+from container.scheduling.job import Job, Stage, merged, on_loop, run_batch, run_jobs
 from container.scheduling.queue import JobQueue
 
 GATHER_LIMIT = 0.002  # seconds a free instance waits at most for the event loop to go idle
@@ -255,24 +255,20 @@ class DynamicBatcher(Scheduler):
         falls inside a merge, the merge is cut there (job.cut). What is cut goes back first."""
         if not self.preferred:
             return batch
-        ends, total = [], 0  # (job's index, its requests taken) where the batch so far is a preferred size
+        end, total = None, 0  # (job's index, its requests taken) where the batch so far is a preferred size
         for index, job in enumerate(batch):
             for taken, member in enumerate(job.members or (job,), start=1):
                 total += member.items
                 if total in self.preferred:
-                    ends.append((index, taken))
-        if not ends or ends[-1] == (len(batch) - 1, batch[-1].requests):
+                    end = (index, taken)
+        if end is None or end == (len(batch) - 1, batch[-1].requests):
             return batch
-        index, taken = ends[-1]
+        index, taken = end
         for job in reversed(batch[index + 1:]):
             self.queue.requeue(job)
         kept = batch[: index + 1]
         if taken < kept[-1].requests:
-            first, rest = cut(kept[-1], sum(member.items for member in kept[-1].members[:taken]))
-            first.stage = Stage.RUNNING
-            kept[-1] = first
-            self.queue.requeue(rest)
-            self._leaves_once_cancelled(rest)
+            kept[-1] = self.queue.split(kept[-1], sum(member.items for member in kept[-1].members[:taken]))
         return kept
 
     def _deliver(self, job: Job, outcome, ok: bool) -> None:

@@ -28,8 +28,8 @@ class Policy:
 
 class JobQueue:
     def __init__(self, dynamic_batching, queued: Callable[[Job], None]):
-        """`queued(job)` is told of each part of a merge cut that stays queued (`take`), as its scheduler is
-        of each job it puts."""
+        """`queued(job)` is told of each part of a merge cut that stays queued (`take`, `split`), as its
+        scheduler is of each job it puts."""
         config = dynamic_batching
         self._queued = queued
         self._cuts = not config.preserve_ordering  # a cut merge is answered part by part, not in its order
@@ -100,6 +100,15 @@ class JobQueue:
         self._queues[self.level_of(job)].appendleft(job)
         self._requests += job.requests
         self.nonempty.set()
+
+    def split(self, job: Job, room: int) -> Job:
+        """A merge taken for a batch cut to its first members within `room` items (job.cut): the rest go back
+        first, as `requeue` puts a job; returns the part that stays in the batch."""
+        first, rest = cut(job, room)
+        first.stage = Stage.RUNNING
+        self.requeue(rest)
+        self._queued(rest)
+        return first
 
     def take(self, limit: int) -> list[Job]:
         """The next batch: the first job by priority (delayed jobs last), then the queued jobs that can
