@@ -214,72 +214,113 @@ class Core:
 
     def infer(self, lease: Lease, request: InferRequest) -> InferResponse:
         """Tensors in, tensors out, through the leased model's scheduler: the inputs checked against its
-        signature here, for every protocol."""
-        [(_, result)] = self.infer_all([lease], [request])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        signature here, for every protocol. A request alone takes this way rather than a group of one
+        (`infer_all`), whose generators cost a lone request ~6 µs of the hub's CPU (measured)."""
+        start = time.perf_counter_ns()
+        admitted = self._admitted(lease, request, start)
+        if isinstance(admitted, InferResponse):
+            return admitted
+        job, key = admitted
+        statistics, client = job.statistics, lease.client
+        if client is not None:  # a client that hangs up cancels its job (inference.Client)
+            client.under_way(job)
+        try:
+            result = self._runner(lease)(job)
+        except Exception as exc:
+            result = exc
+        except BaseException as exc:  # the caller went away (its client did), or the process is stopping
+            job.cancel()
+            self._failed(statistics, start, exc)
+            raise
+        finally:
+            _done(job, client)
+        response = self._settled(lease, job, key, start, result)
+        if isinstance(response, Exception):
+            raise response
+        return response
 
     def infer_all(self, leases: list[Lease], requests: list[InferRequest]) -> Iterator[tuple[int, object]]:
         """`infer` for requests to one model and version that arrived together, each under its own lease
         (`leases`): (position, its InferResponse or the exception it failed with), as each finishes. The
         scheduler takes them together, so a batcher sees them all at once. A request's lease must hold
         until its item is taken."""
-        model, version, signature = leases[0].model, leases[0].version, leases[0].signature
-        backend, statistics = model.versions[version], model.statistics[version]
-        start = time.perf_counter_ns()
+        lease, start = leases[0], time.perf_counter_ns()
         jobs, positions, keys = [], [], []
-        cache = self.response_cache if model.view.caches else None
         for position, request in enumerate(requests):
             try:
-                job = self._job(signature, backend, statistics, request)
+                admitted = self._admitted(lease, request, start)
             except Exception as exc:  # refused before its scheduler saw it: not a failed inference, as Triton counts
                 yield position, exc
                 continue
-            if request.ticket is not None:
-                request.ticket.when_cancelled(job.cancel)
-            if cache is not None:
-                key, outputs, looked_up = self._look_up(cache, model, version, backend, request)
-                if outputs is not None:
-                    statistics.record_cache_hit(job.items, time.perf_counter_ns() - start, looked_up)
-                    yield position, InferResponse(model.name, version, outputs)
-                    continue
-                keys.append((key, looked_up))
-            jobs.append(job)
+            if isinstance(admitted, InferResponse):
+                yield position, admitted
+                continue
+            jobs.append(admitted[0])
+            keys.append(admitted[1])
             positions.append(position)
         if not jobs:
             return
         clients = [leases[position].client for position in positions]
         for job, client in zip(jobs, clients, strict=True):
-            if client is not None:  # a client that hangs up cancels its job (inference.Client)
+            if client is not None:
                 client.under_way(job)
         pending = set(range(len(jobs)))
-        run = model.scheduler.infer_all if not isinstance(backend, Ensemble) else \
-            (lambda batch: as_done(functools.partial(self._run_ensemble, backend, statistics), batch))
+        scheduler = lease.model.scheduler
+        run = scheduler.infer_all if not isinstance(jobs[0].backend, Ensemble) else \
+            (lambda batch: as_done(self._runner(lease), batch))
         try:
             for index, result in run(jobs):
                 pending.discard(index)
                 _done(jobs[index], clients[index])
-                if isinstance(result, Exception):
-                    self._failed(statistics, start, result)
-                    yield positions[index], result
-                    continue
-                outputs, phases = result
-                if cache is not None:
-                    kept = time.perf_counter_ns()
-                    cache.put(keys[index][0], outputs)
-                    statistics.cache_miss.add(keys[index][1] + time.perf_counter_ns() - kept)
-                statistics.record_success(jobs[index].items, time.perf_counter_ns() - start, phases)
-                self._registry.remeasure(model)  # while the request's lease holds the model
-                yield positions[index], InferResponse(model.name, version, outputs)
+                yield positions[index], self._settled(lease, jobs[index], keys[index], start, result)
         except BaseException as exc:  # the caller went away (its client did), or the process is stopping
             for index in pending:
                 jobs[index].cancel()
-                self._failed(statistics, start, exc)
+                self._failed(jobs[index].statistics, start, exc)
             raise
         finally:
             for index in pending:
                 _done(jobs[index], clients[index])
+
+    def _admitted(self, lease: Lease, request: InferRequest, start: int) -> tuple[Job, tuple | None] | InferResponse:
+        """A request as its scheduler takes it, once its inputs pass the model's signature and the limits,
+        with its response cache key and the ns its look-up took (None: the model caches none); or its
+        response, when the cache holds it. Raises what refuses it."""
+        model, version = lease.model, lease.version
+        backend, statistics = model.versions[version], model.statistics[version]
+        job = self._job(lease.signature, backend, statistics, request)
+        if request.ticket is not None:
+            request.ticket.when_cancelled(job.cancel)
+        if not model.view.caches or self.response_cache is None:
+            return job, None
+        key, outputs, looked_up = self._look_up(self.response_cache, model, version, backend, request)
+        if outputs is not None:
+            statistics.record_cache_hit(job.items, time.perf_counter_ns() - start, looked_up)
+            return InferResponse(model.name, version, outputs)
+        return job, (key, looked_up)
+
+    def _runner(self, lease: Lease) -> Callable[[Job], tuple[dict, Phases]]:
+        """What runs one of the leased model's jobs: its scheduler, or an ensemble's steps."""
+        backend = lease.model.versions[lease.version]
+        if isinstance(backend, Ensemble):
+            return functools.partial(self._run_ensemble, backend, lease.model.statistics[lease.version])
+        return lease.model.scheduler.infer
+
+    def _settled(self, lease: Lease, job: Job, key: tuple | None, start: int, result) -> InferResponse | Exception:
+        """A job's (outputs, phases), or the exception it failed with, counted in its statistics (a response
+        kept in the cache under `key`, when the model caches them) and made its InferResponse."""
+        statistics = job.statistics
+        if isinstance(result, Exception):
+            self._failed(statistics, start, result)
+            return result
+        outputs, phases = result
+        if key is not None:
+            kept = time.perf_counter_ns()
+            self.response_cache.put(key[0], outputs)
+            statistics.cache_miss.add(key[1] + time.perf_counter_ns() - kept)
+        statistics.record_success(job.items, time.perf_counter_ns() - start, phases)
+        self._registry.remeasure(lease.model)  # while the request's lease holds the model
+        return InferResponse(lease.model.name, lease.version, outputs)
 
     @staticmethod
     def _look_up(cache: ResponseCache, model: Model, version: int, backend, request: InferRequest):

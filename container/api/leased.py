@@ -1,8 +1,8 @@
-"""Requests to one model that arrived together (a front-end's group, or one request alone), each under
+"""Requests to one model that arrived together (a front-end's group), each under
 a lease of its own (core.leases), as every protocol serves them: every lease entered before any request
 is decoded, so a batcher counts them all as on their way; each decoded against the leased model (its
 failure its own); the decoded ones handed to the core together; and each answered, its lease left, as
-it is done."""
+it is done. A request alone takes `serve_one`, which does the same without a group's generators."""
 
 from typing import Callable, Iterator
 
@@ -37,3 +37,11 @@ def serve_leased(leases: list[Lease], decoders: list[Callable], run_all: Callabl
     finally:
         for lease in held.values():
             lease.__exit__()
+
+
+def serve_one(lease: Lease, decode: Callable, run: Callable):
+    """`serve_leased` for a request alone: `run(lease, request)` is core.infer or core.transform. Returns
+    its answer; raises what it failed with."""
+    with lease:
+        request, finish = decode(lease)
+        return finish(run(lease, request))

@@ -5,7 +5,7 @@ import binascii
 from typing import Callable, Iterator
 
 from container import content
-from container.api.leased import serve_leased
+from container.api.leased import serve_leased, serve_one
 from container.api.openapi import JSON_VALUE, SAGEMAKER, json_content, object_schema, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
@@ -86,10 +86,8 @@ def batch_parameters(instances: int, max_payload_mb: float) -> dict:
 def invoke(core: Core, name: str, on_demand: bool, request: Request, default_accept: str) -> Response:
     """One invoke, served in this process."""
     decode = body_decoder(request.body, request.headers, request.request_id, default_accept)
-    [(_, result)] = invoke_group(core, name, on_demand, [(decode, request.client)])
-    if isinstance(result, Exception):
-        raise result
-    return result
+    [lease] = core.leases(name, None, [request.client], loading=name if on_demand else None)
+    return serve_one(lease, decode, core.infer if lease.takes_tensors else core.transform)
 
 
 def invoke_group(core: Core, name: str, on_demand: bool, calls: list[tuple[Callable, object]]) -> Iterator[tuple[int, object]]:

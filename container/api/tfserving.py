@@ -6,7 +6,7 @@ from typing import Callable, Iterator
 
 from container.api import tfserving_codec
 from container.api import tfserving_json as tfjson
-from container.api.leased import serve_leased
+from container.api.leased import serve_leased, serve_one
 from container.api.openapi import TF_SERVING, operation
 from container.api.pipeline import Request, Response
 from container.api.routing import Route
@@ -47,12 +47,10 @@ def tfserving_routes(core: Core) -> list[Route]:
 
 def infer(core: Core, request: Request, verb: str) -> Response:
     """One `:predict`, `:classify` or `:regress`, served in this process."""
-    params = request.params
-    [(_, result)] = infer_group(core, params["name"], params.get("version"), params.get("label"),
-                                [(decoder(request.body, verb), request.client)])
-    if isinstance(result, Exception):
-        raise result
-    return result
+    params, name = request.params, request.params["name"]
+    lease = core.lease(name, _asked(core, name, params.get("version"), params.get("label")), client=request.client,
+                       not_found=lambda _, *number: _servable_not_found(name, *number))
+    return serve_one(lease, decoder(request.body, verb), core.infer)
 
 
 def infer_group(core: Core, name: str, version: str | None, label: str | None,
@@ -62,14 +60,19 @@ def infer_group(core: Core, name: str, version: str | None, label: str | None,
     it, and the requests handed to the core together (api/leased.py). Yields (position, the answer or the
     exception it failed with) for each, as each is done."""
     try:
-        asked = _version(core.ready_model(name, not_found=lambda _: _servable_not_found(name)), label, version) \
-            if label is not None else _version_number(version)  # a label is the model's to resolve
-        leases = core.leases(name, asked, [client for _, client in calls],
+        leases = core.leases(name, _asked(core, name, version, label), [client for _, client in calls],
                              not_found=lambda _, *number: _servable_not_found(name, *number))
     except Exception as exc:  # the model is not there: each request is told
         yield from ((position, exc) for position in range(len(calls)))
         return
     yield from serve_leased(leases, [decode for decode, _ in calls], core.infer_all)
+
+
+def _asked(core: Core, name: str, version: str | None, label: str | None) -> int | None:
+    """The version a path names, by number or by label (a label is the model's to resolve)."""
+    if label is not None:
+        return _version(core.ready_model(name, not_found=lambda _: _servable_not_found(name)), label, version)
+    return _version_number(version)
 
 
 def decoder(body: bytes, verb: str) -> Callable:

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from container import errors
 from container.api import offload
-from container.api.leased import serve_leased
+from container.api.leased import serve_leased, serve_one
 from container.core import Core, ModelView, State
 from container.errors import InvalidRequest, ModelNotFound, Unavailable, Unsupported
 from container.inference import Client, InferResponse, Ticket
@@ -76,11 +76,9 @@ def infer(core: Core, shared_memory, name: str, version: str | None, parse, clie
     thread, off the hub (a large request, or one that reads shared memory). Returns the answer's document and
     the binary data of its outputs sent as binary, in order. `decoupled`: the refusal a decoupled model's
     request gets, in the words of the transport's Triton endpoint."""
-    [(_, result)] = infer_group(core, name, version, [(document_request(core, shared_memory, parse, heavy), client)],
-                                decoupled)
-    if isinstance(result, Exception):
-        raise result
-    return result
+    lease = _lease(core, name, version, client)
+    _check_coupled(lease, decoupled)
+    return serve_one(lease, document_request(core, shared_memory, parse, heavy), core.infer)
 
 
 def infer_group(core: Core, name: str, version: str | None, requests: list[tuple],
@@ -91,8 +89,7 @@ def infer_group(core: Core, name: str, version: str | None, requests: list[tuple
     with) for each, as each is done; one request's failure is its own."""
     try:
         leases = _leases(core, name, version, [client for _, client in requests])
-        if leases[0].view.decoupled:
-            raise Unsupported(decoupled)
+        _check_coupled(leases[0], decoupled)
     except Exception as exc:  # the model, or the version, is not there: each request is told
         yield from ((position, exc) for position in range(len(requests)))
         return
@@ -134,6 +131,11 @@ def infer_stream(core: Core, shared_memory, name: str, version: str | None, pars
                 yield None, [], final, None
             else:
                 yield *finish(InferResponse(lease.name, lease.version, outcome)), final, None
+
+
+def _check_coupled(lease, decoupled: str) -> None:
+    if lease.view.decoupled:
+        raise Unsupported(decoupled)
 
 
 def _lease(core: Core, name: str, version: str | None, client: Client | None = None):

@@ -36,7 +36,8 @@ class Scheduler:
 
     def infer_all(self, jobs: list) -> Iterator[tuple[int, object]]:
         """For jobs that arrived together: (position, (outputs, phases) or the exception it failed with) for
-        each, as each finishes; each runs as a request of its own would (`infer`)."""
+        each, as each finishes; each runs as a request of its own would (`infer`). Every scheduler's
+        `infer(job)` serves a job alone as `infer_all([job])` would (Core.infer takes it for a request alone)."""
         return as_done(self.infer, jobs)
 
     def request_arrived(self, client: Client | None = None) -> None:

@@ -46,6 +46,11 @@ class DirectScheduler(Scheduler):
         self.turn_ns = 0  # how long a worker's request has taken of late (`run_all`); 0: not known yet
 
     def infer(self, job: Job) -> tuple[dict, Phases]:
+        if _takes_turns(job):  # alone, as a group of one, to its workers
+            [(_, result)] = self.run_all(job.backend.execute_each, [job], job.statistics, [job.items], [job])
+            if isinstance(result, Exception):
+                raise result
+            return result
         inline = self._judge.fits(job.items)
         # The requests on the threads finish first, as an instance runs one request at a time (without
         # this, a moment with none submitted never comes under load); each that finishes may also have
@@ -67,9 +72,8 @@ class DirectScheduler(Scheduler):
         requests go to its workers (`run_all`); jobs of a model that runs on the loop run one after another,
         each answered as it finishes: the loop would run them one at a time anyway, and needs no greenlet
         for each."""
-        backend = jobs[0].backend
-        if hasattr(backend, "execute_each") and all(job.respond is None for job in jobs):
-            yield from self.run_all(backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs], jobs)
+        if all(map(_takes_turns, jobs)):
+            yield from self.run_all(jobs[0].backend.execute_each, jobs, jobs[0].statistics, [job.items for job in jobs], jobs)
             return
         if len(jobs) == 1 or self._submitted or not self._judge.fits(max(job.items for job in jobs)):
             yield from super().infer_all(jobs)
@@ -163,6 +167,11 @@ class DirectScheduler(Scheduler):
 
     def close(self) -> None:
         self._threads.close()
+
+
+def _takes_turns(job: Job) -> bool:
+    """A python model's job, but a decoupled one's stream: its workers take it as a share of a group (`run_all`)."""
+    return job.respond is None and hasattr(job.backend, "execute_each")
 
 
 class _Left:
