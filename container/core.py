@@ -227,17 +227,15 @@ class Core:
         try:
             result = self._runner(lease)(job)
         except Exception as exc:
-            result = exc
+            self._failed(statistics, start, exc)
+            raise
         except BaseException as exc:  # the caller went away (its client did), or the process is stopping
             job.cancel()
             self._failed(statistics, start, exc)
             raise
         finally:
             _done(job, client)
-        response = self._settled(lease, job, key, start, result)
-        if isinstance(response, Exception):
-            raise response
-        return response
+        return self._settled(lease, job, key, start, result)
 
     def infer_all(self, leases: list[Lease], requests: list[InferRequest]) -> Iterator[tuple[int, object]]:
         """`infer` for requests to one model and version that arrived together, each under its own lease
@@ -272,7 +270,11 @@ class Core:
             for index, result in run(jobs):
                 pending.discard(index)
                 _done(jobs[index], clients[index])
-                yield positions[index], self._settled(lease, jobs[index], keys[index], start, result)
+                if isinstance(result, Exception):
+                    self._failed(jobs[index].statistics, start, result)
+                    yield positions[index], result
+                else:
+                    yield positions[index], self._settled(lease, jobs[index], keys[index], start, result)
         except BaseException as exc:  # the caller went away (its client did), or the process is stopping
             for index in pending:
                 jobs[index].cancel()
@@ -306,13 +308,10 @@ class Core:
             return functools.partial(self._run_ensemble, backend, lease.model.statistics[lease.version])
         return lease.model.scheduler.infer
 
-    def _settled(self, lease: Lease, job: Job, key: tuple | None, start: int, result) -> InferResponse | Exception:
-        """A job's (outputs, phases), or the exception it failed with, counted in its statistics (a response
-        kept in the cache under `key`, when the model caches them) and made its InferResponse."""
+    def _settled(self, lease: Lease, job: Job, key: tuple | None, start: int, result: tuple) -> InferResponse:
+        """A job's (outputs, phases), counted in its statistics (and kept in the response cache under `key`,
+        when the model caches them), made its InferResponse."""
         statistics = job.statistics
-        if isinstance(result, Exception):
-            self._failed(statistics, start, result)
-            return result
         outputs, phases = result
         if key is not None:
             kept = time.perf_counter_ns()
@@ -789,5 +788,6 @@ def _not_loaded(name: str, version: int | None = None) -> ModelNotFound:
 
 
 def _done(job: Job | Ticket, client: Client | None) -> None:
+    job.settled()
     if client is not None:
         client.done(job)

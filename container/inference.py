@@ -32,6 +32,12 @@ class Cancellable:
         if self.cancelled:
             listener()
 
+    def settled(self) -> None:
+        """Its answer is given: nobody is left to hear of a cancel. Its listeners go, since most hold the
+        request, a reference cycle that only the garbage collector would free: kept, a queued request left
+        ~9 objects to it, whose collections cost ~4 µs a request at 64 clients (measured in process)."""
+        self._on_cancel = None
+
 
 class Ticket(Cancellable):
     """A request's cancellation where the request is not a scheduling Job: a handler model's body, or a

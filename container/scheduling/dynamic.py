@@ -275,6 +275,7 @@ class DynamicBatcher(Scheduler):
         if job.stage is Stage.DONE:
             return
         job.stage = Stage.DONE
+        job.settled()  # a merge, or a part of one, which the core never sees
         if not self.preserve_ordering:
             _fulfil(job, outcome, ok)
             return

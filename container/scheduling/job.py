@@ -98,6 +98,7 @@ def cut(job: Job, room: int) -> tuple[Job, Job] | None:
     parts = [members[0] if len(members) == 1 else merged(members) for members in (job.members[:fit], job.members[fit:])]
     for part, offset in zip(parts, (job.offset, job.offset + fit), strict=True):
         part.answered_to, part.offset = job.answered_to, offset
+    job.settled()  # its parts stand for it from now on
     return parts[0], parts[1]
 
 

@@ -176,6 +176,8 @@ class SequenceBatcher(Scheduler):
                 if isinstance(exc, (GreenletExit, Cancelled)):  # cancelled: so are the requests behind it
                     sequence.turn.cancel_waiting()
                 raise
+            finally:
+                run.settled()
             sequence.state = {s.input.name: outputs.pop(s.output.name) for s in self.signature.states}
             sequence.last_used = time.monotonic()
         finally:
