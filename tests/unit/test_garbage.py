@@ -11,19 +11,12 @@ import gevent
 import numpy as np
 import pytest
 
+from bench.fidelity_models import DOUBLE_PY
 from container.core import Core
 from container.inference import Client, InferRequest, TransformRequest
 from tests.builders import ensemble, ensemble_step, fp32_model, handler_model, python_model, tensor
 from tests.unit.test_core import make_core
 
-DOUBLES_PY = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
-                for r in requests]
-"""
 ECHO_PY = """
 def model_fn(model_dir):
     return None
@@ -42,7 +35,7 @@ def core(tmp_path_factory):
     fp32_model(root, "direct", max_batch_size=0)
     fp32_model(root, "sequence", sequence_batching={"max_sequence_idle_microseconds": 3_600_000_000})
     ensemble(root, "ensemble", ROWS["x"], ROWS["y"], [ensemble_step("direct", {"x": "x"}, {"y": "y"})], {"max_batch_size": 0})
-    python_model(root, "python", DOUBLES_PY, {"max_batch_size": 8, "input": ROWS["x"], "output": ROWS["y"]})
+    python_model(root, "python", DOUBLE_PY, {"max_batch_size": 8, "input": ROWS["x"], "output": ROWS["y"]})
     handler_model(root, "handler", ECHO_PY)
     core = make_core(Path(root))
     names = ["batched", "preferred", "direct", "sequence", "ensemble", "python", "handler"]
