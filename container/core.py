@@ -235,7 +235,7 @@ class Core:
             raise
         finally:
             _done(job, client)
-        return self._settled(lease, job, key, start, result)
+        return self._succeeded(lease, job, key, start, result)
 
     def infer_all(self, leases: list[Lease], requests: list[InferRequest]) -> Iterator[tuple[int, object]]:
         """`infer` for requests to one model and version that arrived together, each under its own lease
@@ -260,11 +260,10 @@ class Core:
             return
         clients = [leases[position].client for position in positions]
         for job, client in zip(jobs, clients, strict=True):
-            if client is not None:
+            if client is not None:  # a client that hangs up cancels its job (inference.Client)
                 client.under_way(job)
         pending = set(range(len(jobs)))
-        scheduler = lease.model.scheduler
-        run = scheduler.infer_all if not isinstance(jobs[0].backend, Ensemble) else \
+        run = lease.model.scheduler.infer_all if not isinstance(jobs[0].backend, Ensemble) else \
             (lambda batch: as_done(self._runner(lease), batch))
         try:
             for index, result in run(jobs):
@@ -274,7 +273,7 @@ class Core:
                     self._failed(jobs[index].statistics, start, result)
                     yield positions[index], result
                 else:
-                    yield positions[index], self._settled(lease, jobs[index], keys[index], start, result)
+                    yield positions[index], self._succeeded(lease, jobs[index], keys[index], start, result)
         except BaseException as exc:  # the caller went away (its client did), or the process is stopping
             for index in pending:
                 jobs[index].cancel()
@@ -308,9 +307,9 @@ class Core:
             return functools.partial(self._run_ensemble, backend, lease.model.statistics[lease.version])
         return lease.model.scheduler.infer
 
-    def _settled(self, lease: Lease, job: Job, key: tuple | None, start: int, result: tuple) -> InferResponse:
-        """A job's (outputs, phases), counted in its statistics (and kept in the response cache under `key`,
-        when the model caches them), made its InferResponse."""
+    def _succeeded(self, lease: Lease, job: Job, key: tuple | None, start: int, result: tuple) -> InferResponse:
+        """The (outputs, phases) of a job that succeeded, counted in its statistics (and kept in the response
+        cache under `key`, when the model caches them), made its InferResponse."""
         statistics = job.statistics
         outputs, phases = result
         if key is not None:

@@ -634,6 +634,36 @@ def test_the_rest_of_a_cut_merge_whose_requests_are_all_cancelled_leaves_the_que
     scheduler.close()
 
 
+@pytest.mark.parametrize("before_the_cut", [False, True])
+@pytest.mark.parametrize("rest", [1, 2])  # what the preferred size leaves of the group: one request, or a merge of two
+def test_the_rest_of_a_merge_cut_to_a_preferred_size_whose_requests_are_all_cancelled_leaves_the_queue_at_once(rest, before_the_cut):
+    """A group of 2 + `rest` merges; its batch is cut to the preferred 2 and the rest goes back to the queue
+    (JobQueue.split). Its requests cancelled, before the cut or while the batch runs, it leaves at once."""
+    backend = Gated()
+    scheduler = scheduler_for("m", config(dynamic_batching={"preferred_batch_size": [2]}))
+    first = start_blocked(scheduler, backend)
+    jobs = [job(backend, v) for v in range(1, 3 + rest)]
+    [group] = queue_groups(scheduler, jobs)
+
+    def cancel_the_rest():
+        for cancelled in jobs[2:]:
+            cancelled.cancel()
+
+    if before_the_cut:
+        cancel_the_rest()
+    backend.passes.release()
+    backend.wait_entered()  # the batch of two runs, the rest waits in the queue
+    if not before_the_cut:
+        cancel_the_rest()
+    assert scheduler.queue_depth() == 0
+    backend.passes.release()
+    assert values(first) == [-2.0]
+    results = rows_of(group.get(timeout=30))
+    assert results[:2] == [[2.0], [4.0]] and all(isinstance(r, Cancelled) for r in results[2:])
+    assert backend.batches == [[-1.0], [1.0, 2.0]]
+    scheduler.close()
+
+
 class Refusing(HeldBackend):
     """Fails every execution whose batch holds 13."""
 
