@@ -120,8 +120,8 @@ def _config(name: str, inputs: list, outputs: list, extra: str = "", backend: st
             f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{VENV}" }} }}\n')
 
 
-# types: each echoed; declared in the order the model answers them (by name), as this server answers a model's
-# outputs in its config's order, and tritonserver's python backend in the order the model gives them
+# types: each echoed; declared in another order than the model answers them (by name, then its parameters):
+# a python model's outputs come in the order it gives them, on both servers
 _TYPES = (("b", "TYPE_BOOL"), ("h", "TYPE_FP16"), ("l", "TYPE_INT64"), ("s", "TYPE_STRING"), ("u", "TYPE_UINT64"))
 CONTROLS = ("sequence_batching { max_sequence_idle_microseconds: 5000000 control_input [\n"
             + "".join(f'  {{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{name} fp32_false_true: [ 0, 1 ] }} ] }},\n'
@@ -145,8 +145,8 @@ REPOSITORY = {  # name: (config.pbtxt, model.py or None), in version 1
                       '  { model_name: "double" model_version: -1 input_map { key: "x" value: "mid" } output_map { key: "y" value: "y" } }\n'
                       '] }', backend='platform: "ensemble"'), None),
     "types": (_config("types", [_tensor(name, datatype, [-1], optional=True) for name, datatype in _TYPES],
-                      [*(_tensor(f"{name}_out", datatype, [-1]) for name, datatype in _TYPES),
-                       _tensor("parameters", "TYPE_STRING", [1])]), TYPES_PY),
+                      [_tensor("parameters", "TYPE_STRING", [1]),
+                       *(_tensor(f"{name}_out", datatype, [-1]) for name, datatype in reversed(_TYPES))]), TYPES_PY),
     "controls": (_config("controls", [_tensor("x", "TYPE_FP32", [1])], [_tensor("c", "TYPE_FP32", [4])],
                          "max_batch_size: 2\n" + CONTROLS), CONTROLS_PY),
     "broken": (_config("broken", [_tensor("x", "TYPE_FP32", [1])], [_tensor("y", "TYPE_FP32", [1])]), BROKEN_PY),

@@ -39,7 +39,7 @@ def run(ensemble: Ensemble, inputs: dict, wanted: list[str] | None, infer_step: 
             _take(ensemble, running.pop(finished), finished.value, values)
     finally:
         gevent.killall(list(running))
-    return {name: values[name] for name in (wanted or ensemble.outputs)}
+    return {name: values[name] for name in ensemble.outputs if not wanted or name in wanted}
 
 
 def _feed(step: Step, values: dict) -> dict:

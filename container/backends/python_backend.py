@@ -421,9 +421,9 @@ def _outcome(name: str, response, wanted: list[str]) -> tuple:
         error = response.error()
         return False, ("TritonError", error.message(), 0, error.code())
     produced = {t.name(): t.as_numpy() for t in response.output_tensors()}
-    # as Triton answers: the wanted outputs the model made; one it left out is left out of the answer,
-    # one the config does not declare is dropped
-    return True, {n: pb_utils.wire_array(produced[n]) for n in wanted if n in produced}
+    # as Triton answers: the wanted outputs the model made, in the order it made them; one it left out is
+    # left out of the answer, one the config does not declare is dropped
+    return True, {n: pb_utils.wire_array(array) for n, array in produced.items() if n in wanted}
 
 
 

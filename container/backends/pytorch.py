@@ -126,7 +126,7 @@ class TorchScriptModel:
         wanted = outputs or self._output_names
         phases.input_ns, phases.infer_ns = converted - start, inferred - converted
         phases.output_ns = time.perf_counter_ns() - inferred
-        return {n: produced[n] for n in wanted}
+        return {n: array for n, array in produced.items() if n in wanted}  # in the config's order, as Triton's
 
     def _forward(self, args: list):
         # The guard torch.inference_mode() enters, without its Python wrapper, and forward() without

@@ -146,14 +146,18 @@ def requested_outputs(document: dict) -> list[dict] | None:
 
 def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None, binary_default: bool,
                    signature: Signature, labels: dict[str, list[str]], shared_memory) -> tuple[list[dict], list[bytes]]:
-    """The response's output entries, and the binary chunks that follow the JSON (in entry order)."""
+    """The response's output entries, and the binary chunks that follow the JSON (in entry order). The entries
+    come in the order the model gave its outputs (a python model's own, a TorchScript model's config's),
+    those the request names, as Triton answers, whatever order the request names them in; an output a
+    python model left out is left out."""
     entries, chunks = [], []
-    for request in requested or [{"name": spec.name} for spec in signature.outputs]:
-        name, parameters = request["name"], request.get("parameters", {})
-        if name not in outputs:  # a python model may leave an output out, as Triton's may
+    asked = {request["name"]: request for request in requested} if requested else None
+    declared = {spec.name: spec.datatype for spec in signature.outputs}
+    for name, array in outputs.items():
+        if name not in declared or (asked is not None and name not in asked):
             continue
-        array = outputs[name]
-        datatype = answered_as(array, next(s.datatype for s in signature.outputs if s.name == name))
+        parameters = asked[name].get("parameters", {}) if asked is not None else {}
+        datatype = answered_as(array, declared[name])
         if "classification" in parameters:
             array, datatype = classify(name, array, parameters["classification"], labels.get(name, []), signature), "BYTES"
         entry = {"name": name, "datatype": datatype, "shape": list(array.shape)}

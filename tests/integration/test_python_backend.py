@@ -280,6 +280,7 @@ def server(start_server, tmp_path_factory, gate_dir):
                                                    "output": [tensor("about", "TYPE_STRING", [5])]})
     python_model(root, "loose", LOOSE_PY, LOOSE_CONFIG)
     python_model(root, "partial", PARTIAL_PY, PARTIAL_CONFIG)
+    python_model(root, "ordered", ORDERED_PY, ORDERED_CONFIG)
     python_model(root, "negate", NEGATE_PY, {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor("y", "TYPE_FP32", [4])]})
     python_model(root, "counted", COUNTED_PY, scale_config(1))
     python_model(root, "decoupled", STREAMS_PY, scale_config(1, model_transaction_policy={"decoupled": True}))
@@ -307,7 +308,7 @@ def server(start_server, tmp_path_factory, gate_dir):
              [ensemble_step("pre", {"x": "x"}, {"y": "mid"}), ensemble_step("post", {"x": "mid"}, {"y": "y"})])
     metrics_port = free_port()
     server = start_server(root, SERVE_LOAD_MODELS="batched,bounded,source,sink,sends,double,triple,add_sub_ts,scale_ts,scale_sm,caller,crashes,"
-                                                  "counted,decoupled,fan,negate,loose,partial,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
+                                                  "counted,decoupled,fan,negate,loose,partial,ordered,describes,described,relay,pair,drip,maybe,maybe_chain,late", SERVE_METRICS_PORT=str(metrics_port))
     server.metrics_port = metrics_port
     server.gates = {"batched": batched_gate, "bounded": bounded_gate, "fan": fan_gate, "pair": pair_gates, "drip": drip_gate, "late": late_gate}
     server.finalized = gate_dir / "pair.finalized"
@@ -433,6 +434,21 @@ class TritonPythonModel:
 """
 PARTIAL_CONFIG = {"input": [tensor("x", "TYPE_FP32", [4])],
                   "output": [tensor("y", "TYPE_FP32", [4]), tensor("extra", "TYPE_FP32", [4])]}
+
+# its outputs in an order of its own: c, a, b, where its config declares a, b, c
+ORDERED_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(name, x * factor) for name, factor in
+                                                         (("c", 3), ("a", 1), ("b", 2))]))
+        return responses
+"""
+ORDERED_CONFIG = {"input": [tensor("x", "TYPE_FP32", [4])], "output": [tensor(name, "TYPE_FP32", [4]) for name in "abc"]}
 
 # x[0] responses y = i·x, each from a thread after execute has returned; x[1] < 0: the second is an error,
 # x[1] < -1: the first too
@@ -904,6 +920,35 @@ def test_outputs_a_python_model_leaves_out_are_left_out_of_the_answer_as_in_trit
         [o.name for o in made.get_response().outputs]
     assert named == ["y"] and made.as_numpy("y").tolist() == [2, 4, 6, 8]
     assert asked.as_numpy("extra") is None and asked.as_numpy("y") is None
+
+
+@pytest.mark.parametrize("asked, answered", [(None, ["c", "a", "b"]), (["a", "c"], ["c", "a"]), (["b", "a"], ["a", "b"])])
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_python_models_outputs_come_in_the_order_it_made_them_as_in_triton(server, module, asked, answered):
+    """tritonserver's python backend answers the outputs in the order the model made them, those the request
+    names, whatever order it names them in (measured on 2.51), where this server answered in its config's order
+    or the request's: a client that reads them by place read another output."""
+    with _client(module, server.url.removeprefix("http://") if module is httpclient else server.grpc_url) as client:
+        outputs = None if asked is None else [module.InferRequestedOutput(name) for name in asked]
+        answer = client.infer("ordered", tensors(module, {"x": np.array([1, 2, 3, 4], np.float32)}), outputs=outputs)
+    entries = answer.get_response()["outputs"] if module is httpclient else answer.get_response().outputs
+    assert [entry["name"] if module is httpclient else entry.name for entry in entries] == answered
+    factors = {"a": 1, "b": 2, "c": 3}  # as the model makes them
+    assert {name: answer.as_numpy(name).tolist() for name in answered} == \
+        {name: [factors[name] * v for v in (1, 2, 3, 4)] for name in answered}
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_torchscript_models_outputs_come_in_its_configs_order_as_in_triton(server, module):
+    """Triton's PyTorch backend answers the outputs its config declares, in that order, those the request names
+    (its ReadOutputTensors walks the config's outputs), where this server answered in the request's order."""
+    with _client(module, server.url.removeprefix("http://") if module is httpclient else server.grpc_url) as client:
+        x = np.array([1, 2, 3, 4], np.float32)
+        answer = client.infer("add_sub_ts", tensors(module, {"INPUT0": x, "INPUT1": x}),
+                              outputs=[module.InferRequestedOutput(name) for name in ("OUTPUT1", "OUTPUT0")])
+    entries = answer.get_response()["outputs"] if module is httpclient else answer.get_response().outputs
+    assert [entry["name"] if module is httpclient else entry.name for entry in entries] == ["OUTPUT0", "OUTPUT1"]
+    assert answer.as_numpy("OUTPUT0").tolist() == [2, 4, 6, 8] and answer.as_numpy("OUTPUT1").tolist() == [0, 0, 0, 0]
 
 
 def test_an_output_no_triton_datatype_holds_fails_its_request_naming_it(server):
