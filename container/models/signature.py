@@ -1,5 +1,6 @@
 """A model's tensors as clients see them, and the check every request passes before it runs."""
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -50,6 +51,11 @@ class Signature:
     controls: tuple[ControlSpec, ...] = ()  # sequence models: after the inputs, in control_input order
     states: tuple[StateSpec, ...] = ()  # sequence models: after the controls (inputs) and the outputs
     batching: BatchIO | None = None  # ragged inputs, batch inputs and batch outputs (batch_io.py)
+
+    @functools.cached_property
+    def output_types(self) -> dict[str, str]:
+        """Each output's datatype by its name, which every answer's encoding looks up."""
+        return {spec.name: spec.datatype for spec in self.outputs}
 
     @classmethod
     def from_config(cls, config, initial_states: dict[str, np.ndarray] | None = None) -> "Signature":

@@ -152,7 +152,7 @@ def encode_outputs(outputs: dict[str, np.ndarray], requested: list[dict] | None,
     python model left out is left out."""
     entries, chunks = [], []
     asked = {request["name"]: request for request in requested} if requested else None
-    declared = {spec.name: spec.datatype for spec in signature.outputs}
+    declared = signature.output_types
     for name, array in outputs.items():
         if name not in declared or (asked is not None and name not in asked):
             continue
