@@ -126,7 +126,7 @@ def run_batch(jobs: list[Job]) -> tuple[Phases, list[dict[str, np.ndarray] | Exc
     outputs = backend.execute(inputs, wanted, phases)
     phases.input_ns += concatenated - started
     bounds = list(itertools.accumulate((job.items for job in jobs), initial=0))  # numpy's cumsum: 2 µs more
-    shares = [{name: array[bounds[i]: bounds[i + 1]] for name, array in outputs.items() if job.outputs is None or name in job.outputs}
+    shares = [{name: array[bounds[i]: bounds[i + 1]] for name, array in outputs.items() if not job.outputs or name in job.outputs}
               for i, job in enumerate(jobs)]
     return phases, shares if batching is None else batching.scatter(outputs, requests, shares)
 
