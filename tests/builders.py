@@ -2,6 +2,7 @@
 hold model code at a known point so concurrency is tested by order of events, never by timing."""
 
 import errno
+import functools
 import os
 import tarfile
 import textwrap
@@ -14,7 +15,13 @@ import orjson
 import torch
 from google.protobuf import json_format, text_format
 
+from container.backends import WorkerOptions, load_backends, server_memory
+from container.backends.torch_runtime import free_memory, release_memory
+from container.core import Core
+from container.models.cache import MemoryCache
+from container.models.registry import Registry, Runtime
 from container.models.triton_schema import model_config_pb2 as pb
+from container.scheduling import scheduler_for
 
 MIB = 1 << 20
 
@@ -156,6 +163,13 @@ def python_model(root: Path, name: str, model_py: str, config: dict | None = Non
     if config is not None:
         (directory / "config.pbtxt").write_text(_pbtxt({"name": name, "backend": "python", **config}))
     return directory
+
+
+def make_core(root: Path, budget: int = 1 << 34, schedulers=scheduler_for, load_threads: int = 4, **worker_options) -> Core:
+    """The core facade over the models under `root`, as the server makes it: a CPU budget of `budget`
+    bytes, handler and python-backend workers started with `worker_options`."""
+    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**worker_options)), release_memory, free_memory, server_memory)
+    return Core(Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime, load_threads=load_threads), schedulers)
 
 
 def archive(directory: Path, path: Path, top_folder: bool = False) -> Path:

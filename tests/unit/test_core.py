@@ -3,15 +3,12 @@ model root, a real memory cache, and greenlets that take turns where a request a
 meet. Orders are decided by events (a held lease, a started greenlet), never by timing."""
 
 import dataclasses
-import functools
 import threading
 
 import gevent
 import numpy as np
 import pytest
 
-from container.backends import WorkerOptions, load_backends, server_memory
-from container.backends.torch_runtime import free_memory, release_memory
 from container.core import Core
 from container.errors import (
     Cancelled,
@@ -26,8 +23,7 @@ from container.errors import (
 )
 from container.inference import Client, InferRequest, Ticket
 from container.models import registry as registry_module
-from container.models.cache import MemoryCache
-from container.models.registry import Registry, Runtime, State
+from container.models.registry import State
 from container.scheduling import scheduler_for
 from tests.builders import (
     Faults,
@@ -37,6 +33,7 @@ from tests.builders import (
     ensemble_step,
     fp32_model,
     handler_model,
+    make_core,
     poll,
     sized_model,
     take_turns,
@@ -62,12 +59,6 @@ class Closings:
         scheduler.close = closing
         self.made.append(scheduler)
         return scheduler
-
-
-def make_core(root, budget: int = 1 << 34, schedulers=None, load_threads: int = 4) -> Core:
-    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions()), release_memory, free_memory, server_memory)
-    registry = Registry(str(root), MemoryCache({"cpu": budget}, evict=True), runtime, load_threads=load_threads)
-    return Core(registry, schedulers or scheduler_for)
 
 
 def infer(core: Core, name: str, value: float, version: int | None = None) -> tuple[int, list]:

@@ -14,8 +14,7 @@ import pytest
 from bench.fidelity_models import DOUBLE_PY
 from container.core import Core
 from container.inference import Client, InferRequest, TransformRequest
-from tests.builders import ensemble, ensemble_step, fp32_model, handler_model, python_model, tensor
-from tests.unit.test_core import make_core
+from tests.builders import ensemble, ensemble_step, fp32_model, handler_model, make_core, python_model, tensor
 
 ECHO_PY = """
 def model_fn(model_dir):

@@ -7,7 +7,6 @@ requests are timed, about a millisecond of them after). A request that kills its
 timeout, breaks the device or runs out of its memory fails (or runs again) alone, and the worker is started
 again for the next. Real worker processes, without a server; messages are counted at the worker's socket."""
 
-import functools
 import os
 import signal
 
@@ -16,16 +15,11 @@ import numpy as np
 import psutil
 import pytest
 
-from container.backends import WorkerOptions, load_backends, server_memory
-from container.backends.torch_runtime import free_memory, release_memory
 from container.backends.worker_process import WorkerProcess
 from container.core import Core
 from container.errors import Cancelled, ModelError
 from container.inference import Client, InferRequest, Ticket, TransformRequest
-from container.models.cache import MemoryCache
-from container.models.registry import Registry, Runtime
-from container.scheduling import scheduler_for
-from tests.builders import Gate, handler_model, poll, python_model, tensor
+from tests.builders import Gate, handler_model, make_core, poll, python_model, tensor
 
 # Answers "<its body>:<its worker's pid>"; some bodies do more first. Without a GPU, the script raises
 # the errors the server's device guard would raise for a broken CUDA context or a full GPU.
@@ -82,11 +76,6 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x),
                                             pb_utils.Tensor("pid", np.array([os.getpid()], np.int64))])]
 """
-
-
-def make_core(root, **options) -> Core:
-    runtime = Runtime(functools.partial(load_backends, options=WorkerOptions(**options)), release_memory, free_memory, server_memory)
-    return Core(Registry(str(root), MemoryCache({"cpu": 1 << 34}, evict=True), runtime), scheduler_for)
 
 
 def handler_core(tmp_path, **options) -> tuple[Core, Gate]:
