@@ -62,6 +62,7 @@ class DynamicBatcher(Scheduler):
         if not len(self.queue) and not self.preserve_ordering and self._alone() and self._free.acquire(blocking=False):
             return self._run_now(job)
         timeout = self._enqueue(job)
+        self._leaves_once_cancelled(job)
         self._arrived.set()
         return self._wait(job, timeout)
 
@@ -84,6 +85,7 @@ class DynamicBatcher(Scheduler):
                 job.answered_to = functools.partial(_put_answer, answers, positions)
             else:  # it waits out its own timeout
                 kept.spawn(_put_waited, answers, positions, self._wait, job, timeout)
+            self._leaves_once_cancelled(job)  # only now: one cancelled already is answered at once, where it is heard
         self._arrived.set()
         while unanswered:
             positions, result = answers.get()
@@ -109,15 +111,15 @@ class DynamicBatcher(Scheduler):
         return [(positions, members[0] if len(members) == 1 else merged(members)) for positions, members, _ in entries]
 
     def _enqueue(self, job: Job) -> float | None:
-        """Queue `job`; returns its queue timeout in seconds (None: none). Cancelled while it waits there
-        (its client hung up), it leaves the queue at once, so that it holds no place in a full one."""
+        """Queue `job`; returns its queue timeout in seconds (None: none)."""
         timeout = self.queue.put(job)
         if self.preserve_ordering:
             self._pending.append(job.order)
-        self._leaves_once_cancelled(job)
         return timeout
 
     def _leaves_once_cancelled(self, job: Job) -> None:
+        """Cancelled while it waits in the queue (its client hung up), `job` leaves it at once, so that it holds
+        no place in a full one; cancelled already, it leaves now."""
         job.when_cancelled(functools.partial(self._cancelled, job))
 
     def _cancelled(self, job: Job) -> None:

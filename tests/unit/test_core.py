@@ -9,6 +9,7 @@ import gevent
 import numpy as np
 import pytest
 
+from bench.fidelity_models import DOUBLE_PY
 from container.core import Core
 from container.errors import (
     Cancelled,
@@ -35,6 +36,7 @@ from tests.builders import (
     handler_model,
     make_core,
     poll,
+    python_model,
     sized_model,
     take_turns,
     tensor,
@@ -134,28 +136,60 @@ def test_a_request_is_answered_while_its_model_is_measured_again_and_an_unload_w
     assert "m" not in registry.models and registry.cache.used("cpu") == 0
 
 
-def test_a_request_of_a_closed_connection_or_with_its_ticket_cancelled_never_runs(tmp_path):
+SCHEDULED = {
+    "without batching": lambda root: fp32_model(root, "m"),
+    "batched": lambda root: fp32_model(root, "m", dynamic_batching={}),
+    "batched, with a queue timeout": lambda root: fp32_model(
+        root, "m", dynamic_batching={"default_queue_policy": {"default_timeout_microseconds": 60_000_000}}),
+    "batched in order": lambda root: fp32_model(root, "m", dynamic_batching={"preserve_ordering": True}),
+    "a python model": lambda root: python_model(root, "m", DOUBLE_PY, {"max_batch_size": 8, "input": [tensor("x", "TYPE_FP32", [4])],
+                                                                       "output": [tensor("y", "TYPE_FP32", [4])]}),
+}
+
+
+@pytest.mark.parametrize("scheduled", SCHEDULED)
+def test_a_request_of_a_closed_connection_or_with_its_ticket_cancelled_never_runs(tmp_path, scheduled):
     """A request whose connection's Client closed (its HTTP client hung up), or whose own Ticket was cancelled
-    (one call of a gRPC group), is Cancelled without running; the request beside them runs."""
-    fp32_model(tmp_path, "m")
+    (one call of a gRPC group), is Cancelled without running; the request beside them runs; a group of such
+    requests only is answered too. (A batcher answered a request cancelled before it was queued where nobody
+    waited for it: a group of such requests hung for ever, its leases held.)"""
+    SCHEDULED[scheduled](tmp_path)
     core = make_core(tmp_path)
     core.load("m", "m")
-    gone, ticket = Client(), Ticket()
-    gone.close()
-    ticket.cancel()
-    leases = core.leases("m", None, [gone, None, None])
-    for lease in leases:
-        lease.__enter__()
-    requests = [InferRequest({"x": np.full((1, 4), 1, np.float32)}), InferRequest({"x": np.full((1, 4), 2, np.float32)}, ticket=ticket),
-                InferRequest({"x": np.full((1, 4), 3, np.float32)})]
-    answered = {}
-    for position, result in core.infer_all(leases, requests):
-        answered[position] = result
-        leases[position].__exit__()
+    answered = answer_group(core, [_gone(), None, None], [None, _cancelled(), None])
     assert isinstance(answered[0], Cancelled) and isinstance(answered[1], Cancelled)
     assert answered[2].outputs["y"].tolist() == [[6.0] * 4]
+    answered = answer_group(core, [_gone(), None, _gone()], [None, _cancelled(), None])
+    assert all(isinstance(answer, Cancelled) for answer in answered.values())
     [(_, _, statistics)] = core.stats()
     assert statistics.execution_count == 1
+
+
+def answer_group(core: Core, clients: list[Client | None], tickets: list[Ticket | None]) -> dict[int, object]:
+    """Each answer of a group to model "m" whose i-th request, of rows of i + 1, comes from `clients[i]`
+    with `tickets[i]`, within a deadline."""
+    leases = core.leases("m", None, clients)
+    for lease in leases:
+        lease.__enter__()
+    requests = [InferRequest({"x": np.full((1, 4), i + 1, np.float32)}, ticket=ticket) for i, ticket in enumerate(tickets)]
+    answered = {}
+    with gevent.Timeout(30):
+        for position, result in core.infer_all(leases, requests):
+            answered[position] = result
+            leases[position].__exit__()
+    return answered
+
+
+def _gone() -> Client:
+    client = Client()
+    client.close()
+    return client
+
+
+def _cancelled() -> Ticket:
+    ticket = Ticket()
+    ticket.cancel()
+    return ticket
 
 
 def test_a_batching_models_group_runs_once_and_each_request_counts_as_one(tmp_path):
