@@ -30,6 +30,7 @@ from container.errors import (
     QueueFull,
     ServeError,
     Unavailable,
+    forget_frames,
 )
 from container.inference import Client, InferRequest, InferResponse, Ticket, TransformRequest
 from container.models.cache import total_by_device
@@ -392,9 +393,12 @@ class Core:
     def transform(self, lease: Lease, request: TransformRequest):
         """A request body through the leased SageMaker handler model; returns its backend's response."""
         [(_, result)] = self.transform_all([lease], [request])
-        if isinstance(result, Exception):
+        if not isinstance(result, Exception):
+            return result
+        try:
             raise result
-        return result
+        finally:  # the raise puts this frame in the error's traceback: holding the error, it would be a cycle
+            del result
 
     def transform_all(self, leases: list[Lease], requests: list[TransformRequest]) -> Iterator[tuple[int, object]]:
         """`transform` for requests to one handler model that arrived together, each under its own lease:
@@ -432,6 +436,8 @@ class Core:
         """A request that started at `start` failed with `exc`: in its version's statistics, and in the
         counters (a 507) or as the process's fault (a sticky device error). One refused by a full queue as it
         came was never taken: no failed inference, as Triton counts it (its stats and metrics, measured)."""
+        if isinstance(exc, ServeError):
+            forget_frames(exc)
         if isinstance(exc, QueueFull):
             return
         statistics.record_failure(time.perf_counter_ns() - start, exc)

@@ -175,3 +175,16 @@ def no_room(exc: OSError, what: str) -> InsufficientStorage | None:
     if exc.errno not in _NO_ROOM:
         return None
     return InsufficientStorage(f"no room to write {what}: {exc.strerror}; free the server's disk or give it more")
+
+
+def forget_frames(error: ServeError) -> None:
+    """An error that is a request's answer lets go of the frames it was raised through, and so do the errors
+    it came from (user code's has been logged where it ran): those frames hold the request's job, which
+    holds its error, a cycle that only the garbage collector would free, with the request's tensors."""
+    chain, seen = [error], set()
+    while chain:
+        error = chain.pop()
+        if error is not None and id(error) not in seen:
+            seen.add(id(error))
+            error.__traceback__ = None
+            chain += error.__cause__, error.__context__
