@@ -74,6 +74,10 @@ class SourceNotFound(ServeError):
     status = 404
 
 
+class ServiceNotFound(ServeError):  # a gRPC health check's service
+    status = 404
+
+
 class ModelConflict(ServeError):
     status = 409
 

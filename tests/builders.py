@@ -3,13 +3,15 @@ hold model code at a known point so concurrency is tested by order of events, ne
 
 import errno
 import functools
+import gc
 import os
 import tarfile
 import textwrap
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 import orjson
 import torch
@@ -250,6 +252,34 @@ def descriptors(pid: int) -> list[str]:
         except FileNotFoundError:  # closed meanwhile
             pass
     return targets
+
+
+@contextmanager
+def cycles_of_ours() -> Iterator[list[str]]:
+    """Collects what the code inside leaves in reference cycles and lists, once it ends, the kinds of those
+    objects the server made: of a class of its own, or a frame or function of its code."""
+    left: list[str] = []
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage to look at
+    try:
+        yield left
+        gc.collect()
+        left.extend(sorted({_kind(thing) for thing in gc.garbage if _ours(thing)}))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def _ours(thing) -> bool:
+    code = getattr(thing, "f_code", None) or getattr(thing, "__code__", None)
+    if code is not None:
+        return "/container/" in code.co_filename
+    return type(thing).__module__.startswith("container.")
+
+
+def _kind(thing) -> str:
+    code = getattr(thing, "f_code", None) or getattr(thing, "__code__", None)
+    return f"{type(thing).__name__} {code.co_name}" if code is not None else type(thing).__qualname__
 
 
 def wait_for(predicate, timeout: float = 30, message: str = "condition not met"):

@@ -55,7 +55,7 @@ class Server:
         if self.process.poll() is not None:
             raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
         try:  # the model process answers liveness once it runs, while the models named at start still load
-            return requests.get(self.url + "/v2/health/live", timeout=1).status_code == 200
+            return requests.get(self.url + "/v2/health/live", timeout=1).status_code in (200, 403)  # 403: restricted
         except requests.RequestException:  # the server is still booting
             return False
 

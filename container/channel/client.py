@@ -87,7 +87,7 @@ class ChannelClient:
         finally:
             self._pending.pop(call_id, None)
         if failed:
-            wire.raise_error(*result)
+            raise wire.error_from(*result)
         return result
 
     async def stream(self, op: str, *args):
@@ -107,7 +107,7 @@ class ChannelClient:
             if not ended:  # the caller stopped reading (its client went away): the model process stops too
                 self.cancel(call_id)
         if frame[0] == wire.ERROR:
-            wire.raise_error(*frame[1])
+            raise wire.error_from(*frame[1])
 
     def start_stream(self, op: str, args: list, heard: Callable[[int, object], None]) -> int:
         """The stream of `op(*args)`, each frame handed to `heard(kind, value)` as the connection's reader

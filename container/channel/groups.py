@@ -182,7 +182,7 @@ class _Groups:
     @staticmethod
     def _result(error, answer) -> list:
         if error is not None:
-            wire.raise_error(*error)
+            raise wire.error_from(*error)
         return answer
 
     def _ended(self, group: _Group) -> None:
@@ -318,7 +318,7 @@ class AsyncGroups(_Groups):
                 self._answer(group, value)
                 return
             if kind == wire.ERROR:
-                wire.raise_error(*value)
+                raise wire.error_from(*value)
             self._ended(group)
         except Exception as exc:  # the call failed, or an answer this front-end cannot read (a bug)
             if kind in (wire.ITEM, wire.ITEMS):

@@ -55,7 +55,7 @@ class HubChannelClient:
         finally:
             self._pending.pop(call_id, None)
         if failed:
-            wire.raise_error(*result)
+            raise wire.error_from(*result)
         return result
 
     def stream(self, op: str, *args):
@@ -79,7 +79,7 @@ class HubChannelClient:
             if not ended and self._outbox is outbox:  # the caller stopped reading (its client left): so does the model process
                 outbox.send(wire.pack([next(self._ids), wire.CANCEL, [call_id]]))
         if frame[0] == wire.ERROR:
-            wire.raise_error(*frame[1])
+            raise wire.error_from(*frame[1])
 
     def _keep_connected(self) -> None:
         while True:

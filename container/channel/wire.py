@@ -104,15 +104,16 @@ def error_of(exc: Exception) -> list:
     return ["ServeError", "internal error in the server; see its log", 500]
 
 
-def raise_error(name: str, message: str, status: int) -> None:
-    """The error a peer raised, as the same class of the one tree (a ServeError when the name is not in it)."""
+def error_from(name: str, message: str, status: int) -> ServeError:
+    """The error a peer raised, as the same class of the one tree (a ServeError when the name is not in it),
+    for the caller to raise: raised here, it would hold this frame, which holds it, a reference cycle."""
     cls = getattr(errors, name, None)
     if not (isinstance(cls, type) and issubclass(cls, ServeError)):
         cls = ServeError
     exc = cls.__new__(cls)
     ServeError.__init__(exc, message)
     exc.status = status
-    raise exc
+    return exc
 
 
 def _extension(value):

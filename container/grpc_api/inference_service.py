@@ -20,7 +20,7 @@ from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavaila
 from container.grpc_api import messages
 from container.grpc_api.clients import Clients
 from container.grpc_api.services import Malformed
-from container.grpc_api.status import answered, check_restricted, code_of, logged
+from container.grpc_api.status import answered, code_of, logged, refused, set_error
 from container.settings import Settings
 from container.v2 import documents, views
 from container.v2.views import TensorView
@@ -106,11 +106,9 @@ class InferenceService:
         decoupled model's request gets each of its responses as the model sends it. The answers of one
         sequence's requests go in the order the requests came, which is the order they ran (as Triton's
         stream sends them, and as clients read them back)."""
-        try:
-            check_restricted(self.restrictions, "inference", context)
-        except ServeError as exc:
-            logged(f"/{self.SERVICE}/ModelStreamInfer", None, exc.status, time.perf_counter(), context)
-            await context.abort(code_of(exc), str(exc))
+        if refused(self.restrictions, "inference", context):
+            logged(f"/{self.SERVICE}/ModelStreamInfer", None, 403, time.perf_counter(), context)
+            return
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
         reader = _Reader()
@@ -127,7 +125,7 @@ class InferenceService:
             self._streams.discard(reader)
         if reading.cancelled():  # ended by the server's stop: the client is told so, and what it sent since is not lost unseen
             stopped = Unavailable("the server is shutting down; send the requests not answered again, on a new stream")
-            await context.abort(code_of(stopped), str(stopped))
+            set_error(context, code_of(stopped), str(stopped))
 
     async def _read_stream(self, request_iterator, answers: asyncio.Queue, slots: asyncio.Semaphore, reader: "_Reader") -> None:
         latest: dict[tuple, asyncio.Task] = {}  # each sequence's latest request on this stream, while under way

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,13 +15,13 @@ from tritonclient.grpc import service_pb2 as pb
 
 from container.channel import max_call
 from container.channel.client import ChannelClient
-from container.errors import ServeError
+from container.errors import ServeError, ServiceNotFound
 from container.grpc_api import modelmesh_service
 from container.grpc_api.clients import IDLE_SECONDS, Clients
 from container.grpc_api.inference_service import InferenceService
 from container.grpc_api.services import generic_handler
-from container.grpc_api.status import logged
-from container.settings import Settings
+from container.grpc_api.status import answered, refused
+from container.settings import Restriction, Settings
 
 log = logging.getLogger(__name__)
 _SERVICES = ("", "inference.GRPCInferenceService")
@@ -78,7 +77,7 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
         if waited >= _CONNECT_WAIT:
             log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
             waited = 0.0
-    checks = LoggedHealth()
+    checks = LoggedHealth(settings.restricted_api)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     try:
         server.add_insecure_port(f"[::]:{settings.grpc_port}")
@@ -104,21 +103,25 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
 
 
 class LoggedHealth(health.aio.HealthServicer):
-    """grpc.health.v1 as grpcio answers it, each Check with its line in the access log, as an HTTP health
+    """grpc.health.v1 as grpcio answers it, in SERVE_RESTRICTED_API's `health` group (as Triton's
+    --grpc-restricted-protocol puts it), each Check with its line in the access log, as an HTTP health
     probe has (a Watch is one stream for as long as its client stays)."""
 
+    SERVICE = health.SERVICE_NAME
+
+    def __init__(self, restrictions: tuple[Restriction, ...]):
+        super().__init__()
+        self.restrictions = restrictions
+
+    @answered("health")
     async def Check(self, request, context):
-        started, status = time.perf_counter(), 200
-        try:
-            return await super().Check(request, context)
-        except grpc.aio.AbortError:  # grpcio's answer to a service it was not told of
-            status = 404
-            raise
-        except asyncio.CancelledError:
-            status = 499
-            raise
-        finally:
-            logged("/grpc.health.v1.Health/Check", request, status, started, context)
+        if request.service not in _SERVICES:  # (grpcio's own answer aborts the call)
+            raise ServiceNotFound(f"no health status for service '{request.service}'")
+        return await super().Check(request, context)
+
+    async def Watch(self, request, context):
+        if not refused(self.restrictions, "health", context):
+            await super().Watch(request, context)
 
 
 async def _watch_master(master: int, stopping: asyncio.Event) -> None:

@@ -196,9 +196,10 @@ def test_every_grpc_request_is_logged_once_as_an_http_one_is(server):
     with grpc.insecure_channel(server.grpc_url) as channel:  # a Kubernetes gRPC probe's call
         checks = health_pb2_grpc.HealthStub(channel)
         checks.Check(health_pb2.HealthCheckRequest(), metadata=[("x-request-id", "grpc-health")], timeout=60)
-        with pytest.raises(grpc.RpcError):
+        with pytest.raises(grpc.RpcError) as unknown:
             checks.Check(health_pb2.HealthCheckRequest(service="nothing.Here"), metadata=[("x-request-id", "grpc-health-404")],
                          timeout=60)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "'nothing.Here'" in unknown.value.details()
     assert len(answers) == 1
     service = "/inference.GRPCInferenceService/"
     expected = {"grpc-ok": ("ModelInfer", "double", 200), "grpc-404": ("ModelInfer", "nobody", 404),

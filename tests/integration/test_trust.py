@@ -12,14 +12,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import orjson
 import psutil
 import pytest
 import requests
 import tritonclient.http as http
+from google.protobuf.message_factory import GetMessageClass
+from grpc_health.v1 import health, health_pb2
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from container.grpc_api import modelmesh_service
+from container.settings import API_GROUPS
+from tests import grpc_clients
 from tests.builders import (
     Gate,
     Scale,
@@ -244,6 +251,62 @@ def test_restricted_api_groups_answer_only_with_their_header(relaxed, triton):
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
     assert client.infer("mlp", [x]).as_numpy("y").tolist() == [[2, 2, 2, 2]]
     relaxed.still_serving()
+
+
+@pytest.fixture(scope="module")
+def locked(start_server, root):
+    """Every API group behind one header."""
+    return start_server(root, SERVE_RESTRICTED_API=f"{','.join(API_GROUPS)}:locked-key=0pen")
+
+
+def test_with_every_group_restricted_no_route_nor_rpc_answers_without_the_header(locked):
+    """Every operation the server documents (/openapi.json: each protocol's, served by a front-end or by
+    the model process) and every RPC of its gRPC services (Triton's, ModelMesh's, grpc.health.v1) is
+    refused without the header, before it does anything; with it, each protocol answers (over gRPC the
+    metadata key bare, or as Triton's clients send it, `triton-grpc-protocol-<key>`)."""
+    document = locked.request("GET", "/openapi.json", headers={"locked-key": "0pen"}).json()
+    operations = [(method.upper(), path) for path, item in document["paths"].items() for method in item]
+    assert len(operations) > 50, operations
+    answered = []
+    for method, template in operations:
+        answer = locked.request(method, template.format(name="mlp", version="1", label="x"))
+        if answer.status_code != 403 or "expecting header 'locked-key'" not in answer.json()["error"]:
+            answered.append((method, template, answer.status_code))
+    assert not answered, f"answered without the header: {answered}"
+    assert locked.request("GET", "/v2/health/live", headers={"locked-key": "0pen"}).status_code == 200
+    assert locked.request("GET", "/ping").status_code == 403  # SageMaker's probe sends no header: an operator's choice
+
+    with grpc.insecure_channel(locked.grpc_url) as channel:
+        grpc.channel_ready_future(channel).result(timeout=60)
+        for service in (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], modelmesh_service.SERVICE,
+                        health_pb2.DESCRIPTOR.services_by_name["Health"]):
+            for method in service.methods:
+                code, details = _grpc_status(channel, method)
+                if code != grpc.StatusCode.PERMISSION_DENIED or "expecting header 'locked-key'" not in details:
+                    answered.append((method.full_name, code, details))
+        assert not answered, f"answered without the metadata: {answered}"
+        check = channel.unary_unary(f"/{health.SERVICE_NAME}/Check", health_pb2.HealthCheckRequest.SerializeToString,
+                                    health_pb2.HealthCheckResponse.FromString)
+        answer = check(health_pb2.HealthCheckRequest(), metadata=[("locked-key", "0pen")], timeout=30)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    with grpc_clients.InferenceServerClient(locked.grpc_url) as client:  # as a Triton user's code calls it
+        assert client.is_server_live(headers={"triton-grpc-protocol-locked-key": "0pen"})
+
+
+def _grpc_status(channel: grpc.Channel, method) -> tuple[grpc.StatusCode, str]:
+    """The status of one call of `method` with an empty request and no metadata."""
+    request = GetMessageClass(method.input_type)()
+    path, respond = f"/{method.containing_service.full_name}/{method.name}", GetMessageClass(method.output_type).FromString
+    try:
+        if method.client_streaming:
+            list(channel.stream_stream(path, type(request).SerializeToString, respond)(iter([request]), timeout=30))
+        elif method.server_streaming:
+            list(channel.unary_stream(path, type(request).SerializeToString, respond)(request, timeout=30))
+        else:
+            channel.unary_unary(path, type(request).SerializeToString, respond)(request, timeout=30)
+    except grpc.RpcError as error:
+        return error.code(), error.details() or ""
+    return grpc.StatusCode.OK, ""
 
 
 # -- secrets and files in answers ----------------------------------------------------------------------

@@ -6,7 +6,6 @@ left 20-380 (its error's traceback holding the frames that held its job, which h
 tensors among them. Each scheduler's ways, lone requests and groups, answered and failed, through the
 core facade with real models loaded from a model root."""
 
-import gc
 from pathlib import Path
 
 import gevent
@@ -18,7 +17,7 @@ from bench.fidelity_models import DOUBLE_PY
 from container.core import Core
 from container.errors import Cancelled, ModelError, QueueTimeout, ServeError
 from container.inference import Client, InferRequest, TransformRequest
-from tests.builders import ensemble, ensemble_step, fp32_model, handler_model, make_core, python_model, tensor
+from tests.builders import cycles_of_ours, ensemble, ensemble_step, fp32_model, handler_model, make_core, python_model, tensor
 
 
 class DoublesNonNegative(torch.nn.Module):
@@ -201,26 +200,6 @@ FAILED = {
                          ids=[*(f"answered: {way}" for way in ANSWERED), *(f"failed: {way}" for way in FAILED)])
 def test_a_request_leaves_none_of_its_objects_to_the_garbage_collector(core, serve):
     serve(core)  # what lasts beyond a request (a judge's history, a worker's pipes) is made by the first
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage to look at
-    try:
+    with cycles_of_ours() as left:
         serve(core)
-        gc.collect()
-        left = sorted({_kind(thing) for thing in gc.garbage if _ours(thing)})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert not left, f"left in reference cycles: {left}"
-
-
-def _ours(thing) -> bool:
-    """An object of the server's own making: of a class of its own, or a frame or function of its code."""
-    code = getattr(thing, "f_code", None) or getattr(thing, "__code__", None)
-    if code is not None:
-        return "/container/" in code.co_filename
-    return type(thing).__module__.startswith("container.")
-
-
-def _kind(thing) -> str:
-    code = getattr(thing, "f_code", None) or getattr(thing, "__code__", None)
-    return f"{type(thing).__name__} {code.co_name}" if code is not None else type(thing).__qualname__
