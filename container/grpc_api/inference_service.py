@@ -16,7 +16,7 @@ from container.body_budget import BodyBudget, no_room
 from container.channel.blobs import large
 from container.channel.client import ChannelClient
 from container.channel.groups import MOST_BYTES, AsyncGroups
-from container.errors import InvalidRequest, ModelNotFound, ServeError, Unavailable
+from container.errors import Forbidden, InvalidRequest, ModelNotFound, ServeError, Unavailable
 from container.grpc_api import messages
 from container.grpc_api.clients import Clients
 from container.grpc_api.services import Malformed
@@ -107,7 +107,7 @@ class InferenceService:
         sequence's requests go in the order the requests came, which is the order they ran (as Triton's
         stream sends them, and as clients read them back)."""
         if refused(self.restrictions, "inference", context):
-            logged(f"/{self.SERVICE}/ModelStreamInfer", None, 403, time.perf_counter(), context)
+            logged(f"/{self.SERVICE}/ModelStreamInfer", None, Forbidden.status, time.perf_counter(), context)
             return
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(_STREAM_IN_FLIGHT)
