@@ -30,6 +30,7 @@ worker (gunicorn_worker.py) and the HTTP front-end processes (http_frontend/) bo
 
 import email.utils
 import functools
+import logging
 import socket
 import time
 from collections import deque
@@ -47,6 +48,7 @@ from container.errors import HeadersTooLarge, InvalidRequest, RequestTimeout, Se
 from container.inference import Client
 from container.settings import Settings
 
+log = logging.getLogger(__name__)
 _RECEIVE = 256 << 10
 _INLINE_BODY = 64 << 10  # a smaller body is sent with its head in one write
 _BODY_GRACE = 5.0  # seconds a body may take before SERVE_MIN_BODY_RATE applies
@@ -111,6 +113,16 @@ class Connections:
         self.alive = False
         for sock in list(self.idle.values()):
             _hang_up(sock)
+
+    def drain(self, timeout: float) -> None:
+        """At a stop, once no new connection is accepted: idle ones close, and those under way have up to
+        `timeout` seconds to be answered. What the stop waits for is said, so that one that lingers is explained."""
+        self.shut_down()
+        if self.count:
+            log.info("stopping: waiting for the requests under way", extra={"fields": {"connections": self.count}})
+        if not self.drained.wait(timeout):
+            log.warning("requests still under way at the end of the graceful timeout are abandoned",
+                        extra={"fields": {"connections": self.count}})
 
 
 class Connection:

@@ -8,12 +8,11 @@ import itertools
 import logging
 from typing import Callable
 
-from container.channel import blob_prefix, wire
+from container.channel import CONNECT_RETRY, blob_prefix, wire
 from container.channel.blobs import Blobs
 from container.errors import Unavailable
 
 log = logging.getLogger(__name__)
-_RETRY = 0.2  # seconds between attempts to reach the model process
 # Settling at a stop: done once nothing has been under way, and nothing refused, for _QUIET seconds, or once
 # nothing has been under way for _LINGER (clients that retry at once would never leave a quiet moment).
 _QUIET, _LINGER = 0.1, 1.0
@@ -146,7 +145,7 @@ class ChannelClient:
             try:
                 reader, writer = await asyncio.open_unix_connection(self.path, limit=1 << 20)
             except OSError:
-                await asyncio.sleep(_RETRY)
+                await asyncio.sleep(CONNECT_RETRY)
                 continue
             self._writer = writer
             self._connected.set()

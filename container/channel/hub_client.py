@@ -13,13 +13,12 @@ import gevent.queue
 from gevent import socket
 from gevent.event import AsyncResult
 
-from container.channel import blob_prefix, wire
+from container.channel import CONNECT_RETRY, blob_prefix, wire
 from container.channel.blobs import Blobs
 from container.channel.stream import FrameReader, Outbox
 from container.errors import Unavailable
 
 log = logging.getLogger(__name__)
-_RETRY = 0.2  # seconds between attempts to reach the model process
 _LOST = (True, ["Unavailable", "the model process ended during the request; retry", 503])
 
 
@@ -88,7 +87,7 @@ class HubChannelClient:
                 sock.connect(self.path)
             except OSError:
                 sock.close()
-                gevent.sleep(_RETRY)
+                gevent.sleep(CONNECT_RETRY)
                 continue
             self._outbox = outbox = Outbox(sock)
             log.info("connected to the model process", extra={"fields": {"channel": self.path}})

@@ -171,12 +171,7 @@ def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_ti
     _until(stop, stop, master)
     for server in servers:
         server.close()
-    connections.shut_down()
-    if connections.count:  # what a stop waits for, said: one that lingers is then explained
-        log.info("stopping: waiting for the requests under way", extra={"fields": {"connections": connections.count}})
-    if not connections.drained.wait(graceful_timeout):
-        log.warning("requests still under way at the end of the graceful timeout are abandoned",
-                    extra={"fields": {"connections": connections.count}})
+    connections.drain(graceful_timeout)
     ACCESS_LOG.flush()
 
 
