@@ -72,8 +72,8 @@ def execution_peak(device: str, peak: dict[str, int]):
     which the process keeps for every model after, and which the kernel may drop and read again, as it may
     any file's pages; an activation is anonymous memory."""
     with _turn:
-        host = _resident()  # the heap trimmed first: blocks it kept from earlier requests would hide the peak
-        shared = _process.memory_info().shared
+        held = _trimmed()  # the heap trimmed first: blocks it kept from earlier requests would hide the peak
+        host, shared = held.rss, held.shared
         resettable = reset_host_peak()
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
@@ -94,9 +94,14 @@ def charged(counted: dict[str, int], grown: dict[str, int], peak: dict[str, int]
 
 
 def _resident() -> int:
+    return _trimmed().rss
+
+
+def _trimmed():
+    """This process's memory (psutil's, from statm) once the C heap has given back its freed blocks."""
     if _malloc_trim is not None:
         _malloc_trim(0)
-    return _process.memory_info().rss
+    return _process.memory_info()
 
 
 def _own() -> int:
