@@ -59,14 +59,11 @@ class FrontEnd:
             process.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> None:
-        """Until the front-end has exited; SIGKILL once `timeout` seconds have passed."""
-        process = self.process
-        if process is None:
-            return
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        """Until the front-end has exited; SIGKILL once `timeout` seconds have passed. Its thread, told
+        to stop, ends as the process exits (Popen's own wait with a timeout polls every 50 ms)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive() and self.process is not None:
+            self.process.kill()
 
     def _keep_running(self) -> None:
         delay = _RESTART_DELAY
@@ -75,6 +72,8 @@ class FrontEnd:
             # close_fds=False makes Popen use posix_spawn: no fork, so no pipe of its own that gunicorn's
             # forking of a worker at the same moment could inherit (Popen would then wait for that worker)
             self.process = subprocess.Popen(self.command, close_fds=False)
+            if self._stopping.is_set():  # told to stop while it was being started: `terminate` found no process
+                self.process.send_signal(signal.SIGTERM)
             resources.killed_first(self.process.pid)
             self.log.info("front-end started", extra={"fields": {"front_end": self.name, "pid": self.process.pid}})
             # gunicorn's master reaps every child; waiting then fails with ECHILD, which Popen reads as an exit

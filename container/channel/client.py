@@ -64,7 +64,8 @@ class ChannelClient:
         self._last_refused = asyncio.get_running_loop().time()
         return Unavailable(self._refusing)
 
-    async def wait_connected(self, timeout: float) -> bool:
+    async def wait_connected(self, timeout: float | None) -> bool:
+        """Whether the model process is reached within `timeout` seconds (None: however long it takes)."""
         try:
             await asyncio.wait_for(self._connected.wait(), timeout)
         except TimeoutError:

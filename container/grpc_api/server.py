@@ -69,14 +69,8 @@ async def serve(settings: Settings, channel_path: str, shared: bool) -> None:
     ])
     # Listen once the model process is reached, as the HTTP front-ends accept only then: until then a
     # connection goes to a front-end that is ready (the port is shared) or waits for one.
-    waited = 0.0
-    while not await channel.wait_connected(_ORPHAN_CHECK):
-        if stopping.is_set():
-            return
-        waited += _ORPHAN_CHECK
-        if waited >= _CONNECT_WAIT:
-            log.warning("the model process is not reached yet", extra={"fields": {"channel": channel_path}})
-            waited = 0.0
+    if not await _reached(channel, stopping):
+        return
     checks = LoggedHealth(settings.restricted_api)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     try:
@@ -122,6 +116,16 @@ class LoggedHealth(health.aio.HealthServicer):
     async def Watch(self, request, context):
         if not refused(self.restrictions, "health", context):
             await super().Watch(request, context)
+
+
+async def _reached(channel: ChannelClient, stopping: asyncio.Event) -> bool:
+    """Whether the model process is reached before a stop; while it is not, said every _CONNECT_WAIT seconds."""
+    waits = {asyncio.create_task(channel.wait_connected(None)), asyncio.create_task(stopping.wait())}
+    while not (await asyncio.wait(waits, timeout=_CONNECT_WAIT, return_when=asyncio.FIRST_COMPLETED))[0]:
+        log.warning("the model process is not reached yet", extra={"fields": {"channel": channel.path}})
+    for task in waits:
+        task.cancel()
+    return not stopping.is_set()
 
 
 async def _watch_master(master: int, stopping: asyncio.Event) -> None:

@@ -178,9 +178,7 @@ def serve(settings: Settings, channel_path: str, limits: HeadLimits, graceful_ti
 def _until(event: Event, stop: Event, master: int) -> bool:
     """Wait for `event`; False when told to stop first, or when the master is gone (an orphan must not
     hold the port)."""
-    while not event.wait(_ORPHAN_CHECK):
-        if stop.is_set():
-            return False
+    while not gevent.wait([event, stop], timeout=_ORPHAN_CHECK, count=1):
         if os.getppid() != master:
             log.error("the master is gone; exiting", extra={"fields": {"master": master}})
             return False

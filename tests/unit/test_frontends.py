@@ -4,6 +4,7 @@ processes and real signals; the delays are made short, and the test reads the on
 
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -71,3 +72,30 @@ def _running_seconds(pid: int) -> float:
     started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     return uptime - started
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_a_front_end_told_to_stop_before_it_reaches_the_model_process_exits_cleanly(kind, tmp_path):
+    """No model process listens on its channel: it waits for one, and SIGTERM ends that wait."""
+    channel = str(tmp_path / "models.sock")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.set_inheritable(True)
+        if kind == "http":
+            head = {"max_line": 0, "max_fields": 0, "max_field": 0, "keepalive": 5}
+            front_end = frontends.http_front_end(0, channel, [listener.fileno()], head, 30, Log())
+        else:
+            front_end = frontends.FrontEnd("grpc", [sys.executable, "-m", "container.grpc_api", channel, "alone"], Log())
+        front_end.start()
+        try:
+            wait_for(lambda: front_end.process and _catches(front_end.process.pid, signal.SIGTERM),
+                     message="the front-end never took SIGTERM for its own")
+        finally:
+            front_end.stop(timeout=30)
+    assert front_end.process.returncode == 0
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether `pid` has a handler of its own for `signum` (/proc's SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signum - 1) & 1)
