@@ -169,7 +169,7 @@ class Settings:
         "SERVE_S3_ROOTS", "", "A relaxation. Comma-separated `s3://bucket/prefix/` roots under which an absolute `s3://` load url (in `POST /models` or `X-Amzn-SageMaker-Target-Model`) is fetched; an S3 `SERVE_MODEL_ROOT` is always one. Empty: no absolute S3 url is fetched (403)."
     )
     restricted_api: tuple = _env(
-        "SERVE_RESTRICTED_API", "", "API groups that answer only requests carrying a header: `<group>[,<group>…]:<header>=<value>`, several such separated by `;`, as Triton's `--http-restricted-api`. Groups: `health`, `metadata`, `inference`, `shared-memory`, `model-config`, `model-repository` (SageMaker's `/models` writes too), `statistics` (with `/metrics`). A request without the header gets 403."
+        "SERVE_RESTRICTED_API", "", "API groups that answer only requests carrying a header: `<group>[,<group>…]:<header>=<value>`, several such separated by `;`, as Triton's `--http-restricted-api`. Groups: `health`, `metadata`, `inference`, `shared-memory`, `model-config`, `model-repository` (SageMaker's `/models` writes too), `statistics` (with `/metrics`), `trace`, `logging`: Triton's nine. A request without the header gets 403."
     )
     first_request_timeout: int = _env(
         "SERVE_FIRST_REQUEST_TIMEOUT", "10", "Seconds a new connection may stay silent before its first request; then it is closed."
@@ -380,7 +380,8 @@ def _mode(raw: dict[str, str]) -> bool:
         return True
 
 
-API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics")
+API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository", "statistics", "trace",
+              "logging")
 
 
 @dataclass(frozen=True)

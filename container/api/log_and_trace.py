@@ -61,12 +61,12 @@ def log_and_trace_routes(core: Core, log_level: str) -> list[Route]:
         return Response.json(trace_settings(core, request.params.get("name"), _update(request)))
 
     return [
-        Route("GET", "/v2/logging", logging, "metadata", _LOG),
-        Route("POST", "/v2/logging", logging, "metadata", _LOG_UPDATE),
-        Route("GET", "/v2/trace/setting", trace, "metadata", _TRACE_GET),
-        Route("POST", "/v2/trace/setting", trace, "metadata", _TRACE_UPDATE),
-        Route("GET", "/v2/models/{name}/trace/setting", trace, "metadata", _MODEL_TRACE),
-        Route("POST", "/v2/models/{name}/trace/setting", trace, "metadata", _MODEL_TRACE_UPDATE),
+        Route("GET", "/v2/logging", logging, "logging", _LOG),
+        Route("POST", "/v2/logging", logging, "logging", _LOG_UPDATE),
+        Route("GET", "/v2/trace/setting", trace, "trace", _TRACE_GET),
+        Route("POST", "/v2/trace/setting", trace, "trace", _TRACE_UPDATE),
+        Route("GET", "/v2/models/{name}/trace/setting", trace, "trace", _MODEL_TRACE),
+        Route("POST", "/v2/models/{name}/trace/setting", trace, "trace", _MODEL_TRACE_UPDATE),
     ]
 
 

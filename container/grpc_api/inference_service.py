@@ -268,7 +268,7 @@ class InferenceService:
 
     # -- trace and log settings ---------------------------------------------------------------------
 
-    @answered("metadata")
+    @answered("trace")
     async def TraceSetting(self, request, context):
         update = {key: _trace_value(key, list(setting.value)) for key, setting in request.settings.items()}
         response = pb.TraceSettingResponse()
@@ -276,7 +276,7 @@ class InferenceService:
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
 
-    @answered("metadata")
+    @answered("logging")
     async def LogSettings(self, request, context):
         update = {key: messages.parameter_value(setting) for key, setting in request.settings.items()}
         response = pb.LogSettingsResponse()

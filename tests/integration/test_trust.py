@@ -147,10 +147,12 @@ def default(start_server, root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def relaxed(start_server, root, tmp_path_factory):
-    """Model files and client shared memory allowed, model control and statistics behind headers."""
+    """Model files and client shared memory allowed; model control, statistics, and the trace and log
+    settings behind headers."""
     return start_watched(start_server, root, tmp_path_factory.mktemp("relaxed") / "tmp", SERVE_ALLOW_MODEL_FILES="true",
                          SERVE_ALLOW_CLIENT_SHM="true", SERVE_MAX_SHM_REGIONS="2", SERVE_MAX_TOTAL_INSTANCES="4", SAGEMAKER_MODEL_SERVER_TIMEOUT="3",
-                         SERVE_RESTRICTED_API="model-repository,shared-memory:admin-key=s3cret;statistics:stats-key=x")
+                         SERVE_RESTRICTED_API="model-repository,shared-memory:admin-key=s3cret;statistics:stats-key=x;"
+                                              "trace,logging:ops-key=l0g")
 
 
 def refused(answer: requests.Response, status: int, *words: str) -> str:
@@ -245,7 +247,18 @@ def test_restricted_api_groups_answer_only_with_their_header(relaxed, triton):
     refused(server.load("again", "mlp"), 403, "expecting header 'admin-key'")
     refused(server.request("DELETE", "/models/mlp"), 403, "expecting header 'admin-key'")
     refused(server.request("POST", "/v2/repository/index"), 403, "expecting header 'admin-key'")
+    # Triton's trace and logging groups, over both protocols (an update is refused before it is read)
+    for path in ("/v2/logging", "/v2/trace/setting", "/v2/models/mlp/trace/setting"):
+        refused(server.request("GET", path), 403, "expecting header 'ops-key'")
+        refused(server.request("POST", path, json={"no": "such setting"}), 403, "expecting header 'ops-key'")
+        assert server.request("GET", path, headers={"ops-key": "l0g"}).status_code == 200
+    with grpc_clients.InferenceServerClient(server.grpc_url) as rpc:
+        for call in (rpc.get_log_settings, rpc.get_trace_settings):
+            with pytest.raises(InferenceServerException, match="expecting header 'ops-key'"):
+                call()
+            assert call(headers={"ops-key": "l0g"})
     # what is not restricted answers everyone
+    assert client.get_server_metadata()["name"]
     assert server.request("GET", "/models").status_code == 200 and client.is_model_ready("mlp")
     x = http.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))

@@ -140,7 +140,12 @@ def test_restricted_api_takes_tritons_grammar():
     assert second.groups == {"statistics"} and (second.header, second.value) == ("k", "v")
 
 
-@pytest.mark.parametrize("text", ["model-repository", "model-repository:key", "model-repository:=v", "trace:k=v",
+def test_restricted_api_takes_each_of_tritons_nine_groups():
+    text = "health,metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging:k=v"
+    assert len(Settings.from_env({"SERVE_RESTRICTED_API": text}).restricted_api[0].groups) == 9
+
+
+@pytest.mark.parametrize("text", ["model-repository", "model-repository:key", "model-repository:=v", "tracing:k=v",
                                   ":k=v", "statistics:k=v;statistics:j=w"])
 def test_restricted_api_refuses_what_it_cannot_enforce(text):
     with pytest.raises(SettingsError, match="SERVE_RESTRICTED_API"):
@@ -149,8 +154,8 @@ def test_restricted_api_refuses_what_it_cannot_enforce(text):
 
 def test_a_refused_restriction_never_shows_its_value():
     with pytest.raises(SettingsError) as refused:
-        Settings.from_env({"SERVE_RESTRICTED_API": "trace:key=the-secret-value"})
-    assert "the-secret-value" not in str(refused.value) and "trace" in str(refused.value)
+        Settings.from_env({"SERVE_RESTRICTED_API": "tracing:key=the-secret-value"})
+    assert "the-secret-value" not in str(refused.value) and "tracing" in str(refused.value)
 
 
 @pytest.mark.parametrize("cores, expected", [(1, 0), (2, 2), (16, 16), (96, 16)])
