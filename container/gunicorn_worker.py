@@ -5,6 +5,7 @@ channel. gunicorn still manages the process (`worker_class` in gunicorn_conf): i
 heartbeat, its restart, its graceful stop. With SERVE_METRICS_PORT it also serves `/metrics` alone there."""
 
 import atexit
+import importlib
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ class Worker(GeventWorker):
         self.stopping: Event | None = None  # set by SIGTERM: the channel-only loop ends at once, not at its next beat
         self.loads_end = False  # the server stops: loads under way end, and later ones are refused
         self.wsgi = None  # the app, once load_wsgi has made it
+        self._importing = False  # importing the app's modules: a stop ends the process at once (handle_exit)
 
     def patch(self):
         """gunicorn's gevent worker monkey-patches the standard library here; this one patches nothing, as
@@ -57,6 +59,18 @@ class Worker(GeventWorker):
         self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
 
     def load_wsgi(self):
+        # Most of a boot is importing the app's modules (torch: ~1 s here, more from a cold disk). A stop in
+        # the meantime would wait for that and for the app to be made, with nothing to drain: it ends the
+        # process at once instead, from its handler (the import has started no thread yet), or here for a
+        # stop queued before the handlers were set.
+        self._importing = True
+        try:
+            if self.alive:
+                importlib.import_module("container.app")
+        finally:
+            self._importing = False
+        if not self.alive:
+            raise SystemExit(0)
         super().load_wsgi()
         extensions = self.wsgi.extensions  # of the app create_app() made
         if self.loads_end:  # told before the app was made
@@ -155,8 +169,15 @@ class Worker(GeventWorker):
         self.stopping.set()
         self._end_loads()
 
+    def handle_quit(self, sig, frame):
+        if self._importing:  # gevent's worker quits in a greenlet, which would run once the boot is done
+            raise SystemExit(0)
+        super().handle_quit(sig, frame)
+
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
+        if self._importing:
+            raise SystemExit(0)
         self._end_loads()
         if self.stopping is not None:
             self.stopping.set()

@@ -409,6 +409,56 @@ def test_sigterm_as_gunicorn_replaces_the_model_process_stops_the_server_at_once
     assert server.process.wait(timeout=20) == 0  # well inside the 30 s graceful timeout
 
 
+# A sitecustomize for the server's processes: the model process's import of the app's modules (most of its
+# boot) is held, as a slow disk would hold it, until the test's release file appears. It waits in Python, as an
+# import runs: a blocking read would hold off the signal handler (gunicorn restarts a worker's system calls).
+SLOW_BOOT_PY = """
+import importlib.abc, os, sys, time
+
+
+class _SlowBoot(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "container.app":
+            sys.meta_path.remove(self)
+            open(os.environ["TEST_BOOT_REACHED"], "w").close()
+            while not os.path.exists(os.environ["TEST_BOOT_RELEASE"]):
+                time.sleep(0.01)
+        return None
+
+
+sys.meta_path.insert(0, _SlowBoot())
+"""
+
+
+@pytest.mark.parametrize("stop", [lambda master: master.send_signal(signal.SIGTERM),  # `docker stop`
+                                  lambda master: os.killpg(master.pid, signal.SIGINT)],  # a terminal's Ctrl-C
+                         ids=["sigterm-to-the-master", "sigint-to-the-group"])
+def test_a_stop_while_the_model_process_boots_ends_it_at_once(tmp_path_factory, stop):
+    """A stop while the model process is still importing the app: it has nothing to drain, and ends without
+    finishing its boot; it used to finish it first (1.4-1.6 s here, as long as a cold disk makes it on a
+    platform) and then stop."""
+    root, hooks = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("hooks")
+    (hooks / "sitecustomize.py").write_text(SLOW_BOOT_PY)
+    reached, release = hooks / "reached", hooks / "release"
+    environment = {**os.environ, "PATH": f"{PROJECT / '.venv' / 'bin'}:{os.environ['PATH']}",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
+                   "TEST_BOOT_REACHED": str(reached), "TEST_BOOT_RELEASE": str(release), "SERVE_MODEL_ROOT": str(root),
+                   "SAGEMAKER_BIND_TO_PORT": str(free_port()), "SERVE_GRPC_PORT": str(free_port())}
+    with (hooks / "server.log").open("w") as log:
+        master = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        wait_for(reached.exists, message="the model process never began to import the app")
+        stop(master)
+        assert master.wait(timeout=20) == 0  # the boot is held for ever; the graceful timeout is 30 s
+    finally:
+        release.touch()
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGKILL)
+            master.wait()
+    assert "Worker failed to boot" not in (hooks / "server.log").read_text()
+
+
 # A sitecustomize for the server's processes: the model process's last step, the exit's own garbage
 # collection (after CPython has given each signal it handled its default action back), waits until the
 # test writes to the FIFO it names. The master, which imported it before the fork, ends without waiting.
