@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -440,7 +441,7 @@ def test_a_stop_while_the_model_process_boots_ends_it_at_once(tmp_path_factory, 
     root, hooks = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("hooks")
     (hooks / "sitecustomize.py").write_text(SLOW_BOOT_PY)
     reached, release = hooks / "reached", hooks / "release"
-    environment = {**os.environ, "PATH": f"{PROJECT / '.venv' / 'bin'}:{os.environ['PATH']}",
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # as Server's
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
                    "TEST_BOOT_REACHED": str(reached), "TEST_BOOT_RELEASE": str(release), "SERVE_MODEL_ROOT": str(root),
                    "SAGEMAKER_BIND_TO_PORT": str(free_port()), "SERVE_GRPC_PORT": str(free_port())}
