@@ -21,7 +21,9 @@ def test_pages_of_a_file_read_in_an_execution_are_not_its_peak_and_its_allocatio
             touched = sum(pages[offset] for offset in range(0, len(pages), mmap.PAGESIZE))
     assert touched > 0 and peak["cpu"] < 2 * MIB
 
-    with footprint.execution_peak("cpu", peak):
-        activations = np.ones(16 * MIB, np.uint8)
-        del activations
-    assert 16 * MIB <= peak["cpu"] < 20 * MIB
+    # Anonymous pages of its own, as an activation's: an allocator's may be pages it kept from an earlier
+    # test (a thread's arena, whose free top malloc_trim leaves resident), which no peak sees again.
+    with footprint.execution_peak("cpu", peak), mmap.mmap(-1, 16 * MIB) as activations:
+        for offset in range(0, len(activations), mmap.PAGESIZE):
+            activations[offset] = 1
+    assert 15 * MIB <= peak["cpu"] < 20 * MIB  # less the code pages its own first steps faulted in
