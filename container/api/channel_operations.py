@@ -32,7 +32,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
         request's data mapped from shared memory)]. Its items (groups.group_items): TAKEN, then [position,
         None, answer, chunks] for each, or [position, error], as each is done."""
         tickets = [Ticket() for _ in calls]  # the front-end may cancel one call alone (GroupItems.cancel)
-        requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), _heavy(document, binary),
+        requests = [(v2_dataplane.document_request(core, shared_memory, _parsed(document, binary), documents.heavy(len(binary)),
                                                    ticket), clients.get(front_end, number, count))
                     for (number, count, document, binary), ticket in zip(calls, tickets, strict=True)]
         return group_items(v2_dataplane.infer_group(core, name, version, requests, v2_dataplane.GRPC_DECOUPLED),
@@ -41,7 +41,7 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
     def infer_stream(name: str, version: str, document: dict, binary):
         """A request of gRPC's stream: [answer, chunks, final, error] for each response (v2_dataplane)."""
         for answer, chunks, final, error in v2_dataplane.infer_stream(
-                core, shared_memory, name, version, _parsed(document, binary), heavy=_heavy(document, binary)):
+                core, shared_memory, name, version, _parsed(document, binary), heavy=documents.heavy(len(binary))):
             yield [answer, [large(chunk) for chunk in chunks], final, None if error is None else str(error)]
 
     def bls_infer(name: str, version: int, inputs: dict, outputs: list | None, parameters: dict, request_id: str) -> dict:
@@ -97,11 +97,6 @@ def channel_operations(core: Core, shared_memory: SharedMemory, clients: FrontEn
 
 def _parsed(document: dict, binary):
     return lambda _signature: (document, memoryview(binary))
-
-
-def _heavy(document: dict, binary) -> bool:
-    """Decoded and encoded on a thread: a large request, or one that reads or writes shared memory."""
-    return documents.heavy(len(binary)) or documents.names_shared_memory(document)
 
 
 def _body_request(name: str, inputs: dict, parameters: dict, request_id: str) -> TransformRequest:

@@ -25,7 +25,7 @@ def infer_routes(run: Run, max_body: int) -> list[Route]:
         coding = request.header("content-encoding")
         if coding:
             body = offload.run(offload.heavy(len(body)), compression.inflate, body, coding, max_body)
-        heavy = offload.heavy(len(body)) or b"shared_memory_region" in body
+        heavy = offload.heavy(len(body))
         answer, headers = run(request, body, heavy)
         coding = compression.negotiate(request.header("accept-encoding"))
         if coding:

@@ -192,8 +192,9 @@ class InferenceService:
         document, binary = messages.infer_document(request)
         name, version = request.model_name, request.model_version
         key, client = (name, version), self.clients.seen(peer)
-        heavy = documents.heavy(len(binary)) or documents.names_shared_memory(document)
-        for _ in range(0 if heavy else views.TRIES):
+        heavy = documents.heavy(len(binary))
+        here = not heavy and not documents.names_shared_memory(document)  # the regions are the model process's
+        for _ in range(views.TRIES if here else 0):
             view = await self._views.get(name)
             decoded = view and views.decode(view, document, binary, self.limits, name)
             if not decoded:

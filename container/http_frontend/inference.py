@@ -43,8 +43,9 @@ class RemoteInference:
             return self._tensors.call(key, views.tensor_call(client, view, inferred), views.call_size(len(body), inferred.inputs),
                                      request.client)
 
-        ran = None if heavy else self._views.run(name, version is not None,
-                                                 lambda view: _decoded(view, body, header_length, self.limits, name), cross)
+        here = not heavy and b"shared_memory_region" not in body  # the regions are the model process's
+        ran = self._views.run(name, version is not None, lambda view: _decoded(view, body, header_length, self.limits, name),
+                              cross) if here else None
         if ran is None:
             return self._by_document(request, body, heavy, key, header_length)
         view, (document, (inferred, requested)), (model_version, outputs) = ran
