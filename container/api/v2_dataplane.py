@@ -104,7 +104,8 @@ def document_request(core: Core, shared_memory, parse, heavy: bool, ticket: Tick
     def decode(lease):
         signature, view = lease.signature, lease.view
         document, binary = parse(signature)
-        request, requested = offload.run(heavy or documents.reads_much_shared_memory(document), documents.decode_request, document, binary, signature, shared_memory,
+        on_thread = heavy or documents.reads_much_shared_memory(document)
+        request, requested = offload.run(on_thread, documents.decode_request, document, binary, signature, shared_memory,
                                          core.limits, lease.name)
         request.ticket = ticket
 
