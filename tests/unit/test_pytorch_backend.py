@@ -196,8 +196,9 @@ def test_a_model_is_charged_its_measured_load_and_the_activation_peak_of_its_fir
     assert 32 * MIB <= loaded < 32 * MIB * 1.1  # the load's growth, never less than the weights
     run(model, {"x": np.ones((1, 2), np.float32)})
     peak = model.memory()["cpu"] - loaded
-    # the process's RSS, so what anything else in it frees meanwhile counts against the peak: once 44 KiB
-    assert 64 * MIB * 0.99 <= peak < 64 * MIB * 1.1
+    # the process's RSS, so what anything else in it frees meanwhile counts against the peak (once 44 KiB); and
+    # the file pages the execution faulted in are left out (it once came to 660 KiB under the activation)
+    assert 64 * MIB * 0.98 <= peak < 64 * MIB * 1.1
     for _ in range(LEARNING_RUNS - 1):  # the other executions that measure: the peak can only grow
         run(model, {"x": np.ones((1, 2), np.float32)})
     learned = model.memory()["cpu"]
