@@ -43,7 +43,7 @@ class Worker(GeventWorker):
         self.stopping: Event | None = None  # set by SIGTERM: the channel-only loop ends at once, not at its next beat
         self.loads_end = False  # the server stops: loads under way end, and later ones are refused
         self.wsgi = None  # the app, once load_wsgi has made it
-        self._importing = False  # importing the app's modules: a stop ends the process at once (handle_exit)
+        self._importing = False  # importing the app's modules: a stop ends the process at once (handle_exit, handle_quit)
 
     def patch(self):
         """gunicorn's gevent worker monkey-patches the standard library here; this one patches nothing, as

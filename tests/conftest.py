@@ -23,8 +23,9 @@ PROJECT = Path(__file__).resolve().parent.parent
 class Server:
     logs: Path | None = None  # where servers write their logs (set per session below; default: the temporary directory)
 
-    def __init__(self, model_root: Path, port: int | None = None, wrapper: tuple[str, ...] = (), **env):
-        """`port`: where it listens for HTTP (default: a free one); `wrapper`: a command that runs it (`prlimit …`)."""
+    def __init__(self, model_root: Path, port: int | None = None, wrapper: tuple[str, ...] = (), answering: bool = True, **env):
+        """`port`: where it listens for HTTP (default: a free one); `wrapper`: a command that runs it (`prlimit …`);
+        `answering`: return once it answers (False: once it is started)."""
         self.model_root = model_root
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,7 +47,8 @@ class Server:
             self.process = subprocess.Popen([*wrapper, str(PROJECT / "serve")], cwd=PROJECT, env=environment,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_for(self._answers, 60, f"server did not answer /ping (log: {self.log})")
+            if answering:
+                wait_for(self._answers, 60, f"server did not answer /ping (log: {self.log})")
         except BaseException:
             self.stop()
             raise

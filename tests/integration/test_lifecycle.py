@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -411,10 +410,11 @@ def test_sigterm_as_gunicorn_replaces_the_model_process_stops_the_server_at_once
 
 
 # A sitecustomize for the server's processes: the model process's import of the app's modules (most of its
-# boot) is held, as a slow disk would hold it, until the test's release file appears. It waits in Python, as an
-# import runs: a blocking read would hold off the signal handler (gunicorn restarts a worker's system calls).
+# boot) is held for ever, as a slow disk would hold it. It waits in signal.pause(), which each signal ends
+# after its handler has run, as an import runs them between its steps: a blocking read would hold the handler
+# off (gunicorn restarts a worker's system calls).
 SLOW_BOOT_PY = """
-import importlib.abc, os, sys, time
+import importlib.abc, os, signal, sys
 
 
 class _SlowBoot(importlib.abc.MetaPathFinder):
@@ -422,8 +422,8 @@ class _SlowBoot(importlib.abc.MetaPathFinder):
         if name == "container.app":
             sys.meta_path.remove(self)
             open(os.environ["TEST_BOOT_REACHED"], "w").close()
-            while not os.path.exists(os.environ["TEST_BOOT_RELEASE"]):
-                time.sleep(0.01)
+            while True:
+                signal.pause()
         return None
 
 
@@ -440,24 +440,16 @@ def test_a_stop_while_the_model_process_boots_ends_it_at_once(tmp_path_factory, 
     platform) and then stop."""
     root, hooks = tmp_path_factory.mktemp("models"), tmp_path_factory.mktemp("hooks")
     (hooks / "sitecustomize.py").write_text(SLOW_BOOT_PY)
-    reached, release = hooks / "reached", hooks / "release"
-    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # as Server's
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])),
-                   "TEST_BOOT_REACHED": str(reached), "TEST_BOOT_RELEASE": str(release), "SERVE_MODEL_ROOT": str(root),
-                   "SAGEMAKER_BIND_TO_PORT": str(free_port()), "SERVE_GRPC_PORT": str(free_port())}
-    with (hooks / "server.log").open("w") as log:
-        master = subprocess.Popen([str(PROJECT / "serve")], cwd=PROJECT, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+    reached = hooks / "reached"
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    server = Server(root, answering=False, PYTHONPATH=path, TEST_BOOT_REACHED=str(reached))
     try:
         wait_for(reached.exists, message="the model process never began to import the app")
-        stop(master)
-        assert master.wait(timeout=20) == 0  # the boot is held for ever; the graceful timeout is 30 s
+        stop(server.process)
+        assert server.process.wait(timeout=20) == 0  # the boot is held for ever; the graceful timeout is 30 s
     finally:
-        release.touch()
-        if master.poll() is None:
-            os.killpg(master.pid, signal.SIGKILL)
-            master.wait()
-    assert "Worker failed to boot" not in (hooks / "server.log").read_text()
+        server.stop()  # the held boot included
+    assert "Worker failed to boot" not in server.log.read_text()
 
 
 # A sitecustomize for the server's processes: the model process's last step, the exit's own garbage
