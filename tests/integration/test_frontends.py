@@ -111,6 +111,7 @@ def test_the_default_is_one_front_end_per_core_and_none_on_one(start_server, tmp
     root = tmp_path_factory.mktemp("default")
     fp32_model(root, "double", Scale())
     server = start_server(root, SERVE_LOAD_MODELS="double", SERVE_HTTP_WORKERS=None)  # None: unset, whatever the suite's
+    wait_for(server.ready, 60, "the model did not load")  # until then it answers 503, still loading at start
     cores = min(resources.cpu_quota(), 16)
     wait_for(lambda: len(server.http_pids()) == (cores if cores > 1 else 0), 30, "not one front-end per core")
     assert server.request("POST", "/v2/models/double/infer", json={"inputs": [_fp32("x", X, [1, 4])]}).json()["outputs"][0]["data"] \

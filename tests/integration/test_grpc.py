@@ -559,6 +559,7 @@ def test_grpc_is_served_by_as_many_front_ends_as_http_sharing_its_port(start_ser
     root = tmp_path_factory.mktemp("shared")
     fp32_model(root, "plain")
     server = start_server(root, SERVE_LOAD_MODELS="plain", SERVE_HTTP_WORKERS="2")
+    wait_for(server.ready, 60, "the model did not load")  # until then it answers UNAVAILABLE, still loading at start
 
     def on_port(status: str) -> set[int]:
         return {pid for pid in server.grpc_pids()
