@@ -10,7 +10,7 @@ from gunicorn import sock
 
 from container import channel, frontends, gunicorn_worker, resources, workdirs
 from container.channel.blobs import Blobs
-from container.settings import Settings
+from container.settings import Settings, unused_variables
 
 resources.raise_open_file_limit()  # first: the connection cap follows from it, and the worker inherits it
 resources.keep_freed_heap()  # here and in every process the server starts
@@ -33,6 +33,8 @@ def when_ready(server):
     worker through it (gunicorn restarts the worker; the front-ends wait for it meanwhile). Once the
     master is told to stop, a front-end that exits is not started again; at SIGTERM the front-ends, HTTP
     and gRPC, drain before the worker is told to, as their requests under way need it."""
+    for name, why in unused_variables(os.environ).items():
+        server.log.warning("an environment variable is not used", extra={"fields": {"variable": name, "why": why}})
     for pid in workdirs.stale_servers():
         _remove_server_files(pid)
     server.workdir = workdirs.claim(os.getpid())  # held, by this process and its worker, until they exit

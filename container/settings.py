@@ -1,5 +1,6 @@
 """Every environment variable the server reads, typed, with its default, in one frozen object."""
 
+import difflib
 import hmac
 import os
 import re
@@ -512,6 +513,33 @@ def _number(name: str, text: str) -> float:
 
 def _optional_positive(name: str, text: str) -> int | None:
     return _positive(name, text) if text.strip() else None
+
+
+# What Kubernetes sets in every container of a namespace that has a Service named `serve`
+_KUBERNETES_SERVICE = re.compile(r"SERVE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)")
+# SageMaker PyTorch toolkit variables an operator sets to change what TorchServe does, which change nothing
+# here (docs/models.md says why of the batch)
+_TORCHSERVE_ONLY = dict.fromkeys(
+    ("SAGEMAKER_TS_BATCH_SIZE", "SAGEMAKER_TS_MAX_BATCH_DELAY"),
+    "SageMaker's toolkit hands a batch to the handler's functions one request at a time; here each request "
+    "goes to a worker at once, without waiting for a batch to fill")
+_TORCHSERVE_ONLY["SAGEMAKER_MODEL_SERVER_VMARGS"] = "the options of TorchServe's JVM; this server runs no JVM"
+
+
+def unused_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables set that this server does not read, each with why: a `SERVE_` name that is no setting
+    (misspelt, the setting it meant keeps its default without a word), and SageMaker's toolkit's that only
+    TorchServe heeds. Names only: a value may be a secret."""
+    known = [f.metadata["env"] for f in fields(Settings)]
+    unused = {}
+    for name in sorted(environ):
+        if name.startswith("SERVE_") and name not in known and not _KUBERNETES_SERVICE.fullmatch(name):
+            close = difflib.get_close_matches(name[6:], [k[6:] for k in known if k.startswith("SERVE_")], 1)  # past the prefix
+            unused[name] = f"no setting has this name{f'; did you mean SERVE_{close[0]}?' if close else ''} " \
+                           f"(docs/configuration.md lists them)"
+        elif name in _TORCHSERVE_ONLY:
+            unused[name] = _TORCHSERVE_ONLY[name]
+    return unused
 
 
 def configuration_table() -> str:

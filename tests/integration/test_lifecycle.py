@@ -173,6 +173,18 @@ def test_bad_settings_stop_the_server_with_a_clear_message(tmp_path, variable, v
     assert result.returncode != 0 and f"{variable}={value!r}".encode() in result.stderr
 
 
+def test_a_variable_that_changes_nothing_is_named_at_start_and_the_server_serves(start_server, tmp_path):
+    """A setting misspelt keeps its default without a word, as `SERVE_LOAD_MODEL` (for SERVE_LOAD_MODELS) would:
+    the master names it in its log once, with the setting meant, and the server starts as without it."""
+    fp32_model(tmp_path, "double")
+    server = start_server(tmp_path, SERVE_LOAD_MODEL="double", SAGEMAKER_TS_BATCH_SIZE="8")
+    unused = {line["variable"]: line["why"] for line in log_lines(server)
+              if line["message"] == "an environment variable is not used"}
+    assert set(unused) == {"SERVE_LOAD_MODEL", "SAGEMAKER_TS_BATCH_SIZE"}, unused
+    assert "did you mean SERVE_LOAD_MODELS?" in unused["SERVE_LOAD_MODEL"]
+    assert server.loaded() == [] and server.load("double").status_code == 200
+
+
 def test_on_sagemaker_grpc_is_off_unless_asked_for_on_a_port_of_the_safe_range(start_server, tmp_path_factory):
     """SageMaker sets SAGEMAKER_SAFE_PORT_RANGE: Triton's gRPC port (8001) is not the container's to take there
     (an inference pipeline's containers share the host's ports), and SageMaker sends gRPC to none."""

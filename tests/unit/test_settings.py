@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from container import resources
-from container.settings import Settings, SettingsError, configuration_table, parse_size
+from container.settings import Settings, SettingsError, configuration_table, parse_size, unused_variables
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -208,3 +208,18 @@ def test_a_worker_count_that_is_not_a_positive_number_is_refused_by_name(name):
 def test_the_repository_is_polled_only_when_asked():
     assert Settings.from_env({}).repository_poll_seconds == 0
     assert Settings.from_env({"SERVE_REPOSITORY_POLL_SECONDS": "2.5"}).repository_poll_seconds == 2.5
+
+
+def test_a_variable_that_changes_nothing_is_named_with_what_was_likely_meant():
+    every_setting = {f.metadata["env"]: "x" for f in fields(Settings)}
+    kubernetes = {"SERVE_SERVICE_HOST": "10.0.0.1", "SERVE_SERVICE_PORT": "80", "SERVE_SERVICE_PORT_HTTP": "80",
+                  "SERVE_PORT": "tcp://10.0.0.1:80", "SERVE_PORT_80_TCP_ADDR": "10.0.0.1"}  # a Service named `serve`
+    unused = unused_variables({**every_setting, **kubernetes, "SAGEMAKER_REGION": "us-east-1", "PATH": "/bin",
+                               "SERVE_HTTP_WORKER": "4", "SERVE_MEMORY_LIMT": "1GiB", "SERVE_TOKEN": "a-secret-value",
+                               "SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_TS_MAX_BATCH_DELAY": "100"})
+    assert set(unused) == {"SERVE_HTTP_WORKER", "SERVE_MEMORY_LIMT", "SERVE_TOKEN", "SAGEMAKER_TS_BATCH_SIZE",
+                           "SAGEMAKER_TS_MAX_BATCH_DELAY"}
+    assert "did you mean SERVE_HTTP_WORKERS?" in unused["SERVE_HTTP_WORKER"]
+    assert "did you mean SERVE_MEMORY_LIMIT?" in unused["SERVE_MEMORY_LIMT"]
+    assert "did you mean" not in unused["SERVE_TOKEN"] and "a-secret-value" not in "".join(unused.values())
+    assert "one request at a time" in unused["SAGEMAKER_TS_BATCH_SIZE"]
