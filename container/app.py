@@ -101,7 +101,7 @@ def worker_options(settings: Settings, gpus: Gpus, channel_path: str) -> WorkerO
                          settings.requirements_cache, settings.requirements_cache_size, torch.get_num_threads(),
                          settings.handler_workers(len(gpus.devices)), settings.handler_max_workers(len(gpus.devices)),
                          settings.handler_idle_seconds, gpus.contexts, settings.log_level, settings.load_timeout,
-                         settings.python_response_timeout, settings.ts_response_timeout, channel_path)
+                         settings.python_response_timeout, settings.handler_timeout, channel_path)
 
 
 def own_memory(front_ends: frontends.Connected, responses: ResponseCache | None) -> dict[str, dict[str, int]]:

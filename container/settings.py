@@ -85,7 +85,7 @@ class Settings:
     )
     log_level: str = _env("SERVE_LOG_LEVEL", "info", "Log level: debug, info, warning, error.")
     model_server_timeout: int = _env(
-        "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds a worker may stay silent before gunicorn restarts it."
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds the model process may stay silent before gunicorn restarts it, a request may wait for room among the requests a process holds, and (unless `SAGEMAKER_TS_RESPONSE_TIMEOUT` says otherwise) a handler model's worker may take over one request, as in SageMaker's PyTorch container. `0` turns off gunicorn's bound and a handler worker's."
     )
     model_server_workers: int | None = _env(
         "SAGEMAKER_MODEL_SERVER_WORKERS", "", "Worker processes of each SageMaker handler model, each with the model loaded, serving one request at a time. Unset: one on a multi-model endpoint; on a single-model endpoint `SAGEMAKER_TS_MIN_WORKERS`, else one per CPU of the container's quota (one per GPU where there are GPUs), as SageMaker's PyTorch container sizes TorchServe's workers. Each worker's torch gets its share of the cores."
@@ -99,8 +99,8 @@ class Settings:
     handler_idle_seconds: int = _env(
         "SERVE_HANDLER_IDLE_SECONDS", "60", "Seconds a handler model's worker beyond its starting count may stay idle before it ends. Idle extra workers also end at once when another model needs their memory, before any model is evicted."
     )
-    ts_response_timeout: int = _env(
-        "SAGEMAKER_TS_RESPONSE_TIMEOUT", "120", "Seconds a handler model's worker may take over one request (TorchServe's default_response_timeout, as SageMaker's toolkit sets it); then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. `SAGEMAKER_MODEL_SERVER_TIMEOUT` bounds the model process itself, not a worker."
+    ts_response_timeout: int | None = _env(
+        "SAGEMAKER_TS_RESPONSE_TIMEOUT", "", "Seconds a handler model's worker may take over one request; then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. Unset: `SAGEMAKER_MODEL_SERVER_TIMEOUT` (none where that is 0), which SageMaker's toolkit makes TorchServe's default_response_timeout."
     )
     load_timeout: int = _env(
         "SERVE_LOAD_TIMEOUT", "300", "Seconds a model's worker process may take to start and load: a handler model's `model_fn` (with its `requirements.txt` install), a python-backend model's `auto_complete_config` and each instance's `initialize`; then the process is killed and the load fails."
@@ -234,7 +234,7 @@ class Settings:
             ts_min_workers=_optional_positive("SAGEMAKER_TS_MIN_WORKERS", raw["ts_min_workers"]),
             ts_max_workers=_optional_positive("SAGEMAKER_TS_MAX_WORKERS", raw["ts_max_workers"]),
             handler_idle_seconds=_positive("SERVE_HANDLER_IDLE_SECONDS", raw["handler_idle_seconds"]),
-            ts_response_timeout=_positive("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw["ts_response_timeout"]),
+            ts_response_timeout=_optional_positive("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw["ts_response_timeout"]),
             load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
             python_response_timeout=_positive("SERVE_PYTHON_RESPONSE_TIMEOUT", raw["python_response_timeout"]),
             default_accept=content.media_type(raw["default_accept"]),
@@ -314,6 +314,11 @@ class Settings:
     def handler_max_workers(self, gpus: int) -> int:
         """The most worker processes each handler model's pool grows to (SAGEMAKER_TS_MAX_WORKERS)."""
         return max(self.ts_max_workers or 0, self.handler_workers(gpus))
+
+    @property
+    def handler_timeout(self) -> int | None:
+        """Seconds a handler model's worker may take over one request (None: no bound)."""
+        return self.ts_response_timeout or (self.model_server_timeout if self.model_server_timeout > 0 else None)
 
 
 def _size(name: str, text: str, total: int) -> int:

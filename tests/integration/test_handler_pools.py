@@ -135,14 +135,16 @@ def test_a_crash_fails_only_the_request_it_held_and_the_pool_replaces_the_worker
     assert len(set(after) - set(before)) == 1  # one new worker, in the dead one's place
 
 
-def test_a_worker_stuck_past_the_response_timeout_is_replaced_and_its_request_told(start_server, tmp_path, gate):
+@pytest.mark.parametrize("variable, seconds", [("SAGEMAKER_TS_RESPONSE_TIMEOUT", "2"),
+                                               ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "5")])  # where the other is unset
+def test_a_worker_stuck_past_the_response_timeout_is_replaced_and_its_request_told(start_server, tmp_path, gate, variable, seconds):
     pool_model(tmp_path / "models", "model", gate)
-    server = start_server(tmp_path / "models", SAGEMAKER_TS_RESPONSE_TIMEOUT="2")
+    server = start_server(tmp_path / "models", **{variable: seconds})
     assert server.load("model").status_code == 200
     [stuck] = started(server, 1)
     answer = server.invoke("model", [[2.0]])
     assert answer.status_code == 500
-    assert answer.json()["error"].startswith("model 'model' did not finish a request within 2 s; its worker process was killed")
+    assert answer.json()["error"].startswith(f"model 'model' did not finish a request within {seconds} s; its worker process was killed")
     assert server.invoke("model", [[1.0]]).status_code == 200  # a new worker, started by this request
     assert started(server, 1) != [stuck]
 

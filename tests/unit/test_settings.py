@@ -199,10 +199,20 @@ def test_handler_models_get_as_many_workers_as_sagemakers_container_gives_them(e
     assert Settings.from_env(env).handler_workers(gpus) == workers
 
 
-@pytest.mark.parametrize("name", ["SAGEMAKER_MODEL_SERVER_WORKERS", "SAGEMAKER_TS_MIN_WORKERS"])
-def test_a_worker_count_that_is_not_a_positive_number_is_refused_by_name(name):
+@pytest.mark.parametrize("name", ["SAGEMAKER_MODEL_SERVER_WORKERS", "SAGEMAKER_TS_MIN_WORKERS", "SAGEMAKER_TS_RESPONSE_TIMEOUT"])
+def test_a_worker_count_or_timeout_that_is_not_a_positive_number_is_refused_by_name(name):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: "0"})
+
+
+@pytest.mark.parametrize("env, seconds", [
+    ({}, 60),  # SAGEMAKER_MODEL_SERVER_TIMEOUT's default: the toolkit's default_response_timeout for TorchServe
+    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300"}, 300),
+    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300", "SAGEMAKER_TS_RESPONSE_TIMEOUT": "7"}, 7),
+    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "0"}, None),
+])
+def test_a_handler_worker_has_the_response_timeout_sagemakers_container_gives_it(env, seconds):
+    assert Settings.from_env(env).handler_timeout == seconds
 
 
 def test_the_repository_is_polled_only_when_asked():
