@@ -533,13 +533,14 @@ _TORCHSERVE_ONLY["SAGEMAKER_MODEL_SERVER_VMARGS"] = "the options of TorchServe's
 
 def unused_variables(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables set that this server does not read, each with why: a `SERVE_` name that is no setting
-    (misspelt, the setting it meant keeps its default without a word), and SageMaker's toolkit's that only
-    TorchServe heeds. Names only: a value may be a secret."""
+    (a misspelt one would otherwise leave the setting it meant at its default without a word), and
+    SageMaker's toolkit's that only TorchServe heeds. Names only: a value may be a secret."""
     known = [f.metadata["env"] for f in fields(Settings)]
+    own = [k.removeprefix("SERVE_") for k in known if k.startswith("SERVE_")]  # compared past the shared prefix
     unused = {}
     for name in sorted(environ):
         if name.startswith("SERVE_") and name not in known and not _KUBERNETES_SERVICE.fullmatch(name):
-            close = difflib.get_close_matches(name[6:], [k[6:] for k in known if k.startswith("SERVE_")], 1)  # past the prefix
+            close = difflib.get_close_matches(name.removeprefix("SERVE_"), own, 1)
             unused[name] = f"no setting has this name{f'; did you mean SERVE_{close[0]}?' if close else ''} " \
                            f"(docs/configuration.md lists them)"
         elif name in _TORCHSERVE_ONLY:
