@@ -24,7 +24,6 @@ _AUTO_HTTP_WORKERS = 16  # `auto` on a larger machine: past it, the one model pr
 # whichever way it ran.
 _AUTO_INLINE_BELOW_US = 300
 _AUTO_INLINE_BELOW_US_ONE_CORE = 1000
-_TOOLKIT_RESPONSE_TIMEOUT = 60  # seconds: SageMaker's toolkit's default for a model's own TorchServe setting
 
 
 class SettingsError(ValueError):
@@ -89,25 +88,19 @@ class Settings:
         "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds the model process may stay silent before gunicorn restarts it, a request may wait for room among the requests a process holds, and (unless `SAGEMAKER_TS_RESPONSE_TIMEOUT` says otherwise) a handler model's worker may take over one request, as in SageMaker's PyTorch container. `0` turns off gunicorn's bound and a handler worker's."
     )
     model_server_workers: int | None = _env(
-        "SAGEMAKER_MODEL_SERVER_WORKERS", "", "Worker processes of each SageMaker handler model, each with the model loaded, serving one request at a time. Unset: one on a multi-model endpoint, and one per CPU of the container's quota (one per GPU where there are GPUs) on a single-model endpoint, as SageMaker's PyTorch container sizes TorchServe's workers. On a single-model endpoint where a `SAGEMAKER_TS_` variable is set, `SAGEMAKER_TS_MIN_WORKERS` decides instead. Each worker's torch gets its share of the cores."
+        "SAGEMAKER_MODEL_SERVER_WORKERS", "", "Worker processes of each SageMaker handler model, each with the model loaded, serving one request at a time. Unset: one on a multi-model endpoint; on a single-model endpoint `SAGEMAKER_TS_MIN_WORKERS`, else one per CPU of the container's quota (one per GPU where there are GPUs), as SageMaker's PyTorch container sizes TorchServe's workers. Each worker's torch gets its share of the cores."
     )
     ts_min_workers: int | None = _env(
-        "SAGEMAKER_TS_MIN_WORKERS", "", "On a single-model endpoint where any `SAGEMAKER_TS_` variable is set, the handler model's worker processes: this, or one where it is unset, whatever `SAGEMAKER_MODEL_SERVER_WORKERS` says, as SageMaker's PyTorch toolkit writes them into the model's own TorchServe settings, which win over the server-wide ones (ignored on a multi-model endpoint, as there)."
+        "SAGEMAKER_TS_MIN_WORKERS", "", "On a single-model endpoint, the handler model's worker processes where `SAGEMAKER_MODEL_SERVER_WORKERS` is unset (the SageMaker PyTorch toolkit's name; ignored on a multi-model endpoint, as there)."
     )
     ts_max_workers: int | None = _env(
         "SAGEMAKER_TS_MAX_WORKERS", "", "The most worker processes a handler model's pool grows to while requests wait for one, on either kind of endpoint, as far as the memory budget has room (the SageMaker PyTorch toolkit's name; TorchServe itself never grows a pool). Unset, or below the starting count: the pool keeps its starting count."
-    )
-    ts_batch_size: int | None = _env(
-        "SAGEMAKER_TS_BATCH_SIZE", "", "Accepted, as SageMaker's PyTorch toolkit reads it, and changes no answer: the toolkit hands a batch to the handler's functions one request at a time, and here each request goes to a worker at once, without waiting for a batch to fill. Set, as any `SAGEMAKER_TS_` variable, it sizes a single-model endpoint's workers by `SAGEMAKER_TS_MIN_WORKERS`."
-    )
-    ts_max_batch_delay: int | None = _env(
-        "SAGEMAKER_TS_MAX_BATCH_DELAY", "", "Milliseconds TorchServe waited for a batch to fill: accepted as `SAGEMAKER_TS_BATCH_SIZE` is, and changes no answer."
     )
     handler_idle_seconds: int = _env(
         "SERVE_HANDLER_IDLE_SECONDS", "60", "Seconds a handler model's worker beyond its starting count may stay idle before it ends. Idle extra workers also end at once when another model needs their memory, before any model is evicted."
     )
     ts_response_timeout: int | None = _env(
-        "SAGEMAKER_TS_RESPONSE_TIMEOUT", "", "Seconds a handler model's worker may take over one request; then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. Unset: 60 on a single-model endpoint where another `SAGEMAKER_TS_` variable is set (the toolkit's default for the model's own setting); otherwise `SAGEMAKER_MODEL_SERVER_TIMEOUT` (none where that is 0), which the toolkit makes TorchServe's default_response_timeout."
+        "SAGEMAKER_TS_RESPONSE_TIMEOUT", "", "Seconds a handler model's worker may take over one request; then the worker is killed, the request fails with 500, and the next request that takes the worker starts it again. Unset: `SAGEMAKER_MODEL_SERVER_TIMEOUT` (none where that is 0), which SageMaker's toolkit makes TorchServe's default_response_timeout."
     )
     load_timeout: int = _env(
         "SERVE_LOAD_TIMEOUT", "300", "Seconds a model's worker process may take to start and load: a handler model's `model_fn` (with its `requirements.txt` install), a python-backend model's `auto_complete_config` and each instance's `initialize`; then the process is killed and the load fails."
@@ -240,8 +233,6 @@ class Settings:
             model_server_workers=_optional_positive("SAGEMAKER_MODEL_SERVER_WORKERS", raw["model_server_workers"]),
             ts_min_workers=_optional_positive("SAGEMAKER_TS_MIN_WORKERS", raw["ts_min_workers"]),
             ts_max_workers=_optional_positive("SAGEMAKER_TS_MAX_WORKERS", raw["ts_max_workers"]),
-            ts_batch_size=_optional_positive("SAGEMAKER_TS_BATCH_SIZE", raw["ts_batch_size"]),
-            ts_max_batch_delay=_optional_whole("SAGEMAKER_TS_MAX_BATCH_DELAY", raw["ts_max_batch_delay"]),
             handler_idle_seconds=_positive("SERVE_HANDLER_IDLE_SECONDS", raw["handler_idle_seconds"]),
             ts_response_timeout=_optional_positive("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw["ts_response_timeout"]),
             load_timeout=_positive("SERVE_LOAD_TIMEOUT", raw["load_timeout"]),
@@ -314,11 +305,11 @@ class Settings:
 
     def handler_workers(self, gpus: int) -> int:
         """Worker processes of each handler model (SAGEMAKER_MODEL_SERVER_WORKERS says how it is chosen)."""
+        if self.model_server_workers:
+            return self.model_server_workers
         if self.multi_model:
-            return self.model_server_workers or 1
-        if self._torchserve_model_settings:
-            return self.ts_min_workers or 1
-        return self.model_server_workers or gpus or resources.cpu_quota()
+            return 1
+        return self.ts_min_workers or gpus or resources.cpu_quota()
 
     def handler_max_workers(self, gpus: int) -> int:
         """The most worker processes each handler model's pool grows to (SAGEMAKER_TS_MAX_WORKERS)."""
@@ -327,16 +318,7 @@ class Settings:
     @property
     def handler_timeout(self) -> int | None:
         """Seconds a handler model's worker may take over one request (None: no bound)."""
-        if self.ts_response_timeout or self._torchserve_model_settings:
-            return self.ts_response_timeout or _TOOLKIT_RESPONSE_TIMEOUT
-        return self.model_server_timeout if self.model_server_timeout > 0 else None
-
-    @property
-    def _torchserve_model_settings(self) -> bool:
-        """Whether SageMaker's toolkit would write the model's own TorchServe settings: on a single-model
-        endpoint where any SAGEMAKER_TS_ variable is set, each unset one at its default there."""
-        return not self.multi_model and any(value is not None for value in (
-            self.ts_min_workers, self.ts_max_workers, self.ts_batch_size, self.ts_max_batch_delay, self.ts_response_timeout))
+        return self.ts_response_timeout or (self.model_server_timeout if self.model_server_timeout > 0 else None)
 
 
 def _size(name: str, text: str, total: int) -> int:
@@ -534,18 +516,19 @@ def _number(name: str, text: str) -> float:
     return value
 
 
-def _optional_whole(name: str, text: str) -> int | None:
-    return _integer(name, text) if text.strip() else None
-
-
 def _optional_positive(name: str, text: str) -> int | None:
     return _positive(name, text) if text.strip() else None
 
 
 # What Kubernetes sets in every container of a namespace that has a Service named `serve`
 _KUBERNETES_SERVICE = re.compile(r"SERVE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)")
-# SageMaker PyTorch toolkit variables an operator sets to change what TorchServe does, which change nothing here
-_TORCHSERVE_ONLY = {"SAGEMAKER_MODEL_SERVER_VMARGS": "the options of TorchServe's JVM; this server runs no JVM"}
+# SageMaker PyTorch toolkit variables an operator sets to change what TorchServe does, which change nothing
+# here (docs/models.md says why of the batch)
+_TORCHSERVE_ONLY = dict.fromkeys(
+    ("SAGEMAKER_TS_BATCH_SIZE", "SAGEMAKER_TS_MAX_BATCH_DELAY"),
+    "SageMaker's toolkit hands a batch to the handler's functions one request at a time; here each request "
+    "goes to a worker at once, without waiting for a batch to fill")
+_TORCHSERVE_ONLY["SAGEMAKER_MODEL_SERVER_VMARGS"] = "the options of TorchServe's JVM; this server runs no JVM"
 
 
 def unused_variables(environ: Mapping[str, str]) -> dict[str, str]:

@@ -177,10 +177,10 @@ def test_a_variable_that_changes_nothing_is_named_at_start_and_the_server_serves
     """A setting misspelt keeps its default without a word, as `SERVE_LOAD_MODEL` (for SERVE_LOAD_MODELS) would:
     the master names it in its log once, with the setting meant, and the server starts as without it."""
     fp32_model(tmp_path, "double")
-    server = start_server(tmp_path, SERVE_LOAD_MODEL="double", SAGEMAKER_MODEL_SERVER_VMARGS="-Xmx1g")
+    server = start_server(tmp_path, SERVE_LOAD_MODEL="double", SAGEMAKER_TS_BATCH_SIZE="8")
     unused = {line["variable"]: line["why"] for line in log_lines(server)
               if line["message"] == "an environment variable is not used"}
-    assert set(unused) == {"SERVE_LOAD_MODEL", "SAGEMAKER_MODEL_SERVER_VMARGS"}, unused
+    assert set(unused) == {"SERVE_LOAD_MODEL", "SAGEMAKER_TS_BATCH_SIZE"}, unused
     assert "did you mean SERVE_LOAD_MODELS?" in unused["SERVE_LOAD_MODEL"]
     assert server.loaded() == [] and server.load("double").status_code == 200
 

@@ -192,27 +192,14 @@ def test_http_front_ends_outside_0_to_64_stop_the_server(text):
     ({"SAGEMAKER_MULTI_MODEL": "false"}, 4, 4),  # or one per GPU
     ({"SAGEMAKER_MULTI_MODEL": "false", "SAGEMAKER_TS_MIN_WORKERS": "3"}, 0, 3),
     ({"SAGEMAKER_TS_MIN_WORKERS": "3"}, 0, 1),  # the toolkit's single-model setting is not a multi-model one
-    # any SAGEMAKER_TS_ variable on a single-model endpoint: the toolkit's own settings for the model, which win
-    ({"SAGEMAKER_MODEL_SERVER_WORKERS": "5", "SAGEMAKER_TS_MIN_WORKERS": "3", "SAGEMAKER_MULTI_MODEL": "false"}, 0, 3),
-    ({"SAGEMAKER_MODEL_SERVER_WORKERS": "5", "SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_MULTI_MODEL": "false"}, 4, 1),
-    ({"SAGEMAKER_TS_MAX_WORKERS": "2", "SAGEMAKER_MULTI_MODEL": "false"}, 0, 1),
-    ({"SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_MODEL_SERVER_WORKERS": "3"}, 0, 3),  # not on a multi-model one
+    ({"SAGEMAKER_MODEL_SERVER_WORKERS": "5", "SAGEMAKER_TS_MIN_WORKERS": "3", "SAGEMAKER_MULTI_MODEL": "false"}, 0, 5),
     ({"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}, 0, 2),
 ])
 def test_handler_models_get_as_many_workers_as_sagemakers_container_gives_them(env, gpus, workers):
     assert Settings.from_env(env).handler_workers(gpus) == workers
 
 
-def test_a_pool_grows_to_sagemaker_ts_max_workers_from_its_starting_count():
-    single = {"SAGEMAKER_MULTI_MODEL": "false"}
-    assert Settings.from_env({**single, "SAGEMAKER_TS_MAX_WORKERS": "4"}).handler_max_workers(0) == 4  # from one
-    assert Settings.from_env({**single, "SAGEMAKER_TS_MIN_WORKERS": "3", "SAGEMAKER_TS_MAX_WORKERS": "2"}).handler_max_workers(0) == 3
-    assert Settings.from_env({"SAGEMAKER_TS_MAX_WORKERS": "4"}).handler_max_workers(0) == 4  # multi-model: from one too
-    assert Settings.from_env(single).handler_max_workers(0) == resources.cpu_quota()  # it keeps its size
-
-
-@pytest.mark.parametrize("name", ["SAGEMAKER_MODEL_SERVER_WORKERS", "SAGEMAKER_TS_MIN_WORKERS", "SAGEMAKER_TS_RESPONSE_TIMEOUT",
-                                  "SAGEMAKER_TS_BATCH_SIZE"])
+@pytest.mark.parametrize("name", ["SAGEMAKER_MODEL_SERVER_WORKERS", "SAGEMAKER_TS_MIN_WORKERS", "SAGEMAKER_TS_RESPONSE_TIMEOUT"])
 def test_a_worker_count_or_timeout_that_is_not_a_positive_number_is_refused_by_name(name):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: "0"})
@@ -223,8 +210,6 @@ def test_a_worker_count_or_timeout_that_is_not_a_positive_number_is_refused_by_n
     ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300"}, 300),
     ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300", "SAGEMAKER_TS_RESPONSE_TIMEOUT": "7"}, 7),
     ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "0"}, None),
-    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300", "SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_MULTI_MODEL": "false"}, 60),
-    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300", "SAGEMAKER_TS_BATCH_SIZE": "8"}, 300),  # the toolkit's are single-model only
 ])
 def test_a_handler_worker_has_the_response_timeout_sagemakers_container_gives_it(env, seconds):
     assert Settings.from_env(env).handler_timeout == seconds
@@ -241,9 +226,10 @@ def test_a_variable_that_changes_nothing_is_named_with_what_was_likely_meant():
                   "SERVE_PORT": "tcp://10.0.0.1:80", "SERVE_PORT_80_TCP_ADDR": "10.0.0.1"}  # a Service named `serve`
     unused = unused_variables({**every_setting, **kubernetes, "SAGEMAKER_REGION": "us-east-1", "PATH": "/bin",
                                "SERVE_HTTP_WORKER": "4", "SERVE_MEMORY_LIMT": "1GiB", "SERVE_TOKEN": "a-secret-value",
-                               "SAGEMAKER_MODEL_SERVER_VMARGS": "-Xmx1g"})
-    assert set(unused) == {"SERVE_HTTP_WORKER", "SERVE_MEMORY_LIMT", "SERVE_TOKEN", "SAGEMAKER_MODEL_SERVER_VMARGS"}
+                               "SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_TS_MAX_BATCH_DELAY": "100"})
+    assert set(unused) == {"SERVE_HTTP_WORKER", "SERVE_MEMORY_LIMT", "SERVE_TOKEN", "SAGEMAKER_TS_BATCH_SIZE",
+                           "SAGEMAKER_TS_MAX_BATCH_DELAY"}
     assert "did you mean SERVE_HTTP_WORKERS?" in unused["SERVE_HTTP_WORKER"]
     assert "did you mean SERVE_MEMORY_LIMIT?" in unused["SERVE_MEMORY_LIMT"]
     assert "did you mean" not in unused["SERVE_TOKEN"] and "a-secret-value" not in "".join(unused.values())
-    assert "JVM" in unused["SAGEMAKER_MODEL_SERVER_VMARGS"]
+    assert "one request at a time" in unused["SAGEMAKER_TS_BATCH_SIZE"]
