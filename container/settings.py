@@ -85,7 +85,7 @@ class Settings:
     )
     log_level: str = _env("SERVE_LOG_LEVEL", "info", "Log level: debug, info, warning, error.")
     model_server_timeout: int = _env(
-        "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds the model process may stay silent before gunicorn restarts it, a request may wait for room among the requests a process holds, and (unless `SAGEMAKER_TS_RESPONSE_TIMEOUT` says otherwise) a handler model's worker may take over one request, as in SageMaker's PyTorch container. `0` turns off gunicorn's bound and a handler worker's."
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT", "60", "Seconds the model process may stay silent before gunicorn restarts it, a request may wait for room among the requests a process holds or for a sequence slot, and (unless `SAGEMAKER_TS_RESPONSE_TIMEOUT` says otherwise) a handler model's worker may take over one request, as in SageMaker's PyTorch container. `0` turns off gunicorn's bound and a handler worker's."
     )
     model_server_workers: int | None = _env(
         "SAGEMAKER_MODEL_SERVER_WORKERS", "", "Worker processes of each SageMaker handler model, each with the model loaded, serving one request at a time. Unset: one on a multi-model endpoint; on a single-model endpoint `SAGEMAKER_TS_MIN_WORKERS`, else one per CPU of the container's quota (one per GPU where there are GPUs), as SageMaker's PyTorch container sizes TorchServe's workers. Each worker's torch gets its share of the cores."
