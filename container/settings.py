@@ -523,12 +523,11 @@ def _optional_positive(name: str, text: str) -> int | None:
 # What Kubernetes sets in every container of a namespace that has a Service named `serve`
 _KUBERNETES_SERVICE = re.compile(r"SERVE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)")
 # SageMaker PyTorch toolkit variables an operator sets to change what TorchServe does, which change nothing
-# here (docs/models.md says why of the batch)
-_TORCHSERVE_ONLY = dict.fromkeys(
-    ("SAGEMAKER_TS_BATCH_SIZE", "SAGEMAKER_TS_MAX_BATCH_DELAY"),
-    "SageMaker's toolkit hands a batch to the handler's functions one request at a time; here each request "
-    "goes to a worker at once, without waiting for a batch to fill")
-_TORCHSERVE_ONLY["SAGEMAKER_MODEL_SERVER_VMARGS"] = "the options of TorchServe's JVM; this server runs no JVM"
+# here; docs/models.md says why of the batch
+_UNBATCHED = ("SageMaker's toolkit hands a batch to the handler's functions one request at a time; here each request "
+              "goes to a worker at once, without waiting for a batch to fill")
+_TORCHSERVE_ONLY = {"SAGEMAKER_TS_BATCH_SIZE": _UNBATCHED, "SAGEMAKER_TS_MAX_BATCH_DELAY": _UNBATCHED,
+                    "SAGEMAKER_MODEL_SERVER_VMARGS": "the options of TorchServe's JVM; this server runs no JVM"}
 
 
 def unused_variables(environ: Mapping[str, str]) -> dict[str, str]:
